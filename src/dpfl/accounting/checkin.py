@@ -1,0 +1,716 @@
+"""MS-PAFL accounting: random check-in, data subsampling, local and global totals.
+
+The formulas of Li, Wang, Tian, Wang and Su (MS-PAFL, arXiv 2509.25906) as
+reconstructed in SPEC.md §1.2, next to dpfl's sound replacements (SPEC §1.3):
+
+* :func:`lemma1_sigma`, :func:`subsampling_ratio`, :func:`amplified` — Lemma 1
+  and Theorem 1 (the per-round local guarantee and its γ amplification);
+* :func:`hoeffding_tail`, :func:`binomial_tail`, :func:`central_round` —
+  Theorem 2 / Corollary 1 (one round of the global public model), with the
+  exact binomial tail in place of Hoeffding by default (SPEC §1.3 item 4);
+* :func:`local_total_moments` — Theorem 3 (moments accountant) with the
+  validity conditions of Abadi et al. Lemma 3 reported, not assumed;
+* :func:`global_total` — Theorem 4 (strong composition, DRV or KOV form);
+* :func:`sound_client` — the rigorous default of SPEC §1.3 item 2: no γ or p
+  amplification against the parameter server, exact Gaussian composition;
+* :func:`pld_subsampled_local` — SPEC §1.3 item 6: the exact privacy-loss
+  distribution of C_γ(G_{2C/σ}) composed over the rounds joined.
+
+Units and sign conventions
+--------------------------
+``noise_multiplier`` is the noise standard deviation in units of the clip
+norm: the Gaussian added to the clipped public submodel has std
+``σ = noise_multiplier * clip``.  The public submodel is clipped *itself*, so
+its replace-one sensitivity is Δ = 2C and one release is μ0 = 2C/σ =
+2/noise_multiplier GDP; ``clip`` therefore cancels from every privacy number
+and is accepted so that reports can state σ in model units.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+from scipy import optimize, special, stats
+
+from dpfl.accounting import composition
+from dpfl.accounting._checks import (
+    check_count,
+    check_delta,
+    check_nonnegative,
+    check_positive,
+    check_probability,
+)
+from dpfl.errors import InvalidParameterError
+
+__all__ = [
+    "amplified",
+    "binomial_tail",
+    "central_round",
+    "global_total",
+    "hoeffding_tail",
+    "lemma1_sigma",
+    "local_total_moments",
+    "pld_subsampled_local",
+    "sound_client",
+    "subsampling_ratio",
+]
+
+_SERVER = "the parameter server (sees every noisy public submodel and who checked in)"
+_OBSERVER = "parties that see the global public model only (not who checked in)"
+
+
+# ---------------------------------------------------------------------------
+# Private GDP helpers (SPEC §3.4).  gaussian.py has the public versions; these
+# are kept here so this module does not depend on it (the lead will dedupe).
+# ---------------------------------------------------------------------------
+def _gdp_delta(epsilon: float, mu: float) -> float:
+    """δ(ε) of μ-GDP: Φ(-ε/μ + μ/2) - e^ε Φ(-ε/μ - μ/2)."""
+    if mu == 0:
+        return 0.0
+    a = special.log_ndtr(-epsilon / mu + mu / 2.0)
+    b = epsilon + special.log_ndtr(-epsilon / mu - mu / 2.0)
+    return float(max(0.0, math.exp(a) - math.exp(b)))
+
+
+def _gdp_epsilon(delta: float, mu: float) -> float:
+    """Smallest ε >= 0 with δ(ε; μ) <= ``delta`` (bisection, δ decreasing in ε)."""
+    if mu == 0 or _gdp_delta(0.0, mu) <= delta:
+        return 0.0
+    hi = max(1.0, mu * mu)
+    while _gdp_delta(hi, mu) > delta:
+        hi *= 2.0
+    return float(
+        optimize.brentq(lambda e: _gdp_delta(e, mu) - delta, 0.0, hi, xtol=1e-12)
+    )
+
+
+# ---------------------------------------------------------------------------
+# Lemma 1 and Theorem 1
+# ---------------------------------------------------------------------------
+def lemma1_sigma(
+    *, epsilon: float, delta: float, sensitivity: float, allow_invalid: bool = False
+) -> float:
+    """Noise std of the classic Gaussian mechanism (MS-PAFL Lemma 1).
+
+    σ = sqrt(2 ln(1.25/δ)) Δ / ε, which gives (ε, δ)-DP only for 0 < ε < 1.
+
+    Parameters
+    ----------
+    epsilon : float
+        Target ε in (0, 1).
+    delta : float
+        Target δ in (0, 1).
+    sensitivity : float
+        L2 sensitivity Δ > 0 (MS-PAFL: Δ = 2C, SPEC §1.2).
+    allow_invalid : bool, optional
+        If True, return the formula's value for ε >= 1 as well (the paper's
+        number; it is *not* a valid guarantee there).  Default False.
+
+    Returns
+    -------
+    float
+        The noise standard deviation σ.
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is outside its domain, or ε >= 1 and not
+        ``allow_invalid`` (calibrate with the analytic Gaussian mechanism or
+        GDP instead, SPEC §1.3 item 7).
+
+    References
+    ----------
+    Dwork & Roth (2014), Theorem 3.22; MS-PAFL eq. 6-7.
+    """
+    eps = check_positive("epsilon", epsilon)
+    dlt = check_delta("delta", delta)
+    sens = check_positive("sensitivity", sensitivity)
+    if eps >= 1 and not allow_invalid:
+        raise InvalidParameterError(
+            "epsilon must be < 1 for the classic Gaussian formula (Lemma 1); got "
+            f"{epsilon!r}. Use the analytic Gaussian mechanism or GDP calibration."
+        )
+    return math.sqrt(2.0 * math.log(1.25 / dlt)) * sens / eps
+
+
+def subsampling_ratio(
+    *, batch_size: int, dataset_size: int, replacement: bool, local_steps: int = 1
+) -> float:
+    """Return the data subsampling ratio γ of MS-PAFL Theorem 1 (SPEC §1.2, §1.3).
+
+    One size-b batch from n records: γ_WOR = b/n, γ_WR = 1 - (1 - 1/n)^b, the
+    probability that a given record is drawn at all (γ_WR < γ_WOR for b >= 2,
+    Remark 2).  With E local steps of independent batches the record is
+    touched if any step draws it: γ = 1 - (1 - b/n)^E (WOR) and
+    γ = 1 - (1 - 1/n)^{bE} (WR).
+
+    Parameters
+    ----------
+    batch_size : int
+        Batch size b >= 1 (b <= n without replacement).
+    dataset_size : int
+        Local dataset size n >= 1.
+    replacement : bool
+        True for sampling with replacement (WR), False without (WOR).
+    local_steps : int, optional
+        Number E >= 1 of local steps, each with a fresh batch.  Default 1.
+
+    Returns
+    -------
+    float
+        γ in (0, 1].
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is outside its domain.
+
+    References
+    ----------
+    MS-PAFL eq. 11 and Remark 2; Balle, Barthe & Gaboardi (2018), Thms 9-10.
+    """
+    n = check_count("dataset_size", dataset_size, minimum=1)
+    b = check_count("batch_size", batch_size, minimum=1)
+    steps = check_count("local_steps", local_steps, minimum=1)
+    if replacement:
+        return float(-math.expm1(b * steps * math.log1p(-1.0 / n))) if n > 1 else 1.0
+    if b > n:
+        raise InvalidParameterError(
+            f"batch_size must be <= dataset_size without replacement; got {b} > {n}"
+        )
+    if b == n:
+        return 1.0
+    return float(-math.expm1(steps * math.log1p(-b / n)))
+
+
+def amplified(*, epsilon: float, delta: float, gamma: float) -> tuple[float, float]:
+    """Amplification by subsampling (MS-PAFL Theorem 1).
+
+    ε' = ln(1 + γ(e^ε - 1)), δ' = γ δ.
+
+    Parameters
+    ----------
+    epsilon : float
+        ε >= 0 of the mechanism run on the subsample.
+    delta : float
+        δ in [0, 1] of that mechanism.
+    gamma : float
+        Subsampling ratio γ in (0, 1] (see :func:`subsampling_ratio`).
+
+    Returns
+    -------
+    tuple of float
+        ``(epsilon_amplified, delta_amplified)``.
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is outside its domain.
+
+    References
+    ----------
+    Balle, Barthe & Gaboardi (2018), "Privacy amplification by subsampling";
+    MS-PAFL eq. 11.
+    """
+    eps = check_nonnegative("epsilon", epsilon)
+    dlt = check_probability("delta", delta, allow_zero=True)
+    g = check_probability("gamma", gamma)
+    return float(math.log1p(g * math.expm1(eps))), g * dlt
+
+
+# ---------------------------------------------------------------------------
+# Theorem 2 / Corollary 1
+# ---------------------------------------------------------------------------
+def _check_tail_args(
+    clients: object, probability: object, xi: object
+) -> tuple[int, float, float]:
+    k = check_count("clients", clients, minimum=1)
+    p = check_probability("probability", probability)
+    x = check_probability("xi", xi, allow_one=False)
+    return k, p, x
+
+
+def hoeffding_tail(
+    *, clients: int, probability: float, xi: float, one_sided: bool = False
+) -> float:
+    """Hoeffding bound on the check-in count deviating from its mean (Lemma 2).
+
+    P(|N - Kp| >= ξKp) <= 2 exp(-2 K p² ξ²); the one-sided lower tail
+    P(N <= (1-ξ)Kp), which is all Theorem 2 needs, drops the factor 2.
+
+    Parameters
+    ----------
+    clients : int
+        Number of clients K >= 1.
+    probability : float
+        Check-in probability p in (0, 1].
+    xi : float
+        Relative deviation ξ in (0, 1).
+    one_sided : bool, optional
+        Bound the lower tail only.  Default False (the paper's two-sided form).
+
+    Returns
+    -------
+    float
+        δ_H, capped at 1.
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is outside its domain.
+
+    References
+    ----------
+    MS-PAFL Lemma 2 (eq. A.2); Hoeffding (1963).
+    """
+    k, p, x = _check_tail_args(clients, probability, xi)
+    factor = 1.0 if one_sided else 2.0
+    return min(1.0, factor * math.exp(-2.0 * k * p * p * x * x))
+
+
+def _threshold(clients: int, probability: float, xi: float) -> int:
+    """Smallest integer N with N >= (1-ξ)Kp, robust to float round-off."""
+    target = (1.0 - xi) * clients * probability
+    nearest = round(target)
+    if abs(target - nearest) <= 1e-9 * max(1.0, target):
+        return int(nearest)
+    return math.ceil(target)
+
+
+def binomial_tail(*, clients: int, probability: float, xi: float) -> float:
+    """Exact probability that fewer than (1-ξ)Kp clients check in.
+
+    δ_H = P(N < (1-ξ)Kp) = BinomCDF(ceil((1-ξ)Kp) - 1; K, p), the exact value of
+    the event Theorem 2 conditions away (SPEC §1.3 item 4).
+
+    Parameters
+    ----------
+    clients : int
+        Number of clients K >= 1.
+    probability : float
+        Check-in probability p in (0, 1].
+    xi : float
+        Relative deviation ξ in (0, 1).
+
+    Returns
+    -------
+    float
+        δ_H in [0, 1].
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is outside its domain.
+
+    Notes
+    -----
+    (1-ξ)Kp is compared with integers to a relative tolerance of 1e-9, so that
+    K = 1000, p = 0.1, ξ = 0.5 gives threshold 50 (and δ_H = P(N <= 49)), as the
+    decimal inputs mean, whatever the floating-point round-off.
+
+    References
+    ----------
+    SPEC.md §1.3 item 4.
+    """
+    k, p, x = _check_tail_args(clients, probability, xi)
+    threshold = _threshold(k, p, x)
+    if threshold <= 0:
+        return 0.0
+    return float(stats.binom.cdf(threshold - 1, k, p))
+
+
+def central_round(
+    *,
+    epsilon: float,
+    delta: float,
+    clients: int,
+    probability: float,
+    gamma: float,
+    xi: float,
+    tail: str = "binomial",
+) -> tuple[float, float]:
+    """One round of the global public model (MS-PAFL Theorem 2 / Corollary 1).
+
+    With ε_agg = ε / sqrt((1-ξ)Kp):
+    ε_c = ln(1 + pγ(e^{ε_agg} - 1)) + ln(1/(1 - δ_H)) (20a),
+    δ_c = pγδ + δ_H (20b).
+
+    The guarantee protects one record (replace-one) against parties that see
+    the global public model only, *not* who checked in, and assumes σ was set
+    by Lemma 1 from (ε, δ): the sum of at least (1-ξ)Kp noises of std σ is
+    then the classic Gaussian mechanism at ε_agg, valid while ε_agg < 1.
+    Against the parameter server use :func:`sound_client` (SPEC §1.3 item 3).
+
+    Parameters
+    ----------
+    epsilon : float
+        Per-client local ε > 0 (Lemma 1).
+    delta : float
+        Per-client local δ in (0, 1).
+    clients : int
+        Number of clients K >= 1.
+    probability : float
+        Check-in probability p in (0, 1].
+    gamma : float
+        Data subsampling ratio γ in (0, 1].
+    xi : float
+        Hoeffding parameter ξ in (0, 1).
+    tail : {"binomial", "hoeffding", "hoeffding-one-sided"}, optional
+        How δ_H is computed.  "binomial" (default) is the exact tail;
+        "hoeffding" is the paper's two-sided bound.
+
+    Returns
+    -------
+    tuple of float
+        ``(epsilon_c, delta_c)``; ε_c is ``inf`` when δ_H = 1.
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is outside its domain, ε_agg >= 1 (the classic formula
+        does not apply), or ``tail`` is unknown.
+
+    References
+    ----------
+    MS-PAFL Theorem 2, Corollary 1 (eq. 20a-b), App. A-B; SPEC.md §1.2.
+    """
+    eps = check_positive("epsilon", epsilon)
+    dlt = check_delta("delta", delta)
+    k, p, x = _check_tail_args(clients, probability, xi)
+    g = check_probability("gamma", gamma)
+    if tail == "binomial":
+        delta_h = binomial_tail(clients=k, probability=p, xi=x)
+    elif tail == "hoeffding":
+        delta_h = hoeffding_tail(clients=k, probability=p, xi=x)
+    elif tail == "hoeffding-one-sided":
+        delta_h = hoeffding_tail(clients=k, probability=p, xi=x, one_sided=True)
+    else:
+        raise InvalidParameterError(
+            "tail must be 'binomial', 'hoeffding' or 'hoeffding-one-sided'; "
+            f"got {tail!r}"
+        )
+    eps_agg = eps / math.sqrt((1.0 - x) * k * p)
+    if eps_agg >= 1:
+        raise InvalidParameterError(
+            "epsilon / sqrt((1 - xi) * clients * probability) must be < 1 for "
+            f"Theorem 2; got {eps_agg!r}"
+        )
+    if delta_h >= 1:
+        return math.inf, 1.0
+    eps_c = math.log1p(p * g * math.expm1(eps_agg)) - math.log1p(-delta_h)
+    return float(eps_c), min(1.0, p * g * dlt + delta_h)
+
+
+# ---------------------------------------------------------------------------
+# Theorem 3 (local totals) and the sound replacements
+# ---------------------------------------------------------------------------
+def local_total_moments(
+    *,
+    probability: float,
+    rounds: int,
+    gamma: float,
+    noise_multiplier: float,
+    clip: float,
+    delta: float,
+) -> dict[str, Any]:
+    """Total loss of one client over R rounds by the moments accountant (Thm 3).
+
+    A = p R γ² Δ² / ((1-γ) σ²) with Δ = 2C, σ = ``noise_multiplier * clip``;
+    ε = A + 2 sqrt(A ln(1/δ)), attained at λ* = (ε - A)/(2A).
+
+    The closed form rests on Abadi et al.'s Lemma 3 bound on the log moment,
+    which holds only when σ/Δ >= 1, γ < 1/(16 σ/Δ) and
+    λ* <= (σ/Δ)² ln(1/(γ σ/Δ)); the three are reported, and ``valid`` is their
+    conjunction.  They usually fail for MS-PAFL's parameters (SPEC §1.3 item 6);
+    :func:`pld_subsampled_local` is the exact alternative.  p R is the expected
+    number of rounds joined, not a bound on the realised one (item 5), and the
+    γ amplification itself is unsound while the private submodel persists
+    across rounds (item 2, :func:`sound_client`).
+
+    Parameters
+    ----------
+    probability : float
+        Check-in probability p_k in (0, 1].
+    rounds : int
+        Number of rounds R >= 1.
+    gamma : float
+        Data subsampling ratio γ in (0, 1).
+    noise_multiplier : float
+        Noise std in units of the clip norm (σ = noise_multiplier · C), > 0.
+    clip : float
+        Clip norm C > 0 of the public submodel.
+    delta : float
+        Target δ in (0, 1).
+
+    Returns
+    -------
+    dict
+        ``epsilon`` (A + 2 sqrt(A ln 1/δ)), ``epsilon_quadratic_only``
+        (2 sqrt(A ln 1/δ), the λ²-only form), ``A``, ``lambda_star``, the
+        conditions ``sigma_over_sensitivity_ge_1``, ``gamma_lt_1_over_16z``,
+        ``lambda_within_range``, ``valid``, and the guarantee's terms
+        (``unit``, ``neighbouring``, ``adversary``, ``analysis``).
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is outside its domain.
+
+    References
+    ----------
+    MS-PAFL Theorem 3, App. C (eq. C.2-C.9); Abadi et al. (2016), Lemma 3 and
+    Theorem 2.
+    """
+    p = check_probability("probability", probability)
+    r = check_count("rounds", rounds, minimum=1)
+    g = check_probability("gamma", gamma, allow_one=False)
+    z = check_positive("noise_multiplier", noise_multiplier)
+    c = check_positive("clip", clip)
+    dlt = check_delta("delta", delta)
+    sigma = z * c
+    sens = 2.0 * c
+    z_eff = sigma / sens  # σ/Δ, Abadi's noise multiplier
+    a = p * r * g * g * sens * sens / ((1.0 - g) * sigma * sigma)
+    log_inv_delta = math.log(1.0 / dlt)
+    eps = a + 2.0 * math.sqrt(a * log_inv_delta)
+    lam = (eps - a) / (2.0 * a)
+    cond_sigma = z_eff >= 1.0
+    cond_gamma = g < 1.0 / (16.0 * z_eff)
+    lam_max = z_eff * z_eff * math.log(1.0 / (g * z_eff)) if g * z_eff < 1 else 0.0
+    cond_lambda = lam <= lam_max
+    return {
+        "epsilon": eps,
+        "epsilon_quadratic_only": 2.0 * math.sqrt(a * log_inv_delta),
+        "delta": dlt,
+        "A": a,
+        "lambda_star": lam,
+        "lambda_max": lam_max,
+        "noise_std": sigma,
+        "sigma_over_sensitivity_ge_1": cond_sigma,
+        "gamma_lt_1_over_16z": cond_gamma,
+        "lambda_within_range": cond_lambda,
+        "valid": bool(cond_sigma and cond_gamma and cond_lambda),
+        "unit": "record",
+        "neighbouring": "replace-one",
+        "adversary": _SERVER,
+        "analysis": "paper (MS-PAFL Theorem 3, moments accountant)",
+    }
+
+
+def global_total(
+    *,
+    eps_max: float,
+    delta_max: float,
+    rounds: int,
+    delta_slack: float,
+    method: str = "drv",
+) -> tuple[float, float]:
+    """Total loss of the global model over R rounds (MS-PAFL Theorem 4).
+
+    Parameters
+    ----------
+    eps_max : float
+        Largest per-round ε_c >= 0 (e.g. from :func:`central_round`).
+    delta_max : float
+        Largest per-round δ_c in [0, 1].
+    rounds : int
+        Number of rounds R >= 1.
+    delta_slack : float
+        Slack δ̃ in (0, 1).
+    method : {"drv", "kov"}, optional
+        "drv" (default): the paper's eq. 23a-b (Dwork-Rothblum-Vadhan);
+        "kov": Kairouz-Oh-Viswanath Theorem 3.5, never larger.
+
+    Returns
+    -------
+    tuple of float
+        ``(epsilon_total, delta_total)``.
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is outside its domain or ``method`` is unknown.
+
+    References
+    ----------
+    MS-PAFL Theorem 4; see :mod:`dpfl.accounting.composition`.
+    """
+    if method == "drv":
+        fn = composition.strong_drv
+    elif method == "kov":
+        fn = composition.strong_kov
+    else:
+        raise InvalidParameterError(f"method must be 'drv' or 'kov'; got {method!r}")
+    return fn(epsilon=eps_max, delta=delta_max, count=rounds, delta_slack=delta_slack)
+
+
+def sound_client(
+    *, noise_multiplier: float, clip: float, rounds_joined: int, delta: float
+) -> dict[str, Any]:
+    """Sound total for one client against the parameter server (SPEC §1.3 item 2).
+
+    Each joined round releases the clipped public submodel plus N(0, σ² I),
+    σ = ``noise_multiplier * clip``; any change of the client's data (one record
+    or all of them, replace-one) moves it by at most Δ = 2C, so one round is
+    μ0 = 2C/σ GDP and N rounds compose exactly to μ = μ0 sqrt(N) GDP, converted
+    to (ε, δ) with the GDP curve.  No amplification is claimed: the server sees
+    each upload and who checked in, and the private submodel carries earlier
+    subsamples into later rounds, so neither p nor γ may be used.
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        Noise std in units of the clip norm, > 0.
+    clip : float
+        Clip norm C > 0 of the public submodel.
+    rounds_joined : int
+        Number N_k >= 0 of rounds the client actually joined.
+    delta : float
+        Target δ in (0, 1).
+
+    Returns
+    -------
+    dict
+        ``mu_round``, ``mu`` (total GDP μ), ``epsilon`` (at ``delta``),
+        ``delta``, ``noise_std`` and the guarantee's terms.
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is outside its domain.
+
+    References
+    ----------
+    Dong, Roth & Su (2022), Corollary 2.13 and Corollary 3.3; SPEC.md §1.3
+    item 2 and §3.4.
+    """
+    z = check_positive("noise_multiplier", noise_multiplier)
+    c = check_positive("clip", clip)
+    n = check_count("rounds_joined", rounds_joined, minimum=0)
+    dlt = check_delta("delta", delta)
+    sigma = z * c
+    mu0 = 2.0 * c / sigma
+    mu = mu0 * math.sqrt(n)
+    return {
+        "mu_round": mu0,
+        "mu": mu,
+        "epsilon": _gdp_epsilon(dlt, mu),
+        "delta": dlt,
+        "noise_std": sigma,
+        "rounds_joined": n,
+        "unit": "record and client",
+        "neighbouring": "replace-one",
+        "adversary": _SERVER,
+        "analysis": "sound (exact Gaussian composition, no amplification)",
+    }
+
+
+def _symmetrised_subsampled_gaussian_pmf(
+    mu: float, gamma: float, discretization: float, tail_mass: float
+) -> Any:
+    """Pessimistic connect-the-dots PLD of C_γ(G_μ) (SPEC §3.3).
+
+    δ_C(ε) = max(δ_add(ε), δ_rem(ε)) is the privacy profile of the symmetrised
+    trade-off C_γ(G_μ) (WOR subsampling, replace-one); it is evaluated on the
+    grid ε_i = i h over [-ε_hi, ε_hi], where δ_C(ε_hi) <= ``tail_mass``.
+    """
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    losses = [
+        plm.GaussianPrivacyLoss(
+            1.0 / mu, 1.0, sampling_prob=gamma, adjacency_type=adjacency
+        )
+        for adjacency in (plm.AdjacencyType.ADD, plm.AdjacencyType.REMOVE)
+    ]
+
+    def profile(eps: np.ndarray) -> np.ndarray:
+        return np.maximum(
+            np.asarray(losses[0].get_delta_for_epsilon(eps), dtype=float),
+            np.asarray(losses[1].get_delta_for_epsilon(eps), dtype=float),
+        )
+
+    hi = 1.0
+    while profile(np.array([hi]))[0] > tail_mass:
+        hi *= 1.5
+    upper = math.ceil(hi / discretization)
+    lower = -upper
+    grid = np.arange(lower, upper + 1, dtype=float) * discretization
+    deltas = np.minimum.accumulate(np.clip(profile(grid), 0.0, 1.0))
+    return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(
+        discretization, lower, upper, deltas
+    )
+
+
+def pld_subsampled_local(
+    *,
+    gamma: float,
+    noise_multiplier: float,
+    clip: float,
+    rounds_joined: int,
+    delta: float,
+    value_discretization_interval: float = 1e-4,
+) -> float:
+    """Exact local total of Theorem 3's setting by privacy-loss distributions.
+
+    Each joined round is the WOR-subsampled Gaussian C_γ(G_{2C/σ}) (replace-one,
+    symmetrised *before* composing, SPEC §3.3); its pessimistic PLD is composed
+    N_k times and converted to ε at ``delta``.  This is the exact version of
+    :func:`local_total_moments` — and carries the same caveat that γ
+    amplification needs the private submodel to be reset or noised (SPEC §1.3
+    item 2); without that, :func:`sound_client` is the valid bound.
+
+    Parameters
+    ----------
+    gamma : float
+        Data subsampling ratio γ in (0, 1].
+    noise_multiplier : float
+        Noise std in units of the clip norm, > 0.
+    clip : float
+        Clip norm C > 0 (cancels: μ0 = 2/noise_multiplier).
+    rounds_joined : int
+        Number N_k >= 1 of rounds joined.
+    delta : float
+        Target δ in (0, 1).
+    value_discretization_interval : float, optional
+        Grid step h of the privacy loss.  Default 1e-4.
+
+    Returns
+    -------
+    float
+        An upper bound on ε (pessimistic discretisation).
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is outside its domain.
+
+    Notes
+    -----
+    SPEC §1.3 item 6's example "ε 0.154 vs formula 0.333 at pR = 20 rounds" is
+    reproduced by ε_local = 0.5, δ = 1e-5 (both for Lemma 1's σ and for the
+    total), Δ = 2C so noise_multiplier = 2 sqrt(2 ln(1.25e5))/0.5 = 19.38,
+    γ = 0.1, 20 rounds joined: this function gives 0.1543 and Theorem 3's
+    closed form 0.3325 (see notes/checkin.md).
+
+    References
+    ----------
+    Dong, Roth & Su (2022), subsampling theorem; Doroshenko et al. (2022),
+    "Connect the dots"; SPEC.md §1.3 item 6 and §3.3.
+    """
+    g = check_probability("gamma", gamma)
+    z = check_positive("noise_multiplier", noise_multiplier)
+    check_positive("clip", clip)
+    n = check_count("rounds_joined", rounds_joined, minimum=1)
+    dlt = check_delta("delta", delta)
+    h = check_positive("value_discretization_interval", value_discretization_interval)
+    mu0 = 2.0 / z
+    tail_mass = min(1e-15, 1e-4 * dlt / n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pmf = _symmetrised_subsampled_gaussian_pmf(mu0, g, h, tail_mass)
+        composed = pmf.self_compose(n) if n > 1 else pmf
+        return float(composed.get_epsilon_for_delta(dlt))

@@ -1,0 +1,267 @@
+"""Events: frozen values that describe one private release.
+
+An event holds exactly the parameters that accounting needs, and nothing else.
+The simulator's samplers *realise* an event, the training loop *emits* it into
+the :class:`~dpfl.accounting.ledger.PrivacyLedger`, and an
+:class:`~dpfl.accounting.accountant.Accountant` *prices* it. A field never
+changes meaning; new behaviour gets a new event class.
+
+The vocabulary (noise multipliers are noise std divided by the clipping bound):
+
+- :class:`Gaussian` -- the Gaussian mechanism on a sum of clipped contributions.
+- :class:`PoissonSampled` -- an event run on a Poisson subsample (add/remove).
+- :class:`RecordPoisson` -- each of a client's ``records_per_client`` records
+  joins w.p. ``sampling_probability`` (Poisson, add/remove of one record).
+- :class:`ClientPoisson` -- each client joins w.p. ``sampling_probability``;
+  ``ClientPoisson(p, RecordPoisson(q, d, Gaussian(s)))`` is random participation
+  (Hasircioglu & Gündüz), ``ClientPoisson(p, Gaussian(s))`` a client-level
+  Poisson-subsampled Gaussian.
+- :class:`FixedCohort` -- exactly ``cohort_size`` of ``population`` clients,
+  uniformly without replacement (client-level DP-FedAvg).
+- :class:`WithoutReplacement` -- a uniform size-``sample_size`` subset of
+  ``population`` records (PriFedSync local steps; replace-one).
+- :class:`CheckIn` -- a client checks in w.p. ``probability`` and releases
+  ``event`` (MS-PAFL); the server sees who checked in.
+- :class:`TwoStage` -- LOCKS: uniform first stage, norm release, then a second
+  stage of expected size ``second_stage_size`` releasing the update.
+- :class:`SelfComposed` -- ``event`` repeated ``count`` times.
+
+Examples
+--------
+>>> e = ClientPoisson(0.001, RecordPoisson(0.1, 30, Gaussian(2.5)))
+>>> e.event.records_per_client
+30
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dpfl.accounting._checks import (
+    check_count,
+    check_positive,
+    check_probability,
+)
+from dpfl.errors import InvalidParameterError
+
+__all__ = [
+    "CheckIn",
+    "ClientPoisson",
+    "Event",
+    "FixedCohort",
+    "Gaussian",
+    "PoissonSampled",
+    "RecordPoisson",
+    "SelfComposed",
+    "TwoStage",
+    "WithoutReplacement",
+    "event_from_dict",
+    "event_to_dict",
+]
+
+_REGISTRY: dict[str, type[Event]] = {}
+
+
+class Event:
+    """Base class of all events (frozen, slotted dataclasses)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _REGISTRY[cls.__name__] = cls
+
+
+def _check_event(name: str, value: object) -> None:
+    if not isinstance(value, Event):
+        raise InvalidParameterError(f"{name} must be a dpfl event; got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Gaussian(Event):
+    """Gaussian noise of std ``noise_multiplier * clip`` on a clipped sum.
+
+    The sum's L2 sensitivity is ``sensitivity * clip``.
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        Noise standard deviation in units of the clipping bound; > 0.
+    sensitivity : float
+        L2 sensitivity in units of the clipping bound (1 for add/remove of a
+        clipped contribution, 2 for replace-one); > 0.
+    """
+
+    noise_multiplier: float
+    sensitivity: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_positive("noise_multiplier", self.noise_multiplier)
+        check_positive("sensitivity", self.sensitivity)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoissonSampled(Event):
+    """``event`` run on a Poisson subsample with rate ``sampling_probability``."""
+
+    sampling_probability: float
+    event: Event
+
+    def __post_init__(self) -> None:
+        check_probability("sampling_probability", self.sampling_probability)
+        _check_event("event", self.event)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecordPoisson(Event):
+    """Each of a client's records joins w.p. ``sampling_probability`` (Poisson)."""
+
+    sampling_probability: float
+    records_per_client: int
+    event: Event
+
+    def __post_init__(self) -> None:
+        check_probability("record_probability", self.sampling_probability)
+        check_count("records_per_client", self.records_per_client, minimum=0)
+        _check_event("event", self.event)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClientPoisson(Event):
+    """Each client joins independently w.p. ``sampling_probability``."""
+
+    sampling_probability: float
+    event: Event
+
+    def __post_init__(self) -> None:
+        check_probability("participation_probability", self.sampling_probability)
+        _check_event("event", self.event)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FixedCohort(Event):
+    """Exactly ``cohort_size`` of ``population`` clients, uniformly, no replacement."""
+
+    cohort_size: int
+    population: int
+    event: Event
+
+    def __post_init__(self) -> None:
+        check_count("population", self.population, minimum=1)
+        check_count("cohort_size", self.cohort_size, minimum=1)
+        if self.cohort_size > self.population:
+            raise InvalidParameterError(
+                f"cohort_size must be <= population ({self.population}); "
+                f"got {self.cohort_size!r}"
+            )
+        _check_event("event", self.event)
+
+    @property
+    def sampling_probability(self) -> float:
+        """The cohort fraction m/K."""
+        return self.cohort_size / self.population
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WithoutReplacement(Event):
+    """A uniform subset of ``sample_size`` of ``population`` records (replace-one)."""
+
+    sample_size: int
+    population: int
+    event: Event
+
+    def __post_init__(self) -> None:
+        check_count("population", self.population, minimum=1)
+        check_count("sample_size", self.sample_size, minimum=1)
+        if self.sample_size > self.population:
+            raise InvalidParameterError(
+                f"sample_size must be <= population ({self.population}); "
+                f"got {self.sample_size!r}"
+            )
+        _check_event("event", self.event)
+
+    @property
+    def sampling_probability(self) -> float:
+        """The batch fraction B/n."""
+        return self.sample_size / self.population
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckIn(Event):
+    """A client checks in w.p. ``probability`` and then releases ``event`` (MS-PAFL)."""
+
+    probability: float
+    event: Event
+
+    def __post_init__(self) -> None:
+        check_probability("probability", self.probability)
+        _check_event("event", self.event)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TwoStage(Event):
+    """LOCKS round: a norm release, then a norm-proportional update release.
+
+    Stage 1 is uniform w.p. ``first_stage_probability`` and releases
+    ``norm_event``; stage 2 has expected size ``second_stage_size`` and releases
+    ``update_event``, with per-client inclusion probability at most
+    ``max_second_stage_probability``.
+    """
+
+    first_stage_probability: float
+    second_stage_size: int
+    max_second_stage_probability: float
+    norm_event: Event
+    update_event: Event
+
+    def __post_init__(self) -> None:
+        check_probability("first_stage_probability", self.first_stage_probability)
+        check_count("second_stage_size", self.second_stage_size, minimum=1)
+        check_probability(
+            "max_second_stage_probability", self.max_second_stage_probability
+        )
+        _check_event("norm_event", self.norm_event)
+        _check_event("update_event", self.update_event)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SelfComposed(Event):
+    """``event`` repeated ``count`` times (e.g. K local steps)."""
+
+    event: Event
+    count: int
+
+    def __post_init__(self) -> None:
+        _check_event("event", self.event)
+        check_count("count", self.count, minimum=1)
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    """Serialise an event to a JSON-ready dict (nested events included)."""
+    out: dict[str, Any] = {"type": type(event).__name__}
+    for f in dataclasses.fields(event):  # type: ignore[arg-type]
+        v = getattr(event, f.name)
+        out[f.name] = event_to_dict(v) if isinstance(v, Event) else v
+    return out
+
+
+def event_from_dict(data: dict[str, Any]) -> Event:
+    """Inverse of :func:`event_to_dict`.
+
+    Raises
+    ------
+    InvalidParameterError
+        If the type is unknown.
+    """
+    data = dict(data)
+    name = data.pop("type", None)
+    cls = _REGISTRY.get(str(name))
+    if cls is None or cls is Event:
+        raise InvalidParameterError(
+            f"event type must be one of {sorted(set(_REGISTRY) - {'Event'})}; "
+            f"got {name!r}"
+        )
+    kwargs = {
+        k: event_from_dict(v) if isinstance(v, dict) and "type" in v else v
+        for k, v in data.items()
+    }
+    return cls(**kwargs)

@@ -1,0 +1,292 @@
+"""The privacy ledger: what a run has spent, persisted atomically, with a guard.
+
+A :class:`PrivacyLedger` records each round's event (the same value the sampler
+realised) and, for schemes whose guarantee depends on who took part, the
+clients that took part. It answers the spend so far as a bound, each client's
+own spend, and refuses (raises :class:`~dpfl.errors.BudgetExceededError`)
+a round that would take the run past its budget, *before* the round runs.
+
+The JSON file on disk is the truth: :meth:`PrivacyLedger.save` writes a
+temporary file and renames it over the old one (atomic on POSIX), and
+:meth:`PrivacyLedger.load` restores the exact spend of a stopped run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from dpfl.accounting import events as ev
+from dpfl.accounting._checks import check_delta, check_positive
+from dpfl.accounting.accountant import Accountant
+from dpfl.accounting.bounds import Bound
+from dpfl.errors import BudgetExceededError, DpflError
+
+__all__ = ["Budget", "LedgerEntry", "PrivacyLedger"]
+
+_FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """A total (ε, δ) budget for a run."""
+
+    epsilon: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        check_positive("budget epsilon", self.epsilon, allow_inf=True)
+        check_delta("budget delta", self.delta)
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerEntry:
+    """One round: its index, its event, and (optionally) who took part."""
+
+    round: int
+    event: ev.Event
+    participants: tuple[int, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        out: dict[str, Any] = {
+            "round": self.round,
+            "event": ev.event_to_dict(self.event),
+        }
+        if self.participants is not None:
+            out["participants"] = list(self.participants)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LedgerEntry:
+        """Inverse of :meth:`to_json`."""
+        parts = data.get("participants")
+        return cls(
+            round=int(data["round"]),
+            event=ev.event_from_dict(data["event"]),
+            participants=None if parts is None else tuple(int(k) for k in parts),
+        )
+
+
+class PrivacyLedger:
+    """Per-run record of privacy events, with a budget guard.
+
+    Parameters
+    ----------
+    budget : Budget or None
+        The run's total (ε, δ); ``None`` records without a guard.
+    analysis : str
+        The analysis used to price events (``"sound"`` by default).
+    path : str or Path or None
+        Where :meth:`save` writes; ``None`` keeps the ledger in memory.
+    tolerance : float
+        Relative bracket width passed to the :class:`Accountant`.
+    """
+
+    def __init__(
+        self,
+        budget: Budget | None = None,
+        *,
+        analysis: str = "sound",
+        path: str | Path | None = None,
+        tolerance: float = 0.02,
+    ) -> None:
+        self.budget = budget
+        self.analysis = analysis
+        self.path = None if path is None else Path(path)
+        self.tolerance = tolerance
+        self._entries: list[LedgerEntry] = []
+        self._max_rounds: dict[tuple[ev.Event, int], int] = {}
+
+    # -- recording ------------------------------------------------------------
+    @property
+    def entries(self) -> list[LedgerEntry]:
+        """The recorded rounds, in order."""
+        return list(self._entries)
+
+    @property
+    def rounds(self) -> int:
+        """Number of recorded rounds."""
+        return len(self._entries)
+
+    def record(
+        self,
+        event: ev.Event,
+        *,
+        participants: Iterable[int] | None = None,
+        round: int | None = None,
+    ) -> LedgerEntry:
+        """Record one round's event (after checking the budget); returns the entry.
+
+        Raises
+        ------
+        BudgetExceededError
+            If recording ``event`` would exceed the budget; nothing is recorded.
+        """
+        self.check(event)
+        entry = LedgerEntry(
+            round=self.rounds if round is None else int(round),
+            event=event,
+            participants=None
+            if participants is None
+            else tuple(int(k) for k in participants),
+        )
+        self._entries.append(entry)
+        return entry
+
+    # -- queries --------------------------------------------------------------
+    def accountant(self, events: Iterable[ev.Event] | None = None) -> Accountant:
+        """An :class:`Accountant` holding ``events`` (default: every recorded one)."""
+        acc = Accountant(self.analysis, tolerance=self.tolerance)
+        for e in self._events() if events is None else events:
+            acc.compose(e)
+        return acc
+
+    def _events(self) -> list[ev.Event]:
+        return [e.event for e in self._entries]
+
+    def epsilon(self, delta: float | None = None) -> Bound:
+        """ε spent so far at ``delta`` (default: the budget's δ)."""
+        return self.accountant().epsilon(self._delta(delta))
+
+    def _delta(self, delta: float | None) -> float:
+        if delta is not None:
+            return delta
+        if self.budget is None:
+            raise DpflError("delta must be given when the ledger has no budget")
+        return self.budget.delta
+
+    def client_rounds(self, client: int) -> int:
+        """Rounds in which ``client`` is recorded as a participant."""
+        return sum(
+            1
+            for e in self._entries
+            if e.participants is not None and client in e.participants
+        )
+
+    def client_epsilon(self, client: int, delta: float | None = None) -> Bound:
+        """ε of one client: the composition of the rounds it took part in.
+
+        Rounds recorded without participants count for every client (their
+        event already prices the sampling).
+        """
+        chosen = [
+            e.event
+            for e in self._entries
+            if e.participants is None or client in e.participants
+        ]
+        return self.accountant(chosen).epsilon(self._delta(delta))
+
+    # -- the guard ------------------------------------------------------------
+    def check(self, event: ev.Event) -> None:
+        """Raise :class:`BudgetExceededError` if adding ``event`` exceeds the budget."""
+        if self.budget is None or math.isinf(self.budget.epsilon):
+            return
+        history = self._events()
+        if all(e == event for e in history):
+            # Homogeneous run (the common case): find once how many rounds of
+            # this event the budget allows, then compare counts.
+            allowed = self.max_rounds(event)
+            if len(history) + 1 <= allowed:
+                return
+            spent = len(history) + 1
+        else:
+            bound = self.accountant([*history, event]).epsilon(self.budget.delta)
+            if bound.upper <= self.budget.epsilon:
+                return
+            spent = len(history) + 1
+        raise BudgetExceededError(
+            f"round {spent} would exceed the budget (epsilon={self.budget.epsilon}, "
+            f"delta={self.budget.delta}) under the {self.analysis!r} analysis; "
+            f"stopped before it ({len(history)} rounds spent)"
+        )
+
+    def max_rounds(self, event: ev.Event, limit: int = 1_000_000) -> int:
+        """Largest T with T repetitions of ``event`` within the budget (upper bound)."""
+        if self.budget is None:
+            return limit
+        key = (event, limit)
+        if key in self._max_rounds:
+            return self._max_rounds[key]
+
+        def fits(t: int) -> bool:
+            acc = Accountant(self.analysis, tolerance=self.tolerance).compose(event, t)
+            return acc.epsilon(self.budget.delta).upper <= self.budget.epsilon  # type: ignore[union-attr]
+
+        if not fits(1):
+            result = 0
+        else:
+            lo, hi = 1, 2
+            while hi <= limit and fits(hi):
+                lo, hi = hi, hi * 2
+            hi = min(hi, limit + 1)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+            result = lo
+        self._max_rounds[key] = result
+        return result
+
+    # -- persistence ----------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """Return the ledger as a JSON-ready dict."""
+        return {
+            "format": _FORMAT,
+            "analysis": self.analysis,
+            "tolerance": self.tolerance,
+            "budget": None if self.budget is None else dataclasses.asdict(self.budget),
+            "entries": [e.to_json() for e in self._entries],
+        }
+
+    def save(self, path: str | Path | None = None) -> Path:
+        """Write the ledger atomically (temporary file, fsync, rename)."""
+        target = Path(path) if path is not None else self.path
+        if target is None:
+            raise DpflError("save needs a path: the ledger was created without one")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(self.to_json(), fh, indent=1)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return target
+
+    @classmethod
+    def load(cls, path: str | Path) -> PrivacyLedger:
+        """Read a ledger written by :meth:`save`.
+
+        Raises
+        ------
+        DpflError
+            If the file is missing or not a dpfl ledger.
+        """
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise DpflError(f"ledger file not found: {p}") from None
+        except json.JSONDecodeError as exc:
+            raise DpflError(f"ledger file {p} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            raise DpflError(f"{p} is not a dpfl ledger (format {_FORMAT})")
+        budget = data.get("budget")
+        ledger = cls(
+            None if budget is None else Budget(**budget),
+            analysis=data.get("analysis", "sound"),
+            path=p,
+            tolerance=float(data.get("tolerance", 0.02)),
+        )
+        ledger._entries = [LedgerEntry.from_json(e) for e in data.get("entries", [])]
+        return ledger

@@ -1,0 +1,3 @@
+def main() -> int:
+    """Placeholder."""
+    return 0

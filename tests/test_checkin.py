@@ -1,0 +1,300 @@
+"""Tests for dpfl.accounting.checkin (MS-PAFL, SPEC §1.2-1.3)."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import pytest
+from scipy import stats
+
+from dpfl.accounting import checkin, composition
+from dpfl.errors import InvalidParameterError
+
+# SPEC §1.3 item 6 example, reverse-engineered (notes/checkin.md): local
+# ε = 0.5, δ = 1e-5 (Lemma 1 with Δ = 2C), γ = 0.1, p R = 20 rounds.
+EX_Z = 2 * math.sqrt(2 * math.log(1.25 / 1e-5)) / 0.5  # σ / C = 19.379
+
+
+def _gdp_delta_mp(eps: float, mu: float) -> float:
+    """μ-GDP δ(ε) in 40-digit mpmath (DRS Cor. 2.13), an independent witness."""
+    mpmath.mp.dps = 40
+    e, m = mpmath.mpf(eps), mpmath.mpf(mu)
+    return float(
+        mpmath.ncdf(-e / m + m / 2) - mpmath.e**e * mpmath.ncdf(-e / m - m / 2)
+    )
+
+
+# --- Lemma 1 and Theorem 1 -------------------------------------------------
+def test_lemma1_sigma_closed_form_and_range():
+    # By hand: sqrt(2 ln(1.25e5)) * 2 / 0.5 = 4 * 4.84481 = 19.3792; rel 1e-12.
+    sigma = checkin.lemma1_sigma(epsilon=0.5, delta=1e-5, sensitivity=2.0)
+    assert sigma == pytest.approx(EX_Z, rel=1e-12)
+    assert sigma == pytest.approx(19.3792, abs=1e-4)
+    with pytest.raises(InvalidParameterError, match="epsilon must be < 1"):
+        checkin.lemma1_sigma(epsilon=1.0, delta=1e-5, sensitivity=2.0)
+    # The paper's number is still available on request.
+    loose = checkin.lemma1_sigma(
+        epsilon=2.0, delta=1e-5, sensitivity=2.0, allow_invalid=True
+    )
+    assert loose == pytest.approx(EX_Z / 4, rel=1e-12)
+
+
+def test_subsampling_ratio_values():
+    # Closed forms of SPEC §1.2 / §1.3 item 8, by hand; rel 1e-12.
+    assert checkin.subsampling_ratio(
+        batch_size=32, dataset_size=320, replacement=False
+    ) == pytest.approx(0.1, rel=1e-12)
+    assert checkin.subsampling_ratio(
+        batch_size=32, dataset_size=320, replacement=True
+    ) == pytest.approx(1 - (1 - 1 / 320) ** 32, rel=1e-12)
+    assert checkin.subsampling_ratio(
+        batch_size=32, dataset_size=320, replacement=False, local_steps=3
+    ) == pytest.approx(1 - 0.9**3, rel=1e-12)
+    assert checkin.subsampling_ratio(
+        batch_size=32, dataset_size=320, replacement=True, local_steps=3
+    ) == pytest.approx(1 - (1 - 1 / 320) ** 96, rel=1e-12)
+    assert (
+        checkin.subsampling_ratio(batch_size=5, dataset_size=5, replacement=False) == 1
+    )
+    with pytest.raises(InvalidParameterError, match="batch_size"):
+        checkin.subsampling_ratio(batch_size=6, dataset_size=5, replacement=False)
+
+
+@pytest.mark.parametrize("n", [10, 100, 32561])
+@pytest.mark.parametrize("b", [2, 8, 10])
+def test_with_replacement_ratio_is_smaller(n, b):
+    # Remark 2: γ_WR < γ_WOR for b >= 2 (strict inequality).
+    wr = checkin.subsampling_ratio(batch_size=b, dataset_size=n, replacement=True)
+    wor = checkin.subsampling_ratio(batch_size=b, dataset_size=n, replacement=False)
+    assert wr < wor
+
+
+def test_amplified_closed_form():
+    # ln(1 + 0.1 (e^0.5 - 1)) = ln(1.0648721) = 0.0628547; rel 1e-12; δ' = γ δ.
+    eps, delta = checkin.amplified(epsilon=0.5, delta=1e-5, gamma=0.1)
+    assert eps == pytest.approx(math.log(1 + 0.1 * (math.exp(0.5) - 1)), rel=1e-12)
+    assert eps == pytest.approx(0.0628547, abs=1e-7)
+    assert delta == pytest.approx(1e-6, rel=1e-12)
+    assert checkin.amplified(epsilon=0.5, delta=1e-5, gamma=1.0) == pytest.approx(
+        (0.5, 1e-5), rel=1e-12
+    )
+
+
+# --- Theorem 2 / Corollary 1 -------------------------------------------------
+def test_spec_1_3_item_4_tail_values():
+    # SPEC §1.3 item 4 (K = 1000, p = 0.1, ξ = 0.5): Hoeffding 1.3e-2, exact 2.8e-9.
+    hoeff = checkin.hoeffding_tail(clients=1000, probability=0.1, xi=0.5)
+    assert hoeff == pytest.approx(2 * math.exp(-5), rel=1e-12)  # 1.3476e-2
+    assert f"{hoeff:.1e}" == "1.3e-02"
+    exact = checkin.binomial_tail(clients=1000, probability=0.1, xi=0.5)
+    # Witness: 40-digit mpmath sum of the Binomial(1000, 0.1) pmf for N <= 49.
+    mpmath.mp.dps = 40
+    witness = mpmath.fsum(
+        mpmath.binomial(1000, j)
+        * mpmath.mpf("0.1") ** j
+        * mpmath.mpf("0.9") ** (1000 - j)
+        for j in range(50)
+    )
+    assert exact == pytest.approx(float(witness), rel=1e-9)
+    assert f"{exact:.1e}" == "2.8e-09"
+
+
+@pytest.mark.parametrize("clients", [10, 100, 1000, 10_000])
+@pytest.mark.parametrize("probability", [0.01, 0.1, 0.5, 0.9])
+@pytest.mark.parametrize("xi", [0.1, 0.3, 0.5, 0.9])
+def test_exact_tail_never_exceeds_hoeffding(clients, probability, xi):
+    # Hoeffding's one-sided bound holds for the exact tail (an inequality).
+    exact = checkin.binomial_tail(clients=clients, probability=probability, xi=xi)
+    one_sided = checkin.hoeffding_tail(
+        clients=clients, probability=probability, xi=xi, one_sided=True
+    )
+    assert exact <= one_sided * (1 + 1e-12)
+
+
+def test_binomial_tail_threshold_is_robust_to_round_off():
+    # (1 - 0.7) * 100 * 0.1 = 3.0000000000000004 in floats; the event is N < 3.
+    value = checkin.binomial_tail(clients=100, probability=0.1, xi=0.7)
+    assert value == pytest.approx(stats.binom.cdf(2, 100, 0.1), rel=1e-12)
+
+
+def test_central_round_hand_checked():
+    # Corollary 1 (20a-b) evaluated independently in mpmath; rel 1e-12.
+    # ε = 0.5, δ = 1e-5, K = 1000, p = 0.1, γ = 0.1, ξ = 0.5, exact tail.
+    mpmath.mp.dps = 40
+    delta_h = checkin.binomial_tail(clients=1000, probability=0.1, xi=0.5)
+    eps_agg = mpmath.mpf("0.5") / mpmath.sqrt(50)  # 0.0707107
+    p_gamma = mpmath.mpf("0.01")
+    expected_eps = mpmath.log(1 + p_gamma * (mpmath.e**eps_agg - 1)) + mpmath.log(
+        1 / (1 - mpmath.mpf(delta_h))
+    )
+    eps_c, delta_c = checkin.central_round(
+        epsilon=0.5, delta=1e-5, clients=1000, probability=0.1, gamma=0.1, xi=0.5
+    )
+    assert eps_c == pytest.approx(float(expected_eps), rel=1e-12)  # 7.3244e-4
+    assert eps_c == pytest.approx(7.3244e-4, rel=1e-4)
+    assert delta_c == pytest.approx(1e-7 + delta_h, rel=1e-12)
+    # Paper's Hoeffding tail: δ_c ≈ 1.35e-2, so 100 rounds give R δ_c > 1
+    # (SPEC §1.3 item 4).
+    eps_h, delta_hoeff = checkin.central_round(
+        epsilon=0.5,
+        delta=1e-5,
+        clients=1000,
+        probability=0.1,
+        gamma=0.1,
+        xi=0.5,
+        tail="hoeffding",
+    )
+    assert delta_hoeff == pytest.approx(1e-7 + 2 * math.exp(-5), rel=1e-12)
+    assert 100 * delta_hoeff > 1
+    assert eps_h > eps_c  # ln(1/(1 - δ_H)) = 0.01357 dominates
+
+
+def test_central_round_first_order_approximation():
+    # Eq. (21): ε_c ≈ γ ε sqrt(p/((1-ξ)K)) for small ε_agg; here ε_agg = 0.0224,
+    # so the approximation is within 1.2% (e^x - 1 ≈ x (1 + x/2)).
+    eps_c, _ = checkin.central_round(
+        epsilon=0.5, delta=1e-5, clients=10_000, probability=0.1, gamma=0.1, xi=0.5
+    )
+    approx = 0.1 * 0.5 * math.sqrt(0.1 / (0.5 * 10_000))
+    assert eps_c == pytest.approx(approx, rel=0.012)
+
+
+def test_central_round_monotone():
+    base = dict(
+        epsilon=0.5, delta=1e-5, clients=1000, probability=0.1, gamma=0.1, xi=0.5
+    )
+    eps0, _ = checkin.central_round(**base)
+    for key, larger in (("probability", 0.2), ("gamma", 0.2), ("epsilon", 0.8)):
+        assert checkin.central_round(**{**base, key: larger})[0] > eps0
+    assert checkin.central_round(**{**base, "clients": 4000})[0] < eps0
+
+
+def test_central_round_rejects_invalid_classic_regime():
+    with pytest.raises(InvalidParameterError, match="must be < 1"):
+        checkin.central_round(
+            epsilon=0.9, delta=1e-5, clients=2, probability=0.5, gamma=0.1, xi=0.5
+        )
+    with pytest.raises(InvalidParameterError, match="tail"):
+        checkin.central_round(
+            epsilon=0.5,
+            delta=1e-5,
+            clients=1000,
+            probability=0.1,
+            gamma=0.1,
+            xi=0.5,
+            tail="chernoff",
+        )
+
+
+# --- Theorem 3, sound client, exact PLD -------------------------------------
+def test_local_total_moments_spec_example():
+    # SPEC §1.3 item 6 "formula 0.333": A = 20 γ² (2C)²/((1-γ) σ²), C = 1.
+    out = checkin.local_total_moments(
+        probability=1.0,
+        rounds=20,
+        gamma=0.1,
+        noise_multiplier=EX_Z,
+        clip=1.0,
+        delta=1e-5,
+    )
+    a = 20 * 0.01 * 4 / (0.9 * EX_Z**2)
+    assert out["A"] == pytest.approx(a, rel=1e-12)
+    assert out["epsilon"] == pytest.approx(
+        a + 2 * math.sqrt(a * math.log(1e5)), rel=1e-12
+    )
+    assert out["epsilon"] == pytest.approx(0.3325, abs=5e-5)
+    # SPEC: "gamma >= 1/(16 sigma/2C) in our example" -> invalid.
+    assert out["sigma_over_sensitivity_ge_1"] is True
+    assert out["gamma_lt_1_over_16z"] is False
+    assert out["valid"] is False
+
+
+def test_local_total_moments_scales_as_gamma_sqrt_pR():
+    # ε ≈ 2 sqrt(A ln 1/δ) ∝ γ sqrt(pR) when A is small: quadrupling p R doubles
+    # the λ²-only term exactly.
+    kw = dict(gamma=0.01, noise_multiplier=40.0, clip=1.0, delta=1e-5)
+    one = checkin.local_total_moments(probability=0.1, rounds=100, **kw)
+    four = checkin.local_total_moments(probability=0.4, rounds=100, **kw)
+    assert four["epsilon_quadratic_only"] == pytest.approx(
+        2 * one["epsilon_quadratic_only"], rel=1e-12
+    )
+
+
+def test_pld_subsampled_local_reproduces_spec_example():
+    # SPEC §1.3 item 6: "ε 0.154 vs formula 0.333 at pR = 20 rounds"; we get
+    # 0.15434 (printed to 3 decimals: abs tolerance 5e-4).
+    eps = checkin.pld_subsampled_local(
+        gamma=0.1, noise_multiplier=EX_Z, clip=1.0, rounds_joined=20, delta=1e-5
+    )
+    assert eps == pytest.approx(0.154, abs=5e-4)
+    # Discretisation refined tenfold changes it by < 1e-5.
+    fine = checkin.pld_subsampled_local(
+        gamma=0.1,
+        noise_multiplier=EX_Z,
+        clip=1.0,
+        rounds_joined=20,
+        delta=1e-5,
+        value_discretization_interval=1e-5,
+    )
+    assert fine <= eps + 1e-9
+    assert eps - fine < 1e-5
+    # Symmetrised C_γ(G) is at least the add/remove Poisson answer (0.15238 with
+    # dp_accounting from_gaussian_mechanism composed per direction, SPEC §3.3).
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    poisson = pld.from_gaussian_mechanism(EX_Z / 2, sampling_prob=0.1).self_compose(20)
+    assert eps >= poisson.get_epsilon_for_delta(1e-5)
+
+
+@pytest.mark.parametrize("z, rounds", [(2.0, 20), (5.0, 3), (1.0, 1)])
+def test_pld_without_subsampling_is_gaussian(z, rounds):
+    # γ = 1: C_1(G_μ)^{⊗N} = G_{μ sqrt N} exactly; the pessimistic PLD's ε must
+    # satisfy the closed-form δ at ε (mpmath) within 1e-3 relative, from above.
+    eps = checkin.pld_subsampled_local(
+        gamma=1.0, noise_multiplier=z, clip=1.0, rounds_joined=rounds, delta=1e-5
+    )
+    mu = 2 / z * math.sqrt(rounds)
+    assert _gdp_delta_mp(eps, mu) <= 1e-5 * (1 + 1e-6)
+    assert _gdp_delta_mp(eps * 0.999, mu) > 1e-5
+
+
+def test_sound_client_gdp():
+    out = checkin.sound_client(
+        noise_multiplier=EX_Z, clip=3.0, rounds_joined=20, delta=1e-5
+    )
+    mu = 2 / EX_Z * math.sqrt(20)  # 0.46154, clip cancels
+    assert out["mu"] == pytest.approx(mu, rel=1e-12)
+    assert out["noise_std"] == pytest.approx(3 * EX_Z, rel=1e-12)
+    # Witness: mpmath δ(ε; μ) at the returned ε equals the target to 1e-8.
+    assert _gdp_delta_mp(out["epsilon"], mu) == pytest.approx(1e-5, rel=1e-8)
+    assert out["epsilon"] == pytest.approx(1.8229, abs=1e-4)
+    # Without amplification it is far above the amplified (unsound here) PLD.
+    assert out["epsilon"] > 10 * 0.154
+    assert out["adversary"].startswith("the parameter server")
+    assert (
+        checkin.sound_client(
+            noise_multiplier=1.0, clip=1.0, rounds_joined=0, delta=1e-5
+        )["epsilon"]
+        == 0.0
+    )
+
+
+def test_global_total_methods():
+    eps_c, delta_c = checkin.central_round(
+        epsilon=0.5, delta=1e-5, clients=1000, probability=0.1, gamma=0.1, xi=0.5
+    )
+    drv = checkin.global_total(
+        eps_max=eps_c, delta_max=delta_c, rounds=500, delta_slack=1e-6
+    )
+    assert drv == composition.strong_drv(
+        epsilon=eps_c, delta=delta_c, count=500, delta_slack=1e-6
+    )
+    kov = checkin.global_total(
+        eps_max=eps_c, delta_max=delta_c, rounds=500, delta_slack=1e-6, method="kov"
+    )
+    assert kov[0] <= drv[0] and kov[1] <= drv[1]
+    with pytest.raises(InvalidParameterError, match="method"):
+        checkin.global_total(
+            eps_max=0.1, delta_max=1e-6, rounds=5, delta_slack=1e-6, method="rdp"
+        )

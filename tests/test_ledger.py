@@ -1,0 +1,66 @@
+import json
+
+import pytest
+
+from dpfl.accounting.accountant import Accountant
+from dpfl.accounting.events import Gaussian, PoissonSampled
+from dpfl.accounting.ledger import Budget, PrivacyLedger
+from dpfl.errors import BudgetExceededError, DpflError
+
+EVENT = PoissonSampled(0.05, Gaussian(1.0))
+
+
+def test_record_and_spend_matches_accountant():
+    ledger = PrivacyLedger()
+    for _ in range(20):
+        ledger.record(EVENT)
+    # The ledger prices exactly the composed events (same code path, same bound).
+    direct = Accountant().compose(EVENT, 20).epsilon(1e-5)
+    assert ledger.epsilon(1e-5) == direct
+
+
+def test_budget_guard_stops_before_overspend():
+    budget = Budget(epsilon=3.0, delta=1e-5)
+    ledger = PrivacyLedger(budget)
+    allowed = ledger.max_rounds(EVENT)
+    assert allowed >= 1
+    for _ in range(allowed):
+        ledger.record(EVENT)
+    assert ledger.epsilon().upper <= budget.epsilon
+    with pytest.raises(BudgetExceededError, match="would exceed the budget"):
+        ledger.record(EVENT)
+    assert ledger.rounds == allowed  # the refused round was not recorded
+    # and one more round really would have overspent (the guard is not over-cautious)
+    assert Accountant().compose(EVENT, allowed + 1).epsilon(1e-5).upper > budget.epsilon
+
+
+def test_heterogeneous_guard():
+    ledger = PrivacyLedger(Budget(epsilon=1.5, delta=1e-5))
+    ledger.record(PoissonSampled(0.01, Gaussian(2.0)))
+    with pytest.raises(BudgetExceededError):
+        ledger.record(Gaussian(0.5))
+
+
+def test_atomic_save_and_load_roundtrip(tmp_path):
+    path = tmp_path / "run" / "ledger.json"
+    ledger = PrivacyLedger(Budget(4.0, 1e-5), path=path)
+    ledger.record(EVENT, participants=[3, 7])
+    ledger.record(EVENT, participants=[7])
+    ledger.save()
+    assert not [
+        p for p in path.parent.iterdir() if p.name.startswith(".")
+    ]  # no temp left
+    loaded = PrivacyLedger.load(path)
+    assert loaded.to_json() == ledger.to_json()
+    assert loaded.client_rounds(7) == 2 and loaded.client_rounds(3) == 1
+    assert loaded.client_epsilon(3).upper < loaded.client_epsilon(7).upper
+    assert json.loads(path.read_text())["entries"][0]["participants"] == [3, 7]
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(DpflError, match="not found"):
+        PrivacyLedger.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(DpflError, match="not a dpfl ledger"):
+        PrivacyLedger.load(bad)
