@@ -1,0 +1,1 @@
+"""Simulation of federated training (torch): sampling, gradients, noise, loop."""

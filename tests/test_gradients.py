@@ -1,0 +1,406 @@
+"""Tests of dpfl.sim.gradients against per-example Python loops.
+
+Tolerance: float32 throughout; per-example gradients and clipped sums are
+compared with the loop reference at atol 1e-5 (rtol 1e-4 where sums of many
+terms of magnitude ~1 are involved), as Opacus does for its per-sample tests.
+The reference is the definition: for each example i, autograd on the loss of
+the batch x[i:i+1], g_i scaled by min(1, C/||g_i||), summed per segment.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from dpfl.errors import InvalidParameterError, NonFiniteUpdateError
+from dpfl.models import MLP, PaperCNN
+from dpfl.sim.gradients import (
+    batched_client_grads,
+    check_finite,
+    clipped_grad_sum,
+    cohort_sgd_step,
+    ghost_supported,
+    per_sample_grads,
+    stack_params,
+)
+
+ATOL = 1e-5
+RTOL = 1e-4
+
+
+class TinyCNN(nn.Module):
+    """Exercises both conv kernels (one input channel; several), and Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(1, 3, kernel_size=3, stride=2, padding=1)
+        self.c2 = nn.Conv2d(3, 4, kernel_size=2, stride=1, dilation=2)
+        self.fc = nn.Linear(4 * 2 * 2, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.c1(x))  # 8x8 -> 4x4
+        h = torch.tanh(self.c2(h))  # 4x4 -> 2x2
+        return self.fc(h.flatten(1))
+
+
+def params_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def reference(model, params, x, y, clip, seg=None, num_segments=None, loss_fn=None):
+    """Per-example loop: returns (per-example grads list, sums, norms)."""
+    loss_fn = loss_fn or F.cross_entropy
+    names = list(params)
+    grads, norms = [], []
+    for i in range(x.shape[0]):
+        p = {n: params[n].clone().requires_grad_(True) for n in names}
+        out = torch.func.functional_call(model, p, (x[i : i + 1],))
+        g = torch.autograd.grad(loss_fn(out, y[i : i + 1]), [p[n] for n in names])
+        grads.append(dict(zip(names, g)))
+        norms.append(torch.sqrt(sum((t**2).sum() for t in g)))
+    norms_t = torch.stack(norms) if norms else torch.zeros(0)
+    if seg is None:
+        sums = {n: torch.zeros_like(params[n]) for n in names}
+    else:
+        sums = {n: torch.zeros(num_segments, *params[n].shape) for n in names}
+    for i, g in enumerate(grads):
+        factor = min(1.0, clip / float(norms_t[i]))
+        for n in names:
+            if seg is None:
+                sums[n] += factor * g[n]
+            else:
+                sums[n][int(seg[i])] += factor * g[n]
+    return grads, sums, norms_t
+
+
+def assert_dicts_close(a, b, atol=ATOL, rtol=RTOL):
+    assert set(a) == set(b)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=rtol, msg=k)
+
+
+# ---------------------------------------------------------------- per_sample_grads
+def test_per_sample_grads_equal_loop():
+    torch.manual_seed(0)
+    model = TinyCNN()
+    params = params_of(model)
+    x, y = torch.randn(6, 1, 8, 8), torch.randint(0, 5, (6,))
+    ref, _, _ = reference(model, params, x, y, clip=1.0)
+    got = per_sample_grads(model, params, x, y)
+    for i in range(6):
+        for n in params:
+            # atol 1e-5 float32 (loop reference)
+            torch.testing.assert_close(got[n][i], ref[i][n], atol=ATOL, rtol=RTOL)
+
+
+# ----------------------------------------------------------------- clipped sums
+@settings(max_examples=30, deadline=None)
+@given(
+    batch=st.integers(1, 9),
+    clip=st.floats(0.01, 10.0),
+    num_segments=st.integers(1, 4),
+    max_batch=st.integers(1, 5),
+    method=st.sampled_from(["vmap", "ghost"]),
+    seed=st.integers(0, 2**16),
+)
+def test_clipped_sum_equals_loop(batch, clip, num_segments, max_batch, method, seed):
+    # Property: both kernels equal the per-example loop (atol 1e-5, float32)
+    # for any batch size, clip, number of segments and chunking.
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = TinyCNN()
+    params = params_of(model)
+    x = torch.randn(batch, 1, 8, 8, generator=g)
+    y = torch.randint(0, 5, (batch,), generator=g)
+    seg = torch.randint(0, num_segments, (batch,), generator=g)
+    _, ref_sums, ref_norms = reference(model, params, x, y, clip, seg, num_segments)
+    sums, norms = clipped_grad_sum(
+        model,
+        params,
+        x,
+        y,
+        clip=clip,
+        segment_ids=seg,
+        num_segments=num_segments,
+        max_batch=max_batch,
+        method=method,
+        return_norms=True,
+    )
+    assert_dicts_close(sums, ref_sums)
+    torch.testing.assert_close(norms, ref_norms, atol=ATOL, rtol=RTOL)
+    # Each segment's clipped sum has norm <= clip * (examples in the segment).
+    flat = torch.cat([s.reshape(num_segments, -1) for s in sums.values()], 1)
+    counts = torch.bincount(seg, minlength=num_segments).float()
+    assert torch.all(flat.norm(dim=1) <= clip * counts * (1 + 1e-5) + 1e-6)
+
+
+@pytest.mark.parametrize("method", ["vmap", "ghost"])
+def test_paper_cnn_clipped_sum_equals_loop(method):
+    torch.manual_seed(1)
+    model = PaperCNN(num_classes=10)
+    params = params_of(model)
+    x, y = torch.randn(12, 1, 28, 28), torch.randint(0, 10, (12,))
+    seg = torch.tensor([0, 2, 2, 1, 0, 2, 2, 2, 1, 0, 2, 1])
+    # clip 0.05 is below every per-example norm here, so all are clipped.
+    _, ref_sums, ref_norms = reference(model, params, x, y, 0.05, seg, 3)
+    assert torch.all(ref_norms > 0.05)
+    sums, norms = clipped_grad_sum(
+        model,
+        params,
+        x,
+        y,
+        clip=0.05,
+        segment_ids=seg,
+        num_segments=3,
+        method=method,
+        max_batch=5,
+        return_norms=True,
+    )
+    assert_dicts_close(sums, ref_sums)  # atol 1e-5 vs loop
+    torch.testing.assert_close(norms, ref_norms, atol=1e-4, rtol=RTOL)
+
+
+def test_unsegmented_sum_is_sum_of_segments_and_segments_are_subsets():
+    torch.manual_seed(2)
+    model = MLP(in_features=64, hidden=(16,), num_classes=10)
+    params = params_of(model)
+    x, y = torch.randn(20, 64), torch.randint(0, 10, (20,))
+    seg = torch.randint(0, 4, (20,))
+    seg[:4] = torch.arange(4)  # every segment non-empty
+    per_seg = clipped_grad_sum(
+        model, params, x, y, clip=0.5, segment_ids=seg, num_segments=6
+    )
+    total = clipped_grad_sum(model, params, x, y, clip=0.5)
+    for n in params:
+        # Sum over segments equals the unsegmented sum (atol 1e-5).
+        torch.testing.assert_close(per_seg[n].sum(0), total[n], atol=ATOL, rtol=RTOL)
+        # Segments 4 and 5 have no example: exactly zero.
+        assert torch.count_nonzero(per_seg[n][4:]) == 0
+    for s in range(4):
+        mask = seg == s
+        alone = clipped_grad_sum(model, params, x[mask], y[mask], clip=0.5)
+        for n in params:
+            torch.testing.assert_close(per_seg[n][s], alone[n], atol=ATOL, rtol=RTOL)
+
+
+def test_large_clip_gives_plain_gradient_sum():
+    # clip far above every norm: the clipped sum is B * (gradient of mean loss).
+    torch.manual_seed(3)
+    model = TinyCNN()
+    x, y = torch.randn(7, 1, 8, 8), torch.randint(0, 5, (7,))
+    sums = clipped_grad_sum(model, None, x, y, clip=1e6)
+    model.zero_grad()
+    (F.cross_entropy(model(x), y) * 7).backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(sums[n], p.grad, atol=ATOL, rtol=RTOL)
+
+
+def test_auto_falls_back_to_vmap_for_groupnorm_and_matches_loop():
+    torch.manual_seed(4)
+    model = nn.Sequential(
+        nn.Linear(6, 8), nn.GroupNorm(2, 8), nn.ReLU(), nn.Linear(8, 3)
+    )
+    assert not ghost_supported(model)
+    params = params_of(model)
+    x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
+    _, ref_sums, _ = reference(model, params, x, y, 0.3)
+    assert_dicts_close(clipped_grad_sum(model, params, x, y, clip=0.3), ref_sums)
+    with pytest.raises(InvalidParameterError, match="ghost"):
+        clipped_grad_sum(model, params, x, y, clip=0.3, method="ghost")
+
+
+class Reused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.tanh(self.fc(x)))
+
+
+def test_layer_called_twice_falls_back_to_vmap():
+    torch.manual_seed(5)
+    model = Reused()
+    params = params_of(model)
+    x, y = torch.randn(5, 4), torch.randint(0, 4, (5,))
+    _, ref_sums, _ = reference(model, params, x, y, 0.2)
+    assert_dicts_close(clipped_grad_sum(model, params, x, y, clip=0.2), ref_sums)
+    with pytest.raises(InvalidParameterError, match="more than once"):
+        clipped_grad_sum(model, params, x, y, clip=0.2, method="ghost")
+
+
+def test_mse_loss_and_sequence_linear():
+    # Linear applied to [b, T, in] inputs (per-sample grads summed over T).
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2), nn.Flatten())
+    params = params_of(model)
+    x, y = torch.randn(6, 5, 3), torch.randn(6, 10)
+    _, ref, _ = reference(model, params, x, y, 0.7, loss_fn=F.mse_loss)
+    for method in ("vmap", "ghost"):
+        got = clipped_grad_sum(
+            model, params, x, y, clip=0.7, loss_fn=F.mse_loss, method=method
+        )
+        assert_dicts_close(got, ref)
+
+
+def test_empty_batch_gives_zeros():
+    model = MLP(8, (4,), 3)
+    sums, norms = clipped_grad_sum(
+        model,
+        None,
+        torch.zeros(0, 8),
+        torch.zeros(0, dtype=torch.long),
+        clip=1.0,
+        segment_ids=torch.zeros(0, dtype=torch.long),
+        num_segments=2,
+        return_norms=True,
+    )
+    assert norms.shape == (0,)
+    assert all(s.shape[0] == 2 and torch.count_nonzero(s) == 0 for s in sums.values())
+
+
+# ----------------------------------------------------------------- non-finite
+@pytest.mark.parametrize("method", ["vmap", "ghost"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_input_raises(method, bad):
+    torch.manual_seed(7)
+    model = TinyCNN()
+    x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 5, (4,))
+    x[2, 0, 3, 3] = bad
+    with pytest.raises(NonFiniteUpdateError, match="non-finite"):
+        clipped_grad_sum(model, None, x, y, clip=1.0, method=method)
+
+
+def test_check_finite_message_counts_entries():
+    t = torch.zeros(10)
+    t[1] = float("nan")
+    t[4] = float("inf")
+    t[5] = -float("inf")
+    with pytest.raises(NonFiniteUpdateError) as info:
+        check_finite({"w": torch.ones(3), "b": t}, "client updates")
+    msg = str(info.value)
+    assert "'b'" in msg and "3 non-finite" in msg and "1 NaN" in msg
+    assert "2 Inf" in msg and "client updates" in msg
+    check_finite({"w": torch.ones(3)}, "fine")  # no error
+    check_finite(torch.arange(3), "integers are always finite")
+
+
+# ----------------------------------------------------------------- validation
+def test_invalid_arguments():
+    model = MLP(8, (4,), 3)
+    x, y = torch.randn(5, 8), torch.randint(0, 3, (5,))
+    with pytest.raises(InvalidParameterError, match="clip"):
+        clipped_grad_sum(model, None, x, y, clip=0.0)
+    with pytest.raises(InvalidParameterError, match="segment_ids"):
+        clipped_grad_sum(
+            model, None, x, y, clip=1.0, segment_ids=torch.arange(5), num_segments=3
+        )
+    with pytest.raises(InvalidParameterError, match="batch"):
+        clipped_grad_sum(model, None, x, y[:4], clip=1.0)
+    with pytest.raises(InvalidParameterError, match="method"):
+        clipped_grad_sum(model, None, x, y, clip=1.0, method="fast")
+    with pytest.raises(InvalidParameterError, match="num_segments"):
+        clipped_grad_sum(model, None, x, y, clip=1.0, num_segments=2)
+    bn = nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4), nn.Linear(4, 3))
+    with pytest.raises(InvalidParameterError, match="BatchNorm"):
+        clipped_grad_sum(bn, None, x, y, clip=1.0)
+
+
+# ----------------------------------------------------------------- cohorts
+def cohort_data(n=3, b=4, seed=8):
+    torch.manual_seed(seed)
+    model = MLP(in_features=6, hidden=(5,), num_classes=3)
+    stacked = stack_params(params_of(model), n)
+    for v in stacked.values():  # different params per client
+        v.add_(0.1 * torch.randn_like(v))
+    xb, yb = torch.randn(n, b, 6), torch.randint(0, 3, (n, b))
+    return model, stacked, xb, yb
+
+
+def test_stack_params_copies():
+    model = MLP(4, (3,), 2)
+    stacked = stack_params(params_of(model), 3)
+    for n, p in model.named_parameters():
+        assert stacked[n].shape == (3, *p.shape)
+        torch.testing.assert_close(stacked[n][2], p.detach())  # exact copy
+    stacked["net.0.weight"][0].zero_()
+    assert torch.count_nonzero(stacked["net.0.weight"][1]) > 0
+
+
+@pytest.mark.parametrize("clip", [None, 0.1])
+def test_cohort_sgd_step_equals_per_client_loop(clip):
+    model, stacked, xb, yb = cohort_data()
+    mask = torch.ones(3, 4)
+    mask[1, 3] = 0.0  # client 1 has 3 examples (padded)
+    noise = {k: torch.randn_like(v) for k, v in stacked.items()}
+    new = cohort_sgd_step(
+        model,
+        stacked,
+        xb,
+        yb,
+        learning_rate=0.5,
+        clip=clip,
+        noise=noise,
+        sample_mask=mask,
+    )
+    for k in range(3):
+        keep = mask[k] > 0
+        params = {n: v[k] for n, v in stacked.items()}
+        if clip is None:
+            p = {n: t.clone().requires_grad_(True) for n, t in params.items()}
+            out = torch.func.functional_call(model, p, (xb[k][keep],))
+            loss = F.cross_entropy(out, yb[k][keep], reduction="sum")
+            g = dict(zip(p, torch.autograd.grad(loss, list(p.values()))))
+        else:
+            _, g, _ = reference(model, params, xb[k][keep], yb[k][keep], clip)
+        count = int(keep.sum())
+        for n in params:
+            expected = params[n] - 0.5 * (g[n] + noise[n][k]) / count
+            # atol 1e-5 float32 vs the per-client loop
+            torch.testing.assert_close(new[n][k], expected, atol=ATOL, rtol=RTOL)
+
+
+def test_batched_client_grads_chunks_agree_and_shapes():
+    model, stacked, xb, yb = cohort_data(n=5)
+    full = batched_client_grads(model, stacked, xb, yb, clip=0.2)
+    chunked = batched_client_grads(model, stacked, xb, yb, clip=0.2, max_clients=2)
+    for n, v in stacked.items():
+        assert full[n].shape == v.shape
+    assert_dicts_close(full, chunked)
+
+
+def test_cohort_non_finite_and_shape_errors():
+    model, stacked, xb, yb = cohort_data()
+    xb[0, 0, 0] = float("nan")
+    with pytest.raises(NonFiniteUpdateError):
+        cohort_sgd_step(model, stacked, xb, yb, learning_rate=0.1)
+    with pytest.raises(InvalidParameterError, match="leading dimension"):
+        cohort_sgd_step(model, stacked, xb[:2], yb[:2], learning_rate=0.1)
+    with pytest.raises(InvalidParameterError, match="learning_rate"):
+        cohort_sgd_step(model, stacked, xb, yb, learning_rate=-1.0)
+
+
+# ----------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["vmap", "ghost"])
+def test_cuda_matches_cpu(method):
+    torch.manual_seed(9)
+    model = PaperCNN(num_classes=10)
+    x, y = torch.randn(40, 1, 28, 28), torch.randint(0, 10, (40,))
+    seg = torch.randint(0, 5, (40,))
+    cpu = clipped_grad_sum(
+        model, None, x, y, clip=0.1, segment_ids=seg, num_segments=5, method=method
+    )
+    gpu_model = PaperCNN(num_classes=10).cuda()
+    gpu_model.load_state_dict(model.state_dict())
+    gpu = clipped_grad_sum(
+        gpu_model, None, x, y, clip=0.1, segment_ids=seg, num_segments=5, method=method
+    )
+    for n in cpu:
+        # atol 1e-4: cuDNN/TF32-free float32 reductions differ in order from CPU
+        torch.testing.assert_close(gpu[n].cpu(), cpu[n], atol=1e-4, rtol=1e-3)
