@@ -1,0 +1,1 @@
+"""Privacy accounting for federated learning: pure numerics, no torch."""

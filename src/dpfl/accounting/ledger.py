@@ -18,13 +18,14 @@ import json
 import math
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from dpfl.accounting import events as ev
 from dpfl.accounting._checks import check_delta, check_positive
-from dpfl.accounting.accountant import Accountant
+from dpfl.accounting.accountant import Accountant, canonical
 from dpfl.accounting.bounds import Bound
 from dpfl.errors import BudgetExceededError, DpflError
 
@@ -47,11 +48,16 @@ class Budget:
 
 @dataclasses.dataclass(frozen=True)
 class LedgerEntry:
-    """One round: its index, its event, and (optionally) who took part."""
+    """One round: its index, its event, and (optionally) who took part.
+
+    ``extra`` holds scheme-specific per-round facts that per-client accounting
+    needs (e.g. LOCKS' second-stage clients), as JSON-ready values.
+    """
 
     round: int
     event: ev.Event
     participants: tuple[int, ...] | None = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -61,6 +67,8 @@ class LedgerEntry:
         }
         if self.participants is not None:
             out["participants"] = list(self.participants)
+        if self.extra:
+            out["extra"] = self.extra
         return out
 
     @classmethod
@@ -71,6 +79,7 @@ class LedgerEntry:
             round=int(data["round"]),
             event=ev.event_from_dict(data["event"]),
             participants=None if parts is None else tuple(int(k) for k in parts),
+            extra=dict(data.get("extra", {})),
         )
 
 
@@ -121,6 +130,7 @@ class PrivacyLedger:
         *,
         participants: Iterable[int] | None = None,
         round: int | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> LedgerEntry:
         """Record one round's event (after checking the budget); returns the entry.
 
@@ -136,14 +146,21 @@ class PrivacyLedger:
             participants=None
             if participants is None
             else tuple(int(k) for k in participants),
+            extra=dict(extra or {}),
         )
         self._entries.append(entry)
         return entry
 
     # -- queries --------------------------------------------------------------
-    def accountant(self, events: Iterable[ev.Event] | None = None) -> Accountant:
-        """An :class:`Accountant` holding ``events`` (default: every recorded one)."""
-        acc = Accountant(self.analysis, tolerance=self.tolerance)
+    def accountant(
+        self, events: Iterable[ev.Event] | None = None, *, analysis: str | None = None
+    ) -> Accountant:
+        """An :class:`Accountant` holding ``events`` (default: every recorded one).
+
+        ``analysis`` overrides the ledger's analysis (e.g. to report a paper's
+        bound beside the sound one).
+        """
+        acc = Accountant(analysis or self.analysis, tolerance=self.tolerance)
         for e in self._events() if events is None else events:
             acc.compose(e)
         return acc
@@ -151,9 +168,11 @@ class PrivacyLedger:
     def _events(self) -> list[ev.Event]:
         return [e.event for e in self._entries]
 
-    def epsilon(self, delta: float | None = None) -> Bound:
+    def epsilon(
+        self, delta: float | None = None, *, analysis: str | None = None
+    ) -> Bound:
         """ε spent so far at ``delta`` (default: the budget's δ)."""
-        return self.accountant().epsilon(self._delta(delta))
+        return self.accountant(analysis=analysis).epsilon(self._delta(delta))
 
     def _delta(self, delta: float | None) -> float:
         if delta is not None:
@@ -185,27 +204,47 @@ class PrivacyLedger:
 
     # -- the guard ------------------------------------------------------------
     def check(self, event: ev.Event) -> None:
-        """Raise :class:`BudgetExceededError` if adding ``event`` exceeds the budget."""
+        """Raise :class:`BudgetExceededError` if adding ``event`` exceeds the budget.
+
+        When every recorded round names its participants (per-client
+        accounting: check-in, two-stage schemes), the guard protects the
+        client that has spent most, assuming it takes part in the next round
+        too; otherwise every round counts for everyone.
+        """
         if self.budget is None or math.isinf(self.budget.epsilon):
             return
-        history = self._events()
+        history = [canonical(e) for e in self._guarded_history()]
+        event = canonical(event)
         if all(e == event for e in history):
             # Homogeneous run (the common case): find once how many rounds of
             # this event the budget allows, then compare counts.
-            allowed = self.max_rounds(event)
-            if len(history) + 1 <= allowed:
+            if len(history) + 1 <= self.max_rounds(event):
                 return
-            spent = len(history) + 1
         else:
             bound = self.accountant([*history, event]).epsilon(self.budget.delta)
             if bound.upper <= self.budget.epsilon:
                 return
-            spent = len(history) + 1
         raise BudgetExceededError(
-            f"round {spent} would exceed the budget (epsilon={self.budget.epsilon}, "
-            f"delta={self.budget.delta}) under the {self.analysis!r} analysis; "
-            f"stopped before it ({len(history)} rounds spent)"
+            f"round {self.rounds + 1} would exceed the budget "
+            f"(epsilon={self.budget.epsilon}, delta={self.budget.delta}) under the "
+            f"{self.analysis!r} analysis; stopped before it ({self.rounds} rounds "
+            "spent)"
         )
+
+    def _guarded_history(self) -> list[ev.Event]:
+        """Events the guard must count: every round, or the worst client's rounds."""
+        if not self._entries or any(e.participants is None for e in self._entries):
+            return self._events()
+        counts = Counter(k for e in self._entries for k in e.participants or ())
+        if not counts:
+            return []
+        worst = max(counts, key=lambda k: counts[k])
+        chosen = [
+            canonical(e.event) for e in self._entries if worst in (e.participants or ())
+        ]
+        if all(canonical(e.event) == chosen[0] for e in self._entries):
+            return chosen  # homogeneous: the most frequent client is the worst
+        return self._events()  # heterogeneous: count every round (conservative)
 
     def max_rounds(self, event: ev.Event, limit: int = 1_000_000) -> int:
         """Largest T with T repetitions of ``event`` within the budget (upper bound)."""

@@ -1,0 +1,815 @@
+"""Random participation: DP-DSGD where clients join w.p. p and records w.p. q.
+
+Scheme (Hasircioglu & Gündüz, arXiv 2205.01556, Algorithm 1; SPEC.md §0):
+per round each client joins independently with probability ``p``; a joining
+client samples each of its ``d`` records with probability ``q``, clips every
+per-record gradient to norm ``C = 1`` and sends the sum; a trusted server
+adds ``N(0, sigma^2 I)`` to the total. Record-level, add/remove; the adversary
+sees the noisy aggregate, not who took part.
+
+Analyses (``ANALYSES``):
+
+``"sound"`` (default)
+    The conditional pair of SPEC §0.3: the adversary is given, for free, the
+    set ``S_1`` of the neighbouring client's other records that would be
+    sampled and the other clients' contributions. With ``|S_1| = i``
+    (``i ~ Binomial(d, q)``, public label) and the companions aligned with
+    the target record,
+    ``P_i = (1-p) N(0) + p[(1-q) N(i) + q N(i+1)]``,
+    ``Q_i = (1-p) N(0) + p N(i)``. One round is the label mixture; T rounds
+    compose its PLD. **The per-label alignment lemma** (for each label, the
+    aligned configuration maximises ``D_{e^eps}`` over all gradients with
+    ``||sum_{S_1} g|| <= i``, ``||g'|| <= 1``, for every eps) **is supported
+    numerically, not proven**: the tests check it by accurate quadrature over
+    angles and norms in 2-D and 3-D at several parameter points.
+``"wcs"``
+    Participation visible (Theorem 5.2): w.p. p a Poisson-subsampled Gaussian
+    at rate q, else nothing. Valid for every configuration, no lemma needed.
+``"paper"``
+    Theorem 4.1 as printed: ``D_{e^eps}(P || Q)`` of the collinear pair, which
+    is *not* a valid worst case (see :data:`PAPER_WARNING`).
+``"ols"``, ``"cs"``
+    Baselines: Poisson-subsampled Gaussian at rate q (OLS, p = 1) and at rate
+    pq (CS, central shuffling; a reference, not an achievable scheme).
+
+Per-round values use the closed forms of SPEC §0.2 (ols, wcs, cs: remove
+direction; paper: Theorem 4.1 with every root) and take the maximum with the
+add direction computed exactly; ``sound`` uses the label mixture. Composition
+over rounds uses :mod:`dpfl.accounting.pld` (upper and lower bounds).
+
+A surprise worth recording: the WCS closed form of Theorem 5.2 coincides with
+the exact hockey-stick divergence of "w.p. p a subsampled Gaussian at rate
+q" (checked in the tests), even though it is written with the rate-pq
+``eps'`` of Theorem 4.1.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+from scipy import optimize, special, stats
+
+from dpfl.accounting import pld as _pld
+from dpfl.accounting._checks import (
+    check_count,
+    check_delta,
+    check_nonnegative,
+    check_positive,
+    check_probability,
+)
+from dpfl.accounting.bounds import Bound
+from dpfl.errors import DpflError, InvalidParameterError
+
+__all__ = [
+    "ANALYSES",
+    "PAPER_WARNING",
+    "CertifiesEverySigma",
+    "calibrate_noise_multiplier",
+    "configuration_search_lower_bound",
+    "delta",
+    "epsilon",
+    "participation_pld",
+    "round_delta",
+    "round_epsilon",
+]
+
+ANALYSES = ("sound", "wcs", "paper", "ols", "cs")
+
+PAPER_WARNING = (
+    "Theorem 4.1 of Hasircioglu & Gunduz is not a valid worst-case DP bound "
+    "(SPEC.md §0.3): it assumes the neighbouring client's other sampled records "
+    "have full-norm gradients collinear with the target record's, which hides "
+    "the record among them; zero or angled companion gradients leak more "
+    "(with zero gradients the mechanism is the rate-pq subsampled Gaussian). "
+    "dpfl reports it for comparison only; the default analysis 'sound' is valid."
+)
+
+_LABEL_CUT = 1e-30  # labels / components below this weight are dropped
+
+
+class CertifiesEverySigma(DpflError):
+    """The analysis certifies the target (epsilon, delta) for every sigma > 0."""
+
+
+# --------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------
+
+
+def _check_scheme(
+    participation_probability: float,
+    record_probability: float,
+    records_per_client: int,
+    analysis: str,
+) -> tuple[float, float, int, str]:
+    p = check_probability("participation_probability", participation_probability)
+    q = check_probability("record_probability", record_probability)
+    d = check_count("records_per_client", records_per_client, minimum=0)
+    if analysis not in ANALYSES:
+        raise InvalidParameterError(
+            f"analysis must be one of {ANALYSES}; got {analysis!r}"
+        )
+    return p, q, d, analysis
+
+
+# --------------------------------------------------------------------------
+# closed forms (SPEC §0.2)
+# --------------------------------------------------------------------------
+
+
+def _gaussian_delta(eps: float, sigma: float) -> float:
+    """Balle-Wang Thm 8 with C = 1: Phi(1/2s - eps s) - e^eps Phi(-1/2s - eps s)."""
+    a = 0.5 / sigma - eps * sigma
+    b = -0.5 / sigma - eps * sigma
+    first = special.ndtr(a)
+    second = math.exp(eps + special.log_ndtr(b)) if eps < 700 else 0.0
+    return max(0.0, float(first - second))
+
+
+def _subsampled_delta(eps: float, rate: float, sigma: float) -> float:
+    """Remove direction of the rate-``rate`` Poisson-subsampled Gaussian (exact)."""
+    eps_prime = math.log1p(math.expm1(eps) / rate)
+    return rate * _gaussian_delta(eps_prime, sigma)
+
+
+def _wcs_delta(eps: float, p: float, q: float, sigma: float) -> float:
+    """Theorem 5.2 (WCS)."""
+    pq = p * q
+    eps_prime = math.log1p(math.expm1(eps) / pq)
+    beta = math.exp(eps - eps_prime)
+    inner = beta + (1.0 - beta) * p * (1.0 - q) / (1.0 - pq) if pq < 1 else beta
+    eps2 = eps_prime + math.log(inner)
+    return pq * _gaussian_delta(eps2, sigma)
+
+
+def _binomial_weights(
+    d: int, q: float, cut: float = _LABEL_CUT
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Labels ``i`` with ``Binom(i; d, q) >= cut``, their weights, dropped mass."""
+    i = np.arange(d + 1)
+    w = stats.binom.pmf(i, d, q) if d > 0 else np.ones(1)
+    keep = w >= cut * max(float(w.max()), 1e-300)
+    dropped = float(max(0.0, 1.0 - math.fsum(w[keep])))
+    return i[keep], w[keep], dropped
+
+
+def _paper_theorem_delta(eps: float, p: float, q: float, d: int, sigma: float) -> float:
+    """Theorem 4.1 literally: pq * integral of the bracket's positive part."""
+    pq = p * q
+    eps_prime = math.log1p(math.expm1(eps) / pq)
+    alpha = math.exp(eps_prime)
+    beta = math.exp(eps - eps_prime)
+    c1 = (1.0 - beta) * (1.0 - p) / (1.0 - pq) if pq < 1 else 0.0
+    c2 = ((1.0 - beta) * p * (1.0 - q) / (1.0 - pq) if pq < 1 else 0.0) + beta
+    idx, w, _ = _binomial_weights(d, q)
+    # integrand: sum_i w_i phi(z - i - 1) - alpha c2 sum_i w_i phi(z - i)
+    #            - alpha c1 phi(z)
+    means = np.concatenate([idx + 1.0, idx.astype(float), [0.0]])
+    coef = np.concatenate([w, -alpha * c2 * w, [-alpha * c1]])
+    uniq, inv = np.unique(means, return_inverse=True)
+    c = np.zeros(uniq.size)
+    np.add.at(c, inv, coef)
+    # express as (a, b) with a - b = c at x = e^0 = 1 for _hockey_rows
+    a = np.maximum(c, 0.0)[None, :]
+    b = np.maximum(-c, 0.0)[None, :]
+    dlt, _, _, _ = _pld._hockey_rows(  # pylint: disable=protected-access
+        uniq[None, :], a, b, a - b, np.zeros(1), sigma
+    )
+    return float(pq * dlt[0])
+
+
+# --------------------------------------------------------------------------
+# label mixtures for every analysis
+# --------------------------------------------------------------------------
+
+
+def _labels(
+    analysis: str, p: float, q: float, d: int
+) -> tuple[list[tuple[float, _pld.MixturePair]], float]:
+    """One round as a label mixture of Gaussian-mixture pairs (C = 1)."""
+    mp = _pld.MixturePair.create
+    if analysis == "sound":
+        idx, w, dropped = _binomial_weights(d, q)
+        labels = [
+            (
+                float(wi),
+                mp(
+                    [0.0, i, i + 1.0, 0.0, i],
+                    [1 - p, p * (1 - q), p * q, 0.0, 0.0],
+                    [0.0, 0.0, 0.0, 1 - p, p],
+                ),
+            )
+            for i, wi in zip(idx, w)
+        ]
+        return labels, dropped
+    if analysis == "wcs":
+        labels = [(p, mp([0.0, 1.0], [1 - q, q], [1.0, 0.0]))]
+        if p < 1:
+            labels.append((1 - p, mp([0.0], [1.0], [1.0])))
+        return labels, 0.0
+    if analysis == "ols":
+        return [(1.0, mp([0.0, 1.0], [1 - q, q], [1.0, 0.0]))], 0.0
+    if analysis == "cs":
+        return [(1.0, mp([0.0, 1.0], [1 - p * q, p * q], [1.0, 0.0]))], 0.0
+    # paper: the collinear pair P, Q of SPEC §0.3 (one label)
+    idx, w, dropped = _binomial_weights(d, q)
+    w = w / math.fsum(w)
+    means = np.concatenate([[0.0], idx, idx + 1.0, [0.0], idx, idx + 1.0])
+    wp = np.concatenate([[1 - p], p * (1 - q) * w, p * q * w, [0.0], 0 * w, 0 * w])
+    wq = np.concatenate([[0.0], 0 * w, 0 * w, [1 - p], p * w, 0 * w])
+    return [(1.0, mp(means, wp, wq))], dropped
+
+
+def _add_direction_delta(
+    eps: float, analysis: str, p: float, q: float, d: int, sigma: float
+) -> float:
+    labels, _ = _labels(analysis, p, q, d)
+    return float(
+        _pld.label_mixture_delta(labels, [eps], noise_std=sigma, swap=True)[0][0]
+    )
+
+
+def _round_delta(
+    eps: float, analysis: str, p: float, q: float, d: int, sigma: float
+) -> float:
+    if analysis == "paper":
+        return _paper_theorem_delta(eps, p, q, d, sigma)
+    if analysis == "sound":
+        labels, dropped = _labels(analysis, p, q, d)
+        rem = float(_pld.label_mixture_delta(labels, [eps], noise_std=sigma)[0][0])
+        add = _add_direction_delta(eps, analysis, p, q, d, sigma)
+        return min(1.0, max(rem, add) + dropped)
+    if analysis == "wcs":
+        rem = _wcs_delta(eps, p, q, sigma)
+    elif analysis == "ols":
+        rem = _subsampled_delta(eps, q, sigma)
+    else:
+        rem = _subsampled_delta(eps, p * q, sigma)
+    return max(rem, _add_direction_delta(eps, analysis, p, q, d, sigma))
+
+
+def round_delta(
+    epsilon: float,
+    *,
+    participation_probability: float,
+    record_probability: float,
+    records_per_client: int,
+    noise_multiplier: float,
+    analysis: str = "sound",
+) -> float:
+    """Per-round delta(epsilon) of random participation under one analysis.
+
+    Parameters
+    ----------
+    epsilon : float
+        Per-round epsilon (>= 0).
+    participation_probability : float
+        Client participation probability p in (0, 1].
+    record_probability : float
+        Record sampling probability q in (0, 1].
+    records_per_client : int
+        Number d >= 0 of the neighbouring client's other records.
+    noise_multiplier : float
+        Noise standard deviation on the sum of gradients clipped to C = 1.
+    analysis : str, optional
+        One of :data:`ANALYSES` (default ``"sound"``).
+
+    Returns
+    -------
+    float
+        The per-round delta, maximum over the add and remove directions
+        (``"paper"``: Theorem 4.1 as printed, with every root).
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is out of range or the analysis is unknown.
+
+    References
+    ----------
+    Hasircioglu & Gündüz, "Communication efficient federated learning with
+    differential privacy and random participation", arXiv 2205.01556,
+    Theorems 4.1, 5.1, 5.2, Corollary 5.3; SPEC.md §0.
+    """
+    p, q, d, analysis = _check_scheme(
+        participation_probability, record_probability, records_per_client, analysis
+    )
+    eps = check_nonnegative("epsilon", epsilon)
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    return _round_delta(eps, analysis, p, q, d, sigma)
+
+
+def round_epsilon(
+    delta: float,
+    *,
+    participation_probability: float,
+    record_probability: float,
+    records_per_client: int,
+    noise_multiplier: float,
+    analysis: str = "sound",
+) -> float:
+    """Smallest per-round epsilon with ``round_delta(epsilon) <= delta``.
+
+    Parameters
+    ----------
+    delta : float
+        Target delta in (0, 1).
+    participation_probability, record_probability, records_per_client, \
+noise_multiplier, analysis
+        As in :func:`round_delta`.
+
+    Returns
+    -------
+    float
+        The per-round epsilon (to ~1e-12 relative).
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is out of range or the analysis is unknown.
+    """
+    p, q, d, analysis = _check_scheme(
+        participation_probability, record_probability, records_per_client, analysis
+    )
+    target = check_delta("delta", delta)
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+
+    def f(e: float) -> float:
+        return _round_delta(e, analysis, p, q, d, sigma) - target
+
+    if f(0.0) <= 0:
+        return 0.0
+    hi = 0.01
+    while f(hi) > 0:
+        hi *= 2.0
+        if hi > 700:
+            raise InvalidParameterError(
+                f"no epsilon below 700 reaches delta={delta!r} for this scheme"
+            )
+    return float(
+        optimize.brentq(f, hi / 2 if hi > 0.01 else 0.0, hi, xtol=1e-14, rtol=1e-12)
+    )
+
+
+# --------------------------------------------------------------------------
+# PLDs and composition
+# --------------------------------------------------------------------------
+
+_DEFAULT_H = 1e-5
+
+
+def _relative_spacing(h: float) -> float:
+    """Support-point spacing tied to the grid: halving h halves every gap."""
+    return float(min(0.05, 3000.0 * h))
+
+
+def participation_pld(
+    *,
+    participation_probability: float,
+    record_probability: float,
+    records_per_client: int,
+    noise_multiplier: float,
+    analysis: str = "sound",
+    value_discretization: float = _DEFAULT_H,
+    pessimistic: bool = True,
+) -> PrivacyLossDistribution:
+    """One round's privacy-loss distribution (both directions).
+
+    Parameters
+    ----------
+    participation_probability, record_probability, records_per_client, \
+noise_multiplier, analysis
+        As in :func:`round_delta`.
+    value_discretization : float, optional
+        Grid step of the privacy loss (support gaps scale with it).
+    pessimistic : bool, optional
+        True: certified upper bound (connect-the-dots). False: lower bound
+        (a garbling of the true pair).
+
+    Returns
+    -------
+    dp_accounting.pld.privacy_loss_distribution.PrivacyLossDistribution
+        ``pmf_remove`` for (with record, without), ``pmf_add`` for the reverse.
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is out of range or the analysis is unknown.
+    """
+    p, q, d, analysis = _check_scheme(
+        participation_probability, record_probability, records_per_client, analysis
+    )
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    h = check_positive("value_discretization", value_discretization)
+    labels, dropped = _labels(analysis, p, q, d)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _pld.pld_from_label_mixture(
+            labels,
+            noise_std=sigma,
+            value_discretization=h,
+            pessimistic=pessimistic,
+            dropped_label_mass=dropped,
+            relative_spacing=_relative_spacing(h),
+        )
+
+
+def _builder(
+    analysis: str, p: float, q: float, d: int, sigma: float
+) -> Callable[[float], tuple[PrivacyLossDistribution, PrivacyLossDistribution]]:
+    labels, dropped = _labels(analysis, p, q, d)
+
+    def build(h: float) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _pld.pld_bounds_from_label_mixture(
+                labels,
+                noise_std=sigma,
+                value_discretization=h,
+                dropped_label_mass=dropped,
+                relative_spacing=_relative_spacing(h),
+            )
+
+    return build
+
+
+def epsilon(
+    delta: float,
+    *,
+    rounds: int,
+    participation_probability: float,
+    record_probability: float,
+    records_per_client: int,
+    noise_multiplier: float,
+    analysis: str = "sound",
+    tolerance: float = 0.02,
+) -> Bound:
+    """Epsilon after ``rounds`` rounds, bracketed by upper and lower PLDs.
+
+    Parameters
+    ----------
+    delta : float
+        Target delta in (0, 1).
+    rounds : int
+        Number of rounds T >= 1.
+    participation_probability, record_probability, records_per_client, \
+noise_multiplier, analysis
+        As in :func:`round_delta`.
+    tolerance : float, optional
+        Refine the grid until ``(upper - lower) / upper <= tolerance`` (or the
+        size cap is hit).
+
+    Returns
+    -------
+    Bound
+        ``lower <= epsilon <= upper``; ``upper`` is certified for the analysis.
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is out of range or the analysis is unknown.
+    """
+    p, q, d, analysis = _check_scheme(
+        participation_probability, record_probability, records_per_client, analysis
+    )
+    delta = check_delta("delta", delta)
+    rounds = check_count("rounds", rounds, minimum=1)
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    res = _pld.refine_bound(
+        _builder(analysis, p, q, d, sigma),
+        count=rounds,
+        delta=delta,
+        tolerance=tolerance,
+        initial_discretization=_DEFAULT_H,
+    )
+    return res.bound
+
+
+def delta(
+    epsilon: float,
+    *,
+    rounds: int,
+    participation_probability: float,
+    record_probability: float,
+    records_per_client: int,
+    noise_multiplier: float,
+    analysis: str = "sound",
+    tolerance: float = 0.02,
+) -> Bound:
+    """Delta after ``rounds`` rounds at ``epsilon``, bracketed by two PLDs.
+
+    Parameters
+    ----------
+    epsilon : float
+        Target epsilon (>= 0).
+    rounds : int
+        Number of rounds T >= 1.
+    participation_probability, record_probability, records_per_client, \
+noise_multiplier, analysis
+        As in :func:`round_delta`.
+    tolerance : float, optional
+        Target relative gap of the bracket.
+
+    Returns
+    -------
+    Bound
+        ``lower <= delta <= upper``.
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is out of range or the analysis is unknown.
+    """
+    p, q, d, analysis = _check_scheme(
+        participation_probability, record_probability, records_per_client, analysis
+    )
+    eps = check_nonnegative("epsilon", epsilon)
+    rounds = check_count("rounds", rounds, minimum=1)
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    res = _pld.refine_bound(
+        _builder(analysis, p, q, d, sigma),
+        count=rounds,
+        epsilon=eps,
+        tolerance=tolerance,
+        initial_discretization=_DEFAULT_H,
+    )
+    return res.bound
+
+
+def calibrate_noise_multiplier(
+    *,
+    epsilon: float,
+    delta: float,
+    rounds: int = 1,
+    participation_probability: float,
+    record_probability: float,
+    records_per_client: int,
+    analysis: str = "sound",
+    tolerance: float = 1e-4,
+) -> float:
+    """Smallest noise multiplier meeting ``(epsilon, delta)``.
+
+    Parameters
+    ----------
+    epsilon : float
+        Target epsilon (>= 0): per round if ``rounds == 1``, else total.
+    delta : float
+        Target delta in (0, 1).
+    rounds : int, optional
+        1: per-round target through :func:`round_delta`; more: the composed
+        upper bound of :func:`epsilon`.
+    participation_probability, record_probability, records_per_client, analysis
+        As in :func:`round_delta`.
+    tolerance : float, optional
+        Relative accuracy of the returned sigma.
+
+    Returns
+    -------
+    float
+        The noise multiplier (an upper end of the bracket, so the target holds).
+
+    Raises
+    ------
+    CertifiesEverySigma
+        If the analysis certifies the target for every sigma > 0 (e.g.
+        ``"paper"`` in the paper's second scenario).
+    InvalidParameterError
+        If a parameter is out of range or the analysis is unknown.
+    """
+    p, q, d, analysis = _check_scheme(
+        participation_probability, record_probability, records_per_client, analysis
+    )
+    eps = check_nonnegative("epsilon", epsilon)
+    target = check_delta("delta", delta)
+    rounds = check_count("rounds", rounds, minimum=1)
+    tol = check_positive("tolerance", tolerance)
+
+    if rounds == 1:
+
+        def excess(sigma: float) -> float:
+            d_ = _round_delta(eps, analysis, p, q, d, sigma)
+            return math.log(max(d_, 1e-300)) - math.log(target)
+
+        grid = np.geomspace(1e-3, 1e4, 57)
+        values = np.array([excess(float(s)) for s in grid])
+        bad = np.nonzero(values > 0)[0]
+        if bad.size == 0:
+            raise CertifiesEverySigma(_every_sigma_message(analysis, eps, target))
+        k = int(bad[-1])
+        if k == grid.size - 1:
+            raise InvalidParameterError(
+                f"no noise multiplier up to {grid[-1]:g} meets (epsilon={eps}, "
+                f"delta={target}) under analysis {analysis!r}"
+            )
+        lo, hi = float(np.log(grid[k])), float(np.log(grid[k + 1]))
+    else:
+
+        def excess(sigma: float) -> float:
+            b = epsilon_fn(
+                target,
+                rounds=rounds,
+                participation_probability=p,
+                record_probability=q,
+                records_per_client=d,
+                noise_multiplier=sigma,
+                analysis=analysis,
+            )
+            return b.upper - eps
+
+        # start at the per-round calibration for eps / sqrt(rounds), then bracket
+        s0 = 1.0
+        lo = hi = math.log(s0)
+        if excess(s0) > 0:
+            while excess(math.exp(hi)) > 0:
+                hi += math.log(2.0)
+                if hi > math.log(1e4):
+                    raise InvalidParameterError(
+                        f"no noise multiplier up to 1e4 meets (epsilon={eps}, "
+                        f"delta={target}) over {rounds} rounds"
+                    )
+            lo = hi - math.log(2.0)
+        else:
+            while excess(math.exp(lo)) <= 0:
+                lo -= math.log(2.0)
+                if lo < math.log(0.05):
+                    raise CertifiesEverySigma(
+                        _every_sigma_message(analysis, eps, target)
+                    )
+            hi = lo + math.log(2.0)
+    root = optimize.brentq(
+        lambda x: excess(math.exp(x)), lo, hi, xtol=tol / 4, rtol=1e-12
+    )
+    sigma = math.exp(root)
+    # return the upper end of the bracket so the target is met
+    while excess(sigma) > 0:
+        sigma *= 1 + tol / 4
+    return float(sigma)
+
+
+epsilon_fn = epsilon  # the name ``epsilon`` is shadowed by keyword arguments
+
+
+def _every_sigma_message(analysis: str, eps: float, target: float) -> str:
+    msg = (
+        f"analysis {analysis!r} certifies (epsilon={eps}, delta={target}) for every "
+        "noise multiplier sigma > 0 (its delta stays below the target for every "
+        "sigma tried, from 1e-3 to 1e4), so it cannot calibrate sigma"
+    )
+    if analysis == "paper":
+        msg += "; this shows that Theorem 4.1 is not a valid worst-case bound"
+    return msg
+
+
+# --------------------------------------------------------------------------
+# lower bound from a search over gradient configurations
+# --------------------------------------------------------------------------
+
+_GL_X, _GL_W = np.polynomial.legendre.leggauss(16)
+
+
+def _hockey_2d(
+    means: np.ndarray,
+    weights_p: np.ndarray,
+    weights_q: np.ndarray,
+    eps: float,
+    sigma: float,
+    panels: int = 10,
+) -> float:
+    """``D_{e^eps}(P || Q)`` for 2-D Gaussian mixtures with covariance sigma^2 I.
+
+    Exact in the first coordinate (all roots, :mod:`pld`), composite 16-point
+    Gauss-Legendre in the second over ``[min - 12 sigma, max + 12 sigma]``.
+    """
+    u = means[:, 0]
+    v = means[:, 1]
+    order = np.argsort(u, kind="stable")
+    u, v = u[order], v[order]
+    a0, b0 = weights_p[order], weights_q[order]
+    # merge equal first coordinates per quadrature node by keeping columns
+    # separate is not allowed (distinct means required): group them.
+    uniq, inv = np.unique(np.round(u, 12), return_inverse=True)
+    lo, hi = v.min() - 12 * sigma, v.max() + 12 * sigma
+    edges = np.linspace(lo, hi, panels + 1)
+    mid = 0.5 * (edges[1:] + edges[:-1])
+    half = 0.5 * (edges[1:] - edges[:-1])
+    nodes = (mid[:, None] + half[:, None] * _GL_X[None, :]).ravel()
+    wts = (half[:, None] * _GL_W[None, :]).ravel()
+    dens = stats.norm.pdf(nodes[:, None], loc=v[None, :], scale=sigma)  # (n, K)
+    a = np.zeros((nodes.size, uniq.size))
+    b = np.zeros((nodes.size, uniq.size))
+    for col in range(u.size):
+        a[:, inv[col]] += a0[col] * dens[:, col]
+        b[:, inv[col]] += b0[col] * dens[:, col]
+    m = np.broadcast_to(uniq, a.shape)
+    dl, _, _, _ = _pld._hockey_rows(  # pylint: disable=protected-access
+        m, a, b, a - b, np.full(nodes.size, eps), sigma
+    )
+    return float(np.dot(wts, dl))
+
+
+def _configuration_delta(
+    theta: float, radius: float, eps: float, p: float, q: float, d: int, sigma: float
+) -> float:
+    """Delta of the real mechanism for one configuration of gradients.
+
+    Every companion has gradient ``radius * (cos theta, sin theta)``; the
+    target record has ``(1, 0)``.
+    """
+    # companions' counts below 1e-17 relative weight change delta by less
+    # than 1e-17 (this is a lower bound: dropping them is harmless)
+    idx, w, _ = _binomial_weights(d, q, cut=1e-17)
+    w = w / w.sum()
+    g = radius * np.array([math.cos(theta), math.sin(theta)])
+    base = idx[:, None] * g[None, :]
+    means = np.concatenate([[[0.0, 0.0]], base, base + [1.0, 0.0]])
+    wp = np.concatenate([[1 - p], p * (1 - q) * w, p * q * w])
+    wq = np.concatenate([[1 - p], p * w, 0 * w])
+    rem = _hockey_2d(means, wp, wq, eps, sigma)
+    add = _hockey_2d(means, wq, wp, eps, sigma)
+    return max(rem, add)
+
+
+def configuration_search_lower_bound(
+    *,
+    participation_probability: float,
+    record_probability: float,
+    records_per_client: int,
+    noise_multiplier: float,
+    epsilon: float,
+    angles: int = 13,
+    radii: int = 5,
+    refine: bool = True,
+) -> float:
+    """Per-round delta lower bound from the worst of a set of gradient configurations.
+
+    Every companion record of the neighbouring client gets the same gradient
+    ``r (cos t, sin t)`` (``0 <= r <= 1``, angle ``t`` to the target record's
+    unit gradient); the real mechanism's output pair (no labels, nothing
+    given to the adversary) is then a pair of 2-D Gaussian mixtures, whose
+    hockey-stick divergence is integrated exactly along the target direction
+    and by Gauss-Legendre quadrature across it. Any configuration is a valid
+    instance, so the maximum over the grid (refined locally) is a lower bound
+    on the true worst-case per-round delta. ``r = 0`` is CS; ``t = 0, r = 1``
+    is the collinear pair of Theorem 4.1.
+
+    Parameters
+    ----------
+    participation_probability, record_probability, records_per_client, \
+noise_multiplier
+        As in :func:`round_delta`.
+    epsilon : float
+        Per-round epsilon (>= 0).
+    angles, radii : int, optional
+        Grid sizes of the search over ``t in [0, pi]`` and ``r in (0, 1]``.
+    refine : bool, optional
+        Polish the best grid point with Nelder-Mead (slower, tighter).
+
+    Returns
+    -------
+    float
+        The largest delta found (a lower bound on the worst case).
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is out of range.
+    """
+    p, q, d, _ = _check_scheme(
+        participation_probability, record_probability, records_per_client, "sound"
+    )
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    eps = check_nonnegative("epsilon", epsilon)
+    check_count("angles", angles, minimum=2)
+    check_count("radii", radii, minimum=1)
+    best = _round_delta(eps, "cs", p, q, d, sigma)  # r = 0
+    best_t, best_r = 0.0, 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for t in np.linspace(0.0, math.pi, angles):
+            for r in np.linspace(1.0 / radii, 1.0, radii):
+                val = _configuration_delta(float(t), float(r), eps, p, q, d, sigma)
+                if val > best:
+                    best, best_t, best_r = val, float(t), float(r)
+        if refine and best_r > 0:
+            res = optimize.minimize(
+                lambda x: (
+                    -_configuration_delta(
+                        float(np.clip(x[0], 0, math.pi)),
+                        float(np.clip(x[1], 1e-6, 1.0)),
+                        eps,
+                        p,
+                        q,
+                        d,
+                        sigma,
+                    )
+                ),
+                x0=[best_t, best_r],
+                method="Nelder-Mead",
+                options={"xatol": 1e-4, "fatol": 1e-3 * best, "maxiter": 200},
+            )
+            best = max(best, -float(res.fun))
+    return float(best)

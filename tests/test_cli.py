@@ -1,0 +1,257 @@
+"""The command line: the calls the issue lists, JSON keys, and one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dpfl.cli import main
+
+TERMS = {"unit", "neighbouring", "adversary", "analysis"}
+
+
+def run_json(capsys, *argv):
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert TERMS <= set(out), f"missing terms in {sorted(out)}"
+    return out
+
+
+RP = ["--p", "0.001", "--q", "0.1", "--records-per-client", "30"]
+
+
+@pytest.mark.parametrize("analysis", ["sound", "wcs", "paper", "ols", "cs"])
+def test_calibrate_random_participation_per_round(capsys, analysis):
+    out = run_json(
+        capsys,
+        "calibrate",
+        "random-participation",
+        *RP,
+        "--epsilon",
+        "0.015",
+        "--delta",
+        "1e-6",
+        "--rounds",
+        "1",
+        "--analysis",
+        analysis,
+    )
+    # SPEC.md §0.3 reference table, scenario 1 (tolerance 0.5%).
+    expected = {
+        "sound": 2.4903,
+        "wcs": 7.6651,
+        "paper": 2.3715,
+        "ols": 22.4975,
+        "cs": 0.56737,
+    }[analysis]
+    assert out["noise_multiplier"] == pytest.approx(expected, rel=5e-3)
+    assert out["analysis"] == analysis
+
+
+def test_account_random_participation(capsys):
+    out = run_json(
+        capsys,
+        "account",
+        "random-participation",
+        *RP,
+        "--noise-multiplier",
+        "2.5",
+        "--rounds",
+        "1000",
+        "--delta",
+        "1e-6",
+        "--analysis",
+        "sound",
+    )
+    assert 0 < out["epsilon_lower"] <= out["epsilon"]
+    d = run_json(
+        capsys,
+        "account",
+        "random-participation",
+        *RP,
+        "--noise-multiplier",
+        "2.5",
+        "--rounds",
+        "1000",
+        "--epsilon",
+        "0.015",
+        "--analysis",
+        "wcs",
+    )
+    assert 0 < d["delta"] < 1
+
+
+def test_prifedsync(capsys):
+    args = [
+        "account",
+        "prifedsync",
+        "--noise-multiplier",
+        "1.0",
+        "--batch-size",
+        "16",
+        "--records-per-client",
+        "600",
+        "--local-steps",
+        "38",
+        "--rounds",
+        "93",
+    ]
+    clt = run_json(capsys, *args, "--analysis", "clt")
+    assert clt["mu"] == pytest.approx(
+        2.71, abs=5e-3
+    )  # federated-f-dp.txt Table 1 row 1
+    exact = run_json(capsys, *args, "--analysis", "exact", "--delta", "1e-5")
+    assert exact["epsilon"] == pytest.approx(13.88, abs=0.02)  # SPEC.md §3.5 table
+    assert exact["mu_effective"] == pytest.approx(2.60, abs=0.01)
+
+
+@pytest.mark.parametrize("analysis", ["paper", "sound"])
+def test_dp_fedavg(capsys, analysis):
+    out = run_json(
+        capsys,
+        "calibrate",
+        "dp-fedavg",
+        "--clients",
+        "100",
+        "--cohort",
+        "50",
+        "--rounds",
+        "11",
+        "--epsilon",
+        "8",
+        "--delta",
+        "1e-3",
+        "--analysis",
+        analysis,
+    )
+    # SPEC.md §4.2 Geyer example: 1.081 (RDP, Poisson reading), 3.396 (WOR replace-one)
+    expected = {"paper": 1.081, "sound": 3.396}[analysis]
+    assert out["noise_multiplier"] == pytest.approx(expected, rel=5e-3)
+    acc = run_json(
+        capsys,
+        "account",
+        "dp-fedavg",
+        "--clients",
+        "100",
+        "--cohort",
+        "50",
+        "--noise-multiplier",
+        "1.1",
+        "--rounds",
+        "11",
+        "--epsilon",
+        "8",
+        "--analysis",
+        "paper",
+    )
+    assert 0 < acc["delta"] < 1e-3  # sigma 1.1 > 1.081 meets delta 1e-3
+
+
+def test_ms_pafl_and_locks(capsys):
+    out = run_json(capsys, "account", "ms-pafl")
+    assert out["epsilon"] > 0
+    out = run_json(
+        capsys,
+        "account",
+        "locks",
+        "--q1",
+        "0.1",
+        "--norm-noise-multiplier",
+        "5",
+        "--update-noise-multiplier",
+        "1.5",
+        "--rounds",
+        "100",
+    )
+    assert out["epsilon"] > 0
+
+
+def test_table_output(capsys):
+    assert (
+        main(
+            [
+                "account",
+                "dp-fedavg",
+                "--clients",
+                "100",
+                "--cohort",
+                "50",
+                "--noise-multiplier",
+                "1.1",
+                "--rounds",
+                "11",
+                "--epsilon",
+                "8",
+            ]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    for word in ("unit", "neighbouring", "adversary", "paper", "sound-pld"):
+        assert word in text
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (
+            [
+                "account",
+                "random-participation",
+                "--p",
+                "1.5",
+                "--q",
+                "0.1",
+                "--records-per-client",
+                "30",
+                "--noise-multiplier",
+                "1",
+            ],
+            "1.5",
+        ),
+        (["account", "gaussian", "--noise-multiplier", "-1"], "noise_multiplier"),
+        (
+            [
+                "account",
+                "dp-fedavg",
+                "--clients",
+                "100",
+                "--cohort",
+                "50",
+                "--noise-multiplier",
+                "1",
+                "--rounds",
+                "3",
+                "--delta",
+                "2",
+            ],
+            "delta",
+        ),
+        (
+            [
+                "account",
+                "dp-fedavg",
+                "--clients",
+                "-100",
+                "--cohort",
+                "50",
+                "--noise-multiplier",
+                "1",
+                "--rounds",
+                "3",
+            ],
+            "-100",
+        ),
+        (["account", "no-such-scheme"], "no-such-scheme"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(argv, needle):
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpfl.cli", *argv], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in proc.stderr
