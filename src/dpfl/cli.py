@@ -84,10 +84,14 @@ class Report:
                 max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)
             ]
             lines.append("")
-            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+            lines.append(
+                "  " + "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()
+            )
             lines.append("  " + "  ".join("-" * w for w in widths))
             for row in cells:
-                lines.append("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)))
+                lines.append(
+                    "  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip()
+                )
         if self.notes:
             lines.append("")
             lines.extend(f"  note: {n}" for n in self.notes)
@@ -229,7 +233,8 @@ def calibrate_random_participation(a: argparse.Namespace) -> Report:
         except rp.CertifiesEverySigma as exc:
             sigma, extra = None, {"certifies_every_sigma": True}
             notes.append(str(exc))
-        rows.append({"analysis": name, "noise_multiplier": sigma, **extra})
+        shown = "any > 0 (not a valid bound)" if sigma is None else sigma
+        rows.append({"analysis": name, "noise_multiplier": shown, **extra})
         if name == a.analysis:
             result = {
                 "noise_multiplier": sigma,

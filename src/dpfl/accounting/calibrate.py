@@ -20,8 +20,10 @@ from dpfl.errors import DpflError
 __all__ = ["calibrate_noise_multiplier", "calibrate_rounds", "calibrate_sampling_rate"]
 
 
-def _epsilon(event: Event, rounds: int, delta: float, analysis: str) -> float:
-    acc = Accountant(analysis).compose(event, rounds)
+def _epsilon(
+    event: Event, rounds: int, delta: float, analysis: str, bracket: float = 0.005
+) -> float:
+    acc = Accountant(analysis, tolerance=bracket).compose(event, rounds)
     return acc.epsilon(delta).upper
 
 
@@ -34,6 +36,7 @@ def calibrate_noise_multiplier(
     analysis: str = "sound",
     bracket: tuple[float, float] = (0.05, 200.0),
     tolerance: float = 1e-3,
+    bound_tolerance: float = 0.005,
 ) -> float:
     """Smallest noise multiplier whose ``rounds``-fold composition meets (ε, δ).
 
@@ -51,6 +54,9 @@ def calibrate_noise_multiplier(
         Search interval for the noise multiplier.
     tolerance : float
         Relative precision of the returned value (it is rounded up).
+    bound_tolerance : float
+        The accountant's bracket width; use the ledger's to calibrate exactly
+        what its budget guard will check.
 
     Returns
     -------
@@ -68,7 +74,8 @@ def calibrate_noise_multiplier(
     lo, hi = bracket
 
     def ok(sigma: float) -> bool:
-        return _epsilon(make_event(sigma), rounds, delta, analysis) <= epsilon
+        eps = _epsilon(make_event(sigma), rounds, delta, analysis, bound_tolerance)
+        return eps <= epsilon
 
     if not ok(hi):
         raise DpflError(

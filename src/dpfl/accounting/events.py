@@ -58,6 +58,7 @@ __all__ = [
     "WithoutReplacement",
     "event_from_dict",
     "event_to_dict",
+    "scale_noise",
 ]
 
 _REGISTRY: dict[str, type[Event]] = {}
@@ -233,6 +234,30 @@ class SelfComposed(Event):
     def __post_init__(self) -> None:
         _check_event("event", self.event)
         check_count("count", self.count, minimum=1)
+
+
+def scale_noise(event: Event, factor: float) -> Event:
+    """Return ``event`` with every Gaussian's noise multiplier times ``factor``.
+
+    Calibration of any scheme reduces to one scalar: the family
+    ``factor -> scale_noise(event, factor)`` is monotone in privacy.
+
+    Raises
+    ------
+    InvalidParameterError
+        If ``factor`` is not > 0.
+    """
+    check_positive("factor", factor)
+    if isinstance(event, Gaussian):
+        return dataclasses.replace(
+            event, noise_multiplier=event.noise_multiplier * factor
+        )
+    changes = {
+        f.name: scale_noise(getattr(event, f.name), factor)
+        for f in dataclasses.fields(event)  # type: ignore[arg-type]
+        if isinstance(getattr(event, f.name), Event)
+    }
+    return dataclasses.replace(event, **changes) if changes else event  # type: ignore[type-var]
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:

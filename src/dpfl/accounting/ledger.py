@@ -171,8 +171,14 @@ class PrivacyLedger:
     def epsilon(
         self, delta: float | None = None, *, analysis: str | None = None
     ) -> Bound:
-        """ε spent so far at ``delta`` (default: the budget's δ)."""
-        return self.accountant(analysis=analysis).epsilon(self._delta(delta))
+        """ε spent so far at ``delta`` (default: the budget's δ).
+
+        When every round names its participants (per-client accounting), this
+        is the spend of the client that took part most often (exact for a run
+        of identical events; every round is counted otherwise).
+        """
+        events = self._guarded_history()
+        return self.accountant(events, analysis=analysis).epsilon(self._delta(delta))
 
     def _delta(self, delta: float | None) -> float:
         if delta is not None:

@@ -1,0 +1,34 @@
+"""Experiments: configuration (YAML + validation), runner, resume, demo.
+
+``load_config`` reads a run configuration; ``run`` trains it and writes
+``runs/NAME/`` (config, metrics, ledger, checkpoints, figures); ``resume``
+continues a stopped run. Importing this package does not import torch: the
+runner imports it when a run starts.
+"""
+
+from dpfl.experiments.config import (
+    AlgorithmConfig,
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    PrivacyConfig,
+    RunConfig,
+    config_from_dict,
+    load_config,
+)
+from dpfl.experiments.runner import RunResult, calibrate_noise, resume, run
+
+__all__ = [
+    "AlgorithmConfig",
+    "ConfigError",
+    "DataConfig",
+    "ModelConfig",
+    "PrivacyConfig",
+    "RunConfig",
+    "RunResult",
+    "calibrate_noise",
+    "config_from_dict",
+    "load_config",
+    "resume",
+    "run",
+]

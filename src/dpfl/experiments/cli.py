@@ -1,0 +1,168 @@
+"""Subcommands ``train``, ``resume``, ``plot`` and ``demo`` of the ``dpfl`` CLI.
+
+:func:`add_subcommands` registers them on the top-level parser's subparsers;
+each handler is stored as the ``handler`` default and returns an exit status.
+torch (and the simulator) is imported inside the handlers only, so that
+``dpfl account`` works without torch installed. Errors derived from
+:class:`~dpfl.errors.DpflError` are left to the top-level ``main``, which prints
+them as one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_subcommands"]
+
+
+def _logging() -> None:
+    """Show the runner's messages (calibration, budget stop, resume) on stderr.
+
+    The top-level ``main`` silences logging below ERROR to keep library chatter
+    off the terminal; the runner's own messages are meant for the user, so
+    logging is re-enabled here (dp_accounting calls silence themselves).
+    """
+    logging.disable(logging.NOTSET)
+    logger = logging.getLogger("dpfl.experiments")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def _summary(result: Any) -> str:
+    acc = result.metrics.get("test_accuracy")
+    why = {
+        "completed": "completed",
+        "budget": "budget reached, stopped",
+        "interrupted": "interrupted",
+    }[result.stopped]
+    parts = [f"{result.run_dir}: {why} after {result.rounds_completed} rounds"]
+    sigma = result.config.privacy.noise_multiplier
+    sigma = result.config.algorithm.params.get("noise_multiplier", sigma)
+    if isinstance(sigma, int | float):
+        parts.append(f"noise multiplier {sigma:.4g}")
+    if acc is not None:
+        parts.append(f"test accuracy {acc:.3f}")
+    parts.append(
+        "not private (no noise)"
+        if result.epsilon is None
+        else f"epsilon spent {result.epsilon:.3f} at delta "
+        f"{result.config.privacy.delta:g} ({result.config.privacy.analysis})"
+    )
+    return "; ".join(parts)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from dpfl.experiments.config import load_config
+    from dpfl.experiments.runner import run
+
+    _logging()
+    config = load_config(args.config, args.set or [])
+    result = run(config, progress=not args.no_progress)
+    print(_summary(result))
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from dpfl.experiments.runner import resume
+
+    _logging()
+    result = resume(args.run_dir, progress=not args.no_progress)
+    print(_summary(result))
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from dpfl.plotting import plot_runs
+
+    out = args.out or (
+        Path(args.run_dirs[0]) / "accuracy.png"
+        if len(args.run_dirs) == 1
+        else Path("runs.png")
+    )
+    print(plot_runs(args.run_dirs, out))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from dpfl.experiments.demo import demo
+
+    _logging()
+    res = demo(args.out, rounds=args.rounds, progress=not args.no_progress)
+    print(f"{'run':<11} {'sigma':>8} {'epsilon':>8} {'accuracy':>9} {'late acc':>9}")
+    for name, sigma in res.noise_multipliers.items():
+        eps = res.epsilon[name]
+        print(
+            f"{name:<11} {sigma:>8.4f} {'n/a' if eps is None else f'{eps:.3f}':>8} "
+            f"{res.accuracy[name]:>9.3f} {res.late_accuracy[name]:>9.3f}"
+        )
+    print(
+        f"sound beats OLS at the same budget: {'yes' if res.sound_beats_ols else 'NO'}"
+    )
+    print(f"report: {res.out_dir / 'report.md'} ({res.seconds:.0f} s)")
+    return 0
+
+
+def add_subcommands(subparsers: Any) -> None:
+    """Register ``train``, ``resume``, ``plot`` and ``demo``.
+
+    Parameters
+    ----------
+    subparsers : argparse._SubParsersAction
+        From ``parser.add_subparsers()``. Each new parser gets a ``handler``
+        default: ``handler(args) -> int`` (the exit status).
+    """
+    p = subparsers.add_parser(
+        "train",
+        help="train a run from a YAML config",
+        description="Train a run; writes runs/NAME/ (config.yaml, metrics.jsonl, "
+        "ledger.json, checkpoint.pt, accuracy.png).",
+    )
+    p.add_argument("config", help="the run's YAML configuration")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a key, e.g. --set privacy.epsilon=2 (value parsed as YAML; "
+        "repeatable)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_train)
+
+    p = subparsers.add_parser(
+        "resume",
+        help="continue a stopped run",
+        description="Continue a run from its checkpoint and ledger.",
+    )
+    p.add_argument("run_dir", help="the run folder, e.g. runs/NAME")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_resume)
+
+    p = subparsers.add_parser(
+        "plot",
+        help="plot accuracy against rounds and against epsilon",
+        description="Plot test accuracy against rounds and against epsilon spent, "
+        "one line per run.",
+    )
+    p.add_argument("run_dirs", nargs="+", help="run folders")
+    p.add_argument("--out", help="image to write (default: RUN_DIR/accuracy.png)")
+    p.set_defaults(handler=_plot)
+
+    p = subparsers.add_parser(
+        "demo",
+        help="one budget, noise calibrated by three analyses, on embedded digits",
+        description="Train DP-DSGD with random participation on the embedded "
+        "digits with noise calibrated by the sound, WCS and OLS analyses to one "
+        "budget, and without noise; writes OUT/report.md.",
+    )
+    p.add_argument("--out", default="demo", help="output folder (default: demo)")
+    p.add_argument("--rounds", type=int, help="number of rounds (default 100)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(handler=_demo)

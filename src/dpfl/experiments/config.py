@@ -1,0 +1,578 @@
+"""Run configuration: one frozen dataclass tree, read from YAML, overridden by flags.
+
+A run is described by a :class:`RunConfig` whose sections are
+:class:`DataConfig`, :class:`ModelConfig`, :class:`AlgorithmConfig` and
+:class:`PrivacyConfig`. :func:`load_config` reads a YAML file, applies
+``--set key.sub=value`` overrides (values parsed as YAML, so ``0.5`` is a
+float, ``null`` is ``None`` and ``[64, 32]`` a list) and validates the result;
+:meth:`RunConfig.to_dict` gives back plain data for writing the resolved
+configuration of a run.
+
+Every error names the dotted key and the value found: an unknown key comes with
+the closest known key (``difflib``), a wrong type with the expected type, an
+out-of-range value with the allowed range. Errors are
+:class:`ConfigError`, a :class:`~dpfl.errors.InvalidParameterError`, so the
+command line prints them as one line and exits with status 2.
+
+Examples
+--------
+>>> cfg = config_from_dict(
+...     {"name": "demo", "rounds": 5, "privacy": {"epsilon": 4.0, "delta": 1e-5}},
+...     overrides=["algorithm.learning_rate=0.5"],
+... )
+>>> cfg.algorithm.learning_rate, cfg.privacy.noise_multiplier is None
+(0.5, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dpfl.errors import InvalidParameterError
+
+__all__ = [
+    "ALGORITHMS",
+    "ANALYSES",
+    "AlgorithmConfig",
+    "ConfigError",
+    "DataConfig",
+    "ModelConfig",
+    "PrivacyConfig",
+    "RunConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "load_config",
+]
+
+#: Algorithms the runner can build (names of ``dpfl.sim.algorithms``).
+ALGORITHMS = ("dsgd-rp", "dp-fedavg", "prifedsync", "ms-pafl", "locks")
+#: Analyses that price random participation (see ``dpfl.accounting.participation``).
+ANALYSES = ("sound", "wcs", "paper", "ols", "cs", "pld")
+_SERVERS = ("trusted", "untrusted")
+_DEVICES = ("cpu", "cuda", "auto")
+
+
+class ConfigError(InvalidParameterError):
+    """A configuration key is unknown, has the wrong type, or is out of range."""
+
+
+# -- range checks (attached to fields as metadata) ------------------------------
+def _positive(v: Any) -> str | None:
+    return None if v is None or v > 0 else "must be > 0"
+
+
+def _at_least(m: int) -> Any:
+    def check(v: Any) -> str | None:
+        return None if v is None or v >= m else f"must be >= {m}"
+
+    return check
+
+
+def _nonnegative(v: Any) -> str | None:
+    return None if v is None or v >= 0 else "must be >= 0"
+
+
+def _probability(v: Any) -> str | None:
+    return None if v is None or 0 < v <= 1 else "must be in (0, 1]"
+
+
+def _open_unit(v: Any) -> str | None:
+    return None if v is None or 0 < v < 1 else "must be in (0, 1)"
+
+
+def _momentum(v: Any) -> str | None:
+    return None if 0 <= v < 1 else "must be in [0, 1)"
+
+
+def _one_of(choices: Sequence[str]) -> Any:
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"must be one of {list(choices)}"
+
+    return check
+
+
+def _name(v: Any) -> str | None:
+    if not v or any(c in v for c in "/\\") or v in (".", ".."):
+        return "must be a non-empty name without path separators"
+    return None
+
+
+def _field(default: Any = dataclasses.MISSING, check: Any = None, **kw: Any) -> Any:
+    meta = {"check": check} if check is not None else {}
+    if "default_factory" in kw:
+        return dataclasses.field(default_factory=kw["default_factory"], metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+# -- the tree -------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The federated data set.
+
+    Attributes
+    ----------
+    name : str
+        A name of :func:`dpfl.data.get_dataset` (``"digits"`` by default).
+    num_clients : int
+        Number of clients.
+    partition : str or None
+        ``"equal-size"`` (d records each, the random-participation setting),
+        ``"iid"``, ``"shards"``, ``"dirichlet"``, ...; ``None`` for data sets
+        that are generated federated (``"synthetic"``).
+    records_per_client : int or None
+        d, for ``"equal-size"``.
+    options : dict
+        Further keyword arguments of :func:`~dpfl.data.get_dataset`
+        (e.g. ``beta``, ``test_fraction``).
+    """
+
+    name: str = "digits"
+    num_clients: int = _field(100, _at_least(1))
+    partition: str | None = "equal-size"
+    records_per_client: int | None = _field(None, _at_least(1))
+    options: dict[str, Any] = _field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The model: a name of :func:`dpfl.models.build_model` and its keywords."""
+
+    name: str = "mlp"
+    options: dict[str, Any] = _field(default_factory=dict)
+
+
+#: Defaults a run config gives an algorithm (beyond the algorithm's own).
+_ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
+    "dsgd-rp": {
+        "participation_probability": 0.1,
+        "record_probability": 0.5,
+        "clip": 1.0,
+        "learning_rate": 0.5,
+        "momentum": 0.0,
+        "server": "trusted",
+    },
+}
+
+#: Range checks by parameter name, whichever algorithm takes it.
+_PARAM_CHECKS: dict[str, Any] = {
+    "participation_probability": _probability,
+    "record_probability": _probability,
+    "first_stage_probability": _probability,
+    "checkin_probability": _probability,
+    "momentum": _momentum,
+    "clip": _positive,
+    "learning_rate": _positive,
+    "server": _one_of(_SERVERS),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmConfig:
+    """The federated algorithm and its hyper-parameters.
+
+    In YAML the hyper-parameters sit beside ``name`` (or under ``params``);
+    each must be a keyword of the algorithm's class (see
+    :func:`dpfl.sim.algorithms.algorithm_parameters`), and is readable as an
+    attribute (``config.algorithm.learning_rate``).
+
+    Attributes
+    ----------
+    name : str
+        One of :data:`ALGORITHMS`.
+    params : dict
+        Keyword arguments of ``build_algorithm`` (dsgd-rp: p, q, clip, ...).
+    """
+
+    name: str = _field("dsgd-rp", _one_of(ALGORITHMS))
+    params: dict[str, Any] = _field(default_factory=dict)
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            params = object.__getattribute__(self, "params")
+        except AttributeError:
+            raise AttributeError(key) from None
+        if key in params:
+            return params[key]
+        raise AttributeError(
+            f"algorithm {object.__getattribute__(self, 'name')!r} has no "
+            f"parameter {key!r}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat plain data: ``name`` beside the parameters."""
+        return {"name": self.name, **self.params}
+
+
+def _build_algorithm_config(data: Mapping[str, Any], prefix: str) -> AlgorithmConfig:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.')} must be a mapping; got {data!r}")
+    data = dict(data)
+    name = data.pop("name", "dsgd-rp")
+    problem = _one_of(ALGORITHMS)(name)
+    if problem:
+        raise ConfigError(f"{prefix}name {problem}; got {name!r}")
+    params: dict[str, Any] = dict(_ALGORITHM_DEFAULTS.get(name, {}))
+    for section in ("params", "options"):
+        extra = data.pop(section, None) or {}
+        if not isinstance(extra, Mapping):
+            raise ConfigError(f"{prefix}{section} must be a mapping; got {extra!r}")
+        params.update(extra)
+    params.update(data)
+    known = _algorithm_keywords(name)
+    for key, raw in list(params.items()):
+        value = raw
+        if known is not None and key not in known:
+            raise _unknown(prefix, key, sorted(known))
+        default = None if known is None else known[key]
+        if type(default) in (bool, int, float, str) and value is not None:
+            # Same type as the algorithm's default (ints accepted for floats).
+            want = float if type(default) is int and isinstance(value, float) else None
+            value = params[key] = _coerce(prefix + key, value, want or type(default))
+        check = _PARAM_CHECKS.get(key)
+        problem = check(value) if check is not None else None
+        if problem:
+            raise ConfigError(f"{prefix}{key} {problem}; got {raw!r}")
+    return AlgorithmConfig(name=name, params=params)
+
+
+def _algorithm_keywords(name: str) -> dict[str, Any] | None:
+    """The algorithm's keywords and defaults (None if torch is unavailable)."""
+    try:
+        from dpfl.sim.algorithms import algorithm_parameters
+    except ImportError:  # training extras not installed: checked at run time
+        return None
+    return {"noise_multiplier": None, **algorithm_parameters(name)}
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyConfig:
+    """The run's total privacy budget and how it is priced.
+
+    Attributes
+    ----------
+    epsilon : float
+        Total ε for the whole run (``inf``: no guard, no noise calibration;
+        then ``noise_multiplier`` must be given, 0 meaning no noise).
+    delta : float
+        Total δ in (0, 1).
+    analysis : str
+        The analysis that prices each round (``"sound"`` default).
+    noise_multiplier : float or None
+        σ (noise std over clip). ``None``: calibrate σ so that ``rounds``
+        rounds spend exactly the budget under ``analysis``.
+    """
+
+    epsilon: float = _field(4.0, _positive)
+    delta: float = _field(1e-5, _open_unit)
+    analysis: str = _field("sound", _one_of(ANALYSES))
+    noise_multiplier: float | None = _field(None, _nonnegative)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs; written resolved to ``runs/NAME/config.yaml``.
+
+    Attributes
+    ----------
+    name : str
+        Run name; the run writes to ``output_dir/name``.
+    seed : int
+        Seeds the partition, the model initialisation and every round.
+    rounds : int
+        Number of rounds T (the budget is for all T rounds).
+    data, model, algorithm, privacy
+        The sections.
+    eval_every : int
+        Evaluate (and compute ε spent) every this many rounds (and at the end).
+    checkpoint_every : int
+        Save a checkpoint and the ledger every this many rounds (and at the end).
+    output_dir : str
+        Parent folder of the run folder.
+    device : str
+        ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
+    """
+
+    name: str = _field("run", _name)
+    seed: int = _field(0, _nonnegative)
+    rounds: int = _field(100, _at_least(1))
+    data: DataConfig = _field(default_factory=DataConfig)
+    model: ModelConfig = _field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = _field(default_factory=AlgorithmConfig)
+    privacy: PrivacyConfig = _field(default_factory=PrivacyConfig)
+    eval_every: int = _field(10, _at_least(1))
+    checkpoint_every: int = _field(50, _at_least(1))
+    output_dir: str = "runs"
+    device: str = _field("cpu", _one_of(_DEVICES))
+
+    def __post_init__(self) -> None:
+        if math.isinf(self.privacy.epsilon) and self.privacy.noise_multiplier is None:
+            raise ConfigError(
+                "privacy.noise_multiplier must be given when privacy.epsilon is "
+                "inf (there is no budget to calibrate to); got None"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the configuration as plain data (YAML/JSON ready)."""
+        out = dataclasses.asdict(self)
+        out["algorithm"] = self.algorithm.to_dict()
+        return out
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """Return a copy with top-level fields replaced (validated again)."""
+        return config_from_dict({**self.to_dict(), **_plain(changes)})
+
+    @property
+    def run_dir(self) -> Path:
+        """``output_dir / name``."""
+        return Path(self.output_dir) / self.name
+
+
+def _plain(changes: Mapping[str, Any]) -> dict[str, Any]:
+    def plain(v: Any) -> Any:
+        if isinstance(v, AlgorithmConfig):
+            return v.to_dict()
+        return dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+
+    return {k: plain(v) for k, v in changes.items()}
+
+
+# -- building and validating -----------------------------------------------------
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is dict:
+        return "mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Return ``value`` as type ``tp`` or raise a ConfigError naming ``key``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            with contextlib.suppress(ConfigError):
+                return _coerce(key, value, a)
+        raise ConfigError(
+            f"{key} must be {_type_name(tp)}; got {value!r} ({type(value).__name__})"
+        )
+    if origin is dict or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key} must be a mapping; got {value!r}")
+        return {str(k): v for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key} must be a mapping (a section); got {value!r}")
+        return _build(tp, value, key + ".")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false; got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key} must be an integer; got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(
+            f"{key} must be an integer; got {value!r} ({type(value).__name__})"
+        )
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key} must be a number; got {value!r}")
+        if isinstance(value, str):
+            # YAML 1.1 reads "1e-5" as a string; accept numeric strings.
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(
+                    f"{key} must be a number; got {value!r} (str)"
+                ) from None
+        if not isinstance(value, int | float):
+            raise ConfigError(
+                f"{key} must be a number; got {value!r} ({type(value).__name__})"
+            )
+        if math.isnan(value):
+            raise ConfigError(f"{key} must not be NaN; got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(
+                f"{key} must be a string; got {value!r} ({type(value).__name__})"
+            )
+        return value
+    return value  # pragma: no cover - every field type is handled above
+
+
+def _unknown(prefix: str, key: str, known: Sequence[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
+    return ConfigError(
+        f"unknown configuration key {prefix + key!r}{hint} "
+        f"(known keys{' of ' + prefix.rstrip('.') if prefix else ''}: "
+        f"{', '.join(known)})"
+    )
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str) or key not in fields:
+            raise _unknown(prefix, str(key), list(fields))
+        dotted = prefix + key
+        if hints[key] is AlgorithmConfig:
+            kwargs[key] = _build_algorithm_config(value or {}, dotted + ".")
+            continue
+        v = _coerce(dotted, value, hints[key])
+        check = fields[key].metadata.get("check")
+        if check is not None:
+            problem = check(v)
+            if problem:
+                raise ConfigError(f"{dotted} {problem}; got {value!r}")
+        kwargs[key] = v
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            raise ConfigError(
+                f"cannot set {dotted!r}: {'.'.join(parts[: i + 1])} is "
+                f"{child!r}, not a section"
+            )
+        node = child
+    node[parts[-1]] = value
+
+
+def apply_overrides(
+    tree: Mapping[str, Any], overrides: Sequence[str]
+) -> dict[str, Any]:
+    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a plain tree.
+
+    Parameters
+    ----------
+    tree : mapping
+        Configuration as plain data (not modified).
+    overrides : sequence of str
+        Items ``"dotted.key=value"``.
+
+    Returns
+    -------
+    dict
+        A deep copy of ``tree`` with the overrides applied.
+
+    Raises
+    ------
+    ConfigError
+        If an item has no ``=``, an empty key, or a value that is not YAML.
+    """
+    out = _deep_copy(tree)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not p for p in key.split(".")):
+            raise ConfigError(f"--set expects key.sub=value; got {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(
+                f"--set {key}: value {raw!r} is not YAML: {exc}"
+            ) from None
+        _set_dotted(out, key, value)
+    return out
+
+
+def _deep_copy(tree: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in tree.items()}
+
+
+def config_from_dict(
+    data: Mapping[str, Any] | None, overrides: Sequence[str] = ()
+) -> RunConfig:
+    """Validate plain data (plus overrides) into a :class:`RunConfig`.
+
+    Parameters
+    ----------
+    data : mapping or None
+        The configuration tree; missing keys take their defaults.
+    overrides : sequence of str
+        ``"key.sub=value"`` items applied first.
+
+    Returns
+    -------
+    RunConfig
+        The validated configuration.
+
+    Raises
+    ------
+    ConfigError
+        On an unknown key (with the closest known one), a wrong type or an
+        out-of-range value; the message names the dotted key and the value.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"a configuration must be a mapping; got {data!r}")
+    tree = apply_overrides(data, overrides)
+    return _build(RunConfig, tree)
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a YAML run configuration and apply ``--set`` overrides.
+
+    Parameters
+    ----------
+    path : str or Path
+        The YAML file.
+    overrides : sequence of str
+        ``"key.sub=value"`` items; values are parsed as YAML.
+
+    Returns
+    -------
+    RunConfig
+        The validated configuration.
+
+    Raises
+    ------
+    ConfigError
+        If the file is missing or not YAML, or on an invalid key or value.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file not found: {p}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p} is not valid YAML: {exc}") from None
+    return config_from_dict(data, overrides)

@@ -1,0 +1,717 @@
+"""Run a configured experiment: data, model, algorithm, ledger, loop, files.
+
+:func:`run` turns a :class:`~dpfl.experiments.config.RunConfig` into a run
+folder ``output_dir/name/`` holding
+
+``config.yaml``
+    The resolved configuration (a calibrated noise multiplier filled in), so
+    that ``dpfl resume`` never calibrates again.
+``metrics.jsonl``
+    One JSON object per completed round (``round`` = rounds completed), with
+    ``test_loss``, ``test_accuracy`` and ``epsilon`` (spent so far, upper
+    bound at the budget's δ) on evaluation rounds.
+``ledger.json``
+    The privacy ledger, saved by the trainer after every charged round.
+``checkpoint.pt``
+    Trainer state (model, momentum, round, seed), written atomically every
+    ``checkpoint_every`` rounds, on Ctrl-C, on a budget stop and at the end.
+``accuracy.png``
+    Accuracy against rounds and against ε spent.
+
+The run stops cleanly when the ledger's guard refuses a round
+(:class:`~dpfl.errors.BudgetExceededError`): "budget reached at round k".
+Ctrl-C finishes the current round, saves a checkpoint and the ledger, and
+returns (a second Ctrl-C aborts at once). :func:`resume` continues a stopped
+run exactly: same final model and ledger as an uninterrupted run.
+
+A note on the ledger and checkpoints. The trainer saves the ledger after every
+round, checkpoints are less frequent, so a run killed between two checkpoints
+resumes from the older checkpoint with a ledger that already holds the later
+rounds; those rounds are re-run and charged *again*. This over-states the
+spend (never under-states it, DESIGN.md principle 7). A clean stop (Ctrl-C,
+budget, end) always checkpoints at the ledger's round, and then the resumed
+ledger equals the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import signal
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dpfl.accounting import events as ev
+from dpfl.accounting.accountant import Accountant
+from dpfl.accounting.ledger import Budget, PrivacyLedger
+from dpfl.errors import BudgetExceededError, DpflError
+from dpfl.experiments.config import RunConfig, config_from_dict, load_config
+
+__all__ = [
+    "CHECKPOINT",
+    "CONFIG",
+    "LEDGER",
+    "METRICS",
+    "RunResult",
+    "calibrate_noise",
+    "read_metrics",
+    "resume",
+    "run",
+    "run_event",
+]
+
+log = logging.getLogger("dpfl.experiments")
+
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+LEDGER = "ledger.json"
+CHECKPOINT = "checkpoint.pt"
+FIGURE = "accuracy.png"
+_CKPT_FORMAT = 1
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """What a run did.
+
+    Attributes
+    ----------
+    run_dir : Path
+        The run folder.
+    config : RunConfig
+        The resolved configuration (noise multiplier filled in).
+    rounds_completed : int
+        Rounds completed (and charged, for a private run).
+    stopped : str
+        ``"completed"``, ``"budget"`` (the guard refused the next round) or
+        ``"interrupted"`` (Ctrl-C).
+    epsilon : float or None
+        ε spent (upper bound at the budget's δ); ``None`` for a non-private
+        run (no noise: no finite guarantee).
+    metrics : dict of str to float
+        The last evaluation (``test_loss``, ``test_accuracy``).
+    """
+
+    run_dir: Path
+    config: RunConfig
+    rounds_completed: int
+    stopped: str
+    epsilon: float | None
+    metrics: dict[str, float]
+
+
+# -- accounting helpers -----------------------------------------------------------
+def run_event(
+    config: RunConfig, *, records_per_client: int, noise_multiplier: float
+) -> ev.Event:
+    """The accounting event of one round of ``config``'s algorithm.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run (its algorithm section gives p and q).
+    records_per_client : int
+        d: the largest client size (as the sampler uses).
+    noise_multiplier : float
+        σ (> 0).
+
+    Returns
+    -------
+    Event
+        ``ClientPoisson(p, RecordPoisson(q, d, Gaussian(σ)))``.
+    """
+    alg = config.algorithm
+    return ev.ClientPoisson(
+        alg.participation_probability,
+        ev.RecordPoisson(
+            alg.record_probability, records_per_client, ev.Gaussian(noise_multiplier)
+        ),
+    )
+
+
+def calibrate_noise(
+    config: RunConfig,
+    *,
+    records_per_client: int,
+    tolerance: float = 2e-3,
+    tracer: Callable[[float, float], None] | None = None,
+) -> float:
+    """Smallest σ for which ``config.rounds`` rounds fit the run's budget.
+
+    The test is the ledger guard's own: the certified upper ε of
+    ``Accountant(analysis, tolerance=0.02)`` composed ``rounds`` times at the
+    budget's δ. Calibrating with the very function the guard evaluates
+    guarantees that the guard then allows all ``rounds`` rounds (a σ from
+    another discretisation of the same analysis can be a hair too small for
+    the guard and stop the run one round early).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run: rounds, algorithm (p, q) and privacy (ε, δ, analysis).
+    records_per_client : int
+        d (the largest client size).
+    tolerance : float
+        Relative accuracy of σ.
+    tracer : callable, optional
+        Called with ``(sigma, epsilon_upper)`` at each evaluation.
+
+    Returns
+    -------
+    float
+        σ with ε_upper(σ) <= budget (the upper end of the final bracket).
+
+    Raises
+    ------
+    DpflError
+        If no σ in [1e-3, 1e4] brackets the target (e.g. an analysis that
+        certifies the budget for every σ).
+    """
+    priv = config.privacy
+    ledger = PrivacyLedger(Budget(priv.epsilon, priv.delta), analysis=priv.analysis)
+
+    def eps_of(sigma: float) -> float:
+        event = run_event(
+            config, records_per_client=records_per_client, noise_multiplier=sigma
+        )
+        acc = Accountant(priv.analysis, tolerance=ledger.tolerance)
+        value = float(acc.compose(event, config.rounds).epsilon(priv.delta).upper)
+        if tracer is not None:
+            tracer(sigma, value)
+        return value
+
+    lo, hi = 0.5, 1.0
+    e_hi = eps_of(hi)
+    if e_hi > priv.epsilon:
+        lo = hi
+        while e_hi > priv.epsilon:
+            lo, hi = hi, hi * 2.0
+            if hi > 1e4:
+                raise DpflError(
+                    f"no noise multiplier up to 1e4 meets (epsilon={priv.epsilon}, "
+                    f"delta={priv.delta}) for {config.rounds} rounds under the "
+                    f"{priv.analysis!r} analysis"
+                )
+            e_hi = eps_of(hi)
+    else:
+        while eps_of(lo) <= priv.epsilon:
+            hi, lo = lo, lo / 2.0
+            if lo < 1e-3:
+                raise DpflError(
+                    f"the {priv.analysis!r} analysis certifies (epsilon="
+                    f"{priv.epsilon}, delta={priv.delta}) for {config.rounds} rounds "
+                    "with every noise multiplier down to 1e-3; it cannot calibrate "
+                    "the noise"
+                )
+    # bisection in log sigma: eps(lo) > target >= eps(hi)
+    while hi / lo - 1.0 > tolerance:
+        mid = math.sqrt(lo * hi)
+        if eps_of(mid) <= priv.epsilon:
+            hi = mid
+        else:
+            lo = mid
+    return float(hi)
+
+
+# -- files ------------------------------------------------------------------------
+def _atomic_write(path: Path, write: Callable[[Any], None], *, binary: bool) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; use the usual mode
+        with os.fdopen(fd, "wb" if binary else "w") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Read ``metrics.jsonl`` of a run (one dict per completed round).
+
+    Parameters
+    ----------
+    run_dir : str or Path
+        The run folder.
+
+    Returns
+    -------
+    list of dict
+        The records, in file order; a torn last line (a crash mid-write) is
+        skipped.
+
+    Raises
+    ------
+    DpflError
+        If the file does not exist.
+    """
+    path = Path(run_dir) / METRICS
+    if not path.exists():
+        raise DpflError(f"no {METRICS} in {run_dir}")
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _truncate_metrics(run_dir: Path, rounds: int) -> None:
+    """Keep only records with ``round <= rounds`` (no duplicates after resume)."""
+    path = run_dir / METRICS
+    if not path.exists():
+        return
+    kept = [r for r in read_metrics(run_dir) if int(r.get("round", 0)) <= rounds]
+    text = "".join(json.dumps(r) + "\n" for r in kept)
+    _atomic_write(path, lambda fh: fh.write(text), binary=False)
+
+
+def _save_checkpoint(run_dir: Path, trainer: Any, ledger: PrivacyLedger) -> None:
+    import torch
+
+    # Ledger first: the ledger on disk never holds fewer rounds than the
+    # checkpoint (Trainer.load_state_dict refuses that case).
+    ledger.save()
+    state = {
+        "format": _CKPT_FORMAT,
+        "round": trainer.round,
+        "trainer": trainer.state_dict(),
+    }
+    _atomic_write(run_dir / CHECKPOINT, lambda fh: torch.save(state, fh), binary=True)
+
+
+def _write_config(run_dir: Path, config: RunConfig) -> None:
+    text = yaml.safe_dump(config.to_dict(), sort_keys=False)
+    _atomic_write(run_dir / CONFIG, lambda fh: fh.write(text), binary=False)
+
+
+# -- Ctrl-C -----------------------------------------------------------------------
+@contextlib.contextmanager
+def _deferred_interrupt() -> Iterator[dict[str, bool]]:
+    """First SIGINT sets a flag (checked between rounds); a second one aborts."""
+    flag = {"stop": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum: int, frame: Any) -> None:
+        if flag["stop"]:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        flag["stop"] = True
+        log.warning("interrupt: finishing this round, then saving a checkpoint")
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+# -- building -----------------------------------------------------------------------
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise DpflError("device 'cuda' was asked for but CUDA is not available")
+    return name
+
+
+def _build_dataset(config: RunConfig) -> Any:
+    from dpfl.data import get_dataset
+
+    data = config.data
+    kwargs: dict[str, Any] = {"num_clients": data.num_clients, "seed": config.seed}
+    if data.partition is not None:
+        kwargs["partition"] = data.partition
+    if data.records_per_client is not None:
+        kwargs["records_per_client"] = data.records_per_client
+    kwargs.update(data.options)
+    return get_dataset(data.name, **kwargs)
+
+
+def _build_model(config: RunConfig, dataset: Any) -> Any:
+    import torch
+
+    from dpfl.models import build_model
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        return build_model(
+            config.model.name,
+            input_shape=dataset.input_shape,
+            num_classes=dataset.num_classes,
+            **config.model.options,
+        )
+
+
+def _takes_noise_multiplier(config: RunConfig) -> bool:
+    from dpfl.sim.algorithms import algorithm_parameters
+
+    return "noise_multiplier" in algorithm_parameters(config.algorithm.name)
+
+
+def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
+    """Fill in a calibrated noise multiplier (when none is given)."""
+    priv = config.privacy
+    given_in_params = "noise_multiplier" in config.algorithm.params
+    if priv.noise_multiplier is not None or given_in_params:
+        return config
+    if not _takes_noise_multiplier(config):
+        # Several noise parameters (LOCKS): they are given in the algorithm
+        # section, and the ledger guards the budget.
+        return config
+    log.info(
+        "calibrating the noise multiplier to (epsilon=%g, delta=%g) over %d rounds "
+        "under the %r analysis",
+        priv.epsilon,
+        priv.delta,
+        config.rounds,
+        priv.analysis,
+    )
+    if config.algorithm.name == "dsgd-rp":
+        d = int(dataset.client_sizes().max())
+        sigma = calibrate_noise(config, records_per_client=d)
+    else:
+        sigma = _calibrate_generic(config, dataset)
+    log.info("noise multiplier: %.4f", sigma)
+    tree = config.to_dict()
+    tree["privacy"]["noise_multiplier"] = sigma
+    return config_from_dict(tree)
+
+
+def _calibrate_generic(config: RunConfig, dataset: Any) -> float:
+    """σ for any algorithm: scale the noise of its unit-noise event.
+
+    The algorithm is built once with ``noise_multiplier = 1`` and its event is
+    rescaled (:func:`~dpfl.accounting.events.scale_noise`); the check is the
+    ledger guard's own (same analysis, same bracket), over ``rounds`` rounds
+    for every client (conservative for per-client schemes).
+    """
+    from dpfl.accounting.calibrate import calibrate_noise_multiplier
+
+    unit_config = config_from_dict(
+        {
+            **config.to_dict(),
+            "privacy": {**config.to_dict()["privacy"], "noise_multiplier": 1.0},
+        }
+    )
+    model = _build_model(unit_config, dataset)
+    unit_event = _build_algorithm(unit_config, model, dataset).event()
+    priv = config.privacy
+    ledger = PrivacyLedger(Budget(priv.epsilon, priv.delta), analysis=priv.analysis)
+    return calibrate_noise_multiplier(
+        lambda s: ev.scale_noise(unit_event, s),
+        epsilon=priv.epsilon,
+        delta=priv.delta,
+        rounds=config.rounds,
+        analysis=priv.analysis,
+        bound_tolerance=ledger.tolerance,
+        bracket=(0.05, 1e3),
+        tolerance=2e-3,
+    )
+
+
+def _build_algorithm(config: RunConfig, model: Any, dataset: Any) -> Any:
+    from dpfl.sim.algorithms import build_algorithm
+
+    alg = config.algorithm
+    params = dict(alg.params)
+    sigma = config.privacy.noise_multiplier
+    if "noise_multiplier" not in params and _takes_noise_multiplier(config):
+        params["noise_multiplier"] = sigma if sigma else None
+    algorithm = build_algorithm(
+        alg.name,
+        model=model,
+        dataset=dataset,
+        device=_device(config.device),
+        **params,
+    )
+    if alg.name == "dsgd-rp" and sigma:
+        expected = run_event(
+            config,
+            records_per_client=int(dataset.client_sizes().max()),
+            noise_multiplier=sigma,
+        )
+        if algorithm.event() != expected:
+            raise DpflError(
+                f"the algorithm emits {algorithm.event()!r} but the run was "
+                f"calibrated for {expected!r}"
+            )
+    return algorithm
+
+
+def _ledger(config: RunConfig, run_dir: Path) -> PrivacyLedger:
+    priv = config.privacy
+    budget = None if math.isinf(priv.epsilon) else Budget(priv.epsilon, priv.delta)
+    return PrivacyLedger(budget, analysis=priv.analysis, path=run_dir / LEDGER)
+
+
+# -- the run ------------------------------------------------------------------------
+def run(config: RunConfig, *, progress: bool = True, resume: bool = False) -> RunResult:
+    """Run an experiment (or continue one) and write its folder.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The experiment. A ``noise_multiplier`` of ``None`` is calibrated so that
+        ``rounds`` rounds spend the budget (see :func:`calibrate_noise`).
+    progress : bool
+        Show a progress bar (round, test loss and accuracy, ε spent).
+    resume : bool
+        Continue from the folder's checkpoint and ledger if it has them
+        (otherwise start afresh). Without it, a folder that already holds a
+        run is an error.
+
+    Returns
+    -------
+    RunResult
+        Where the run is, how far it got and why it stopped.
+
+    Raises
+    ------
+    DpflError
+        If the folder already holds a run and ``resume`` is False, on a
+        configuration the data, model or algorithm rejects, or if the saved
+        ledger does not match the configuration.
+    """
+    import torch  # noqa: F401  (fail early with a clear import error)
+
+    run_dir = config.run_dir
+    ckpt_path = run_dir / CHECKPOINT
+    ledger_path = run_dir / LEDGER
+    if not resume and (ckpt_path.exists() or ledger_path.exists()):
+        raise DpflError(
+            f"{run_dir} already holds a run; continue it with `dpfl resume "
+            f"{run_dir}` or choose another name (--set name=...)"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    dataset = _build_dataset(config)
+    config = _resolve(config, dataset)
+    model = _build_model(config, dataset)
+    algorithm = _build_algorithm(config, model, dataset)
+
+    from dpfl.sim.loop import Trainer
+
+    if resume and ledger_path.exists():
+        ledger = PrivacyLedger.load(ledger_path)
+        _check_ledger(ledger, config)
+    else:
+        ledger = _ledger(config, run_dir)
+    trainer = Trainer(algorithm, ledger=ledger, seed=config.seed)
+    if resume and ckpt_path.exists():
+        import torch
+
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or state.get("format") != _CKPT_FORMAT:
+            raise DpflError(f"{ckpt_path} is not a dpfl run checkpoint")
+        trainer.load_state_dict(state["trainer"])
+        if ledger.rounds > trainer.round:
+            log.warning(
+                "the ledger holds %d charged rounds, the checkpoint %d: rounds "
+                "%d..%d are re-run and charged again (the spend is over-stated, "
+                "never reset)",
+                ledger.rounds,
+                trainer.round,
+                trainer.round + 1,
+                ledger.rounds,
+            )
+        log.info("resuming %s at round %d", run_dir, trainer.round)
+    elif resume and ledger.rounds:
+        log.warning(
+            "no checkpoint but the ledger holds %d rounds: starting again at round "
+            "0 with that spend kept",
+            ledger.rounds,
+        )
+    _truncate_metrics(run_dir, trainer.round)
+    _write_config(run_dir, config)
+    return _loop(config, run_dir, trainer, progress=progress)
+
+
+def _check_ledger(ledger: PrivacyLedger, config: RunConfig) -> None:
+    priv = config.privacy
+    budget = ledger.budget
+    same_budget = (budget is None and math.isinf(priv.epsilon)) or (
+        budget is not None
+        and budget.epsilon == priv.epsilon
+        and budget.delta == priv.delta
+    )
+    if ledger.analysis != priv.analysis or not same_budget:
+        raise DpflError(
+            f"the saved ledger (analysis {ledger.analysis!r}, budget {budget}) does "
+            f"not match the configuration (analysis {priv.analysis!r}, epsilon="
+            f"{priv.epsilon}, delta={priv.delta})"
+        )
+
+
+def _loop(
+    config: RunConfig, run_dir: Path, trainer: Any, *, progress: bool
+) -> RunResult:
+    from tqdm.auto import tqdm
+
+    private = trainer.algorithm.event() is not None
+    ledger: PrivacyLedger = trainer.ledger
+    stopped = "completed"
+    last_eval: dict[str, float] = {}
+    spent: float | None = None
+    last_ckpt = trainer.round if (run_dir / CHECKPOINT).exists() else -1
+
+    def evaluate() -> dict[str, Any]:
+        nonlocal last_eval, spent
+        last_eval = {k: float(v) for k, v in trainer.algorithm.evaluate().items()}
+        out: dict[str, Any] = dict(last_eval)
+        if private and ledger.rounds:
+            spent = float(ledger.epsilon(config.privacy.delta).upper)
+        elif private:
+            spent = 0.0
+        out["epsilon"] = spent
+        return out
+
+    bar = tqdm(
+        total=config.rounds,
+        initial=trainer.round,
+        disable=not progress,
+        unit="round",
+        desc=config.name,
+        dynamic_ncols=True,
+    )
+    metrics_file = (run_dir / METRICS).open("a")
+    try:
+        with _deferred_interrupt() as flag:
+            while trainer.round < config.rounds:
+                try:
+                    report = trainer.step()
+                except BudgetExceededError as exc:
+                    stopped = "budget"
+                    log.warning(
+                        "budget reached at round %d: %s", trainer.round + 1, exc
+                    )
+                    break
+                done = report.round + 1
+                record: dict[str, Any] = {"round": done}
+                record.update({k: float(v) for k, v in report.metrics.items()})
+                if done % config.eval_every == 0 or done == config.rounds:
+                    record.update(evaluate())
+                    bar.set_postfix(_postfix(last_eval, spent), refresh=False)
+                metrics_file.write(json.dumps(record) + "\n")
+                metrics_file.flush()
+                bar.update(1)
+                if done % config.checkpoint_every == 0:
+                    _save_checkpoint(run_dir, trainer, ledger)
+                    last_ckpt = done
+                if flag["stop"]:
+                    stopped = "interrupted"
+                    log.warning("interrupted after round %d; checkpoint saved", done)
+                    break
+        if (
+            stopped != "completed"
+            and trainer.round
+            and (trainer.round % config.eval_every)
+        ):
+            # a final evaluation of the model the run ends with
+            record = {"round": trainer.round, **evaluate()}
+            _replace_last(metrics_file, run_dir, record)
+        if last_ckpt != trainer.round:
+            _save_checkpoint(run_dir, trainer, ledger)
+        else:
+            ledger.save()
+    finally:
+        metrics_file.close()
+        bar.close()
+    if not last_eval and trainer.round:
+        evaluate()
+    _plot(run_dir)
+    return RunResult(
+        run_dir=run_dir,
+        config=config,
+        rounds_completed=trainer.round,
+        stopped=stopped,
+        epsilon=spent if private else None,
+        metrics=last_eval,
+    )
+
+
+def _replace_last(fh: Any, run_dir: Path, record: dict[str, Any]) -> None:
+    """Merge ``record`` into the metrics line of the same round (written last)."""
+    fh.flush()
+    rows = read_metrics(run_dir)
+    if rows and rows[-1].get("round") == record["round"]:
+        rows[-1].update(record)
+    else:
+        rows.append(record)
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    fh.seek(0)
+    fh.truncate()
+    fh.write(text)
+    fh.flush()
+
+
+def _postfix(metrics: dict[str, float], spent: float | None) -> dict[str, str]:
+    out = {}
+    if "test_loss" in metrics:
+        out["loss"] = f"{metrics['test_loss']:.3f}"
+    if "test_accuracy" in metrics:
+        out["acc"] = f"{metrics['test_accuracy']:.3f}"
+    out["eps"] = "n/a" if spent is None else f"{spent:.3g}"
+    return out
+
+
+def _plot(run_dir: Path) -> None:
+    from dpfl.plotting import plot_runs
+
+    try:
+        plot_runs([run_dir], run_dir / FIGURE)
+    except DpflError as exc:  # nothing evaluated yet: no figure
+        log.info("no figure: %s", exc)
+
+
+def resume(run_dir: str | Path, *, progress: bool = True) -> RunResult:
+    """Continue a stopped run from its checkpoint and ledger.
+
+    Parameters
+    ----------
+    run_dir : str or Path
+        The run folder (holding ``config.yaml``).
+    progress : bool
+        Show a progress bar.
+
+    Returns
+    -------
+    RunResult
+        As :func:`run`.
+
+    Raises
+    ------
+    DpflError
+        If the folder holds no ``config.yaml``.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / CONFIG).exists():
+        raise DpflError(f"{run_dir} is not a run folder (no {CONFIG})")
+    tree = load_config(run_dir / CONFIG).to_dict()
+    # the folder may have been moved: it is where the run lives now
+    tree.update(output_dir=str(run_dir.parent), name=run_dir.name)
+    config = config_from_dict(tree)
+    return run(config, progress=progress, resume=True)

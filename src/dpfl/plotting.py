@@ -1,0 +1,225 @@
+"""Figures over run results and privacy curves (matplotlib, Agg backend).
+
+- :func:`plot_runs`: test accuracy against rounds and against ε spent, one line
+  per run folder (reads ``metrics.jsonl``).
+- :func:`plot_epsilon_curves`: ε against δ and/or ε against rounds, one line per
+  analysis, from precomputed arrays (the accounting CLI's ``--plot``).
+
+Nothing here computes privacy; the functions only draw what they are given.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpfl.errors import DpflError, InvalidParameterError
+
+__all__ = ["plot_epsilon_curves", "plot_runs"]
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        raise DpflError(f"{run_dir} has no metrics.jsonl")
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def plot_runs(
+    run_dirs: Sequence[str | Path],
+    out_path: str | Path,
+    *,
+    labels: Sequence[str] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Plot test accuracy against rounds and against ε spent, one line per run.
+
+    Parameters
+    ----------
+    run_dirs : sequence of str or Path
+        Run folders (each with a ``metrics.jsonl``).
+    out_path : str or Path
+        Image to write (format from the suffix, e.g. ``.png``, ``.pdf``).
+    labels : sequence of str, optional
+        Legend entries (default: the folder names).
+    title : str, optional
+        Figure title.
+
+    Returns
+    -------
+    Path
+        ``out_path``.
+
+    Raises
+    ------
+    DpflError
+        If a folder has no metrics or no run has an evaluated round.
+    InvalidParameterError
+        If ``labels`` does not have one entry per run.
+    """
+    dirs = [Path(d) for d in run_dirs]
+    if not dirs:
+        raise InvalidParameterError("run_dirs must name at least one run; got []")
+    if labels is not None and len(labels) != len(dirs):
+        raise InvalidParameterError(
+            f"labels must have one entry per run ({len(dirs)}); got {len(labels)}"
+        )
+    plt = _pyplot()
+    fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    drawn = 0
+    any_eps = False
+    for i, d in enumerate(dirs):
+        rows = [r for r in _read_rows(d) if r.get("test_accuracy") is not None]
+        if not rows:
+            continue
+        label = labels[i] if labels is not None else d.name
+        rounds = [r["round"] for r in rows]
+        acc = [r["test_accuracy"] for r in rows]
+        (line,) = ax_r.plot(rounds, acc, marker=".", label=label)
+        drawn += 1
+        eps_rows = [r for r in rows if r.get("epsilon") is not None]
+        if eps_rows:
+            any_eps = True
+            ax_e.plot(
+                [r["epsilon"] for r in eps_rows],
+                [r["test_accuracy"] for r in eps_rows],
+                marker=".",
+                color=line.get_color(),
+                label=label,
+            )
+        else:  # non-private: no finite epsilon; a horizontal reference line
+            ax_e.axhline(acc[-1], color=line.get_color(), ls=":", label=f"{label}")
+    if drawn == 0:
+        plt.close(fig)
+        raise DpflError(f"no evaluated rounds in {[str(d) for d in dirs]}")
+    ax_r.set_xlabel("round")
+    ax_r.set_ylabel("test accuracy")
+    ax_r.grid(alpha=0.3)
+    ax_r.legend(fontsize="small")
+    ax_e.set_xlabel("ε spent (upper bound at the budget's δ)")
+    ax_e.set_ylabel("test accuracy")
+    ax_e.grid(alpha=0.3)
+    if any_eps:
+        ax_e.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _curves(
+    name: str, x: Any, curves: Mapping[str, Any]
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    xs = np.asarray(x, dtype=float)
+    if xs.ndim != 1 or xs.size == 0:
+        raise InvalidParameterError(
+            f"{name} must be a non-empty 1-D array; got shape {xs.shape}"
+        )
+    if not curves:
+        raise InvalidParameterError(f"{name}: no curves given")
+    out = {}
+    for label, ys in curves.items():
+        arr = np.asarray(ys, dtype=float)
+        if arr.shape != xs.shape:
+            raise InvalidParameterError(
+                f"curve {label!r} must have the shape of {name} {xs.shape}; "
+                f"got {arr.shape}"
+            )
+        out[str(label)] = arr
+    return xs, out
+
+
+def plot_epsilon_curves(
+    out_path: str | Path,
+    *,
+    deltas: Sequence[float] | None = None,
+    epsilon_by_delta: Mapping[str, Sequence[float]] | None = None,
+    rounds: Sequence[int] | None = None,
+    epsilon_by_rounds: Mapping[str, Sequence[float]] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Plot precomputed ε–δ and/or ε–rounds curves, one line per analysis.
+
+    Parameters
+    ----------
+    out_path : str or Path
+        Image to write.
+    deltas : sequence of float, optional
+        δ values (x axis of the left panel, log scale).
+    epsilon_by_delta : mapping of str to sequence of float, optional
+        Analysis name to ε at each δ (``inf`` or NaN points are left out).
+    rounds : sequence of int, optional
+        Round counts (x axis of the right panel).
+    epsilon_by_rounds : mapping of str to sequence of float, optional
+        Analysis name to ε after each number of rounds.
+    title : str, optional
+        Figure title.
+
+    Returns
+    -------
+    Path
+        ``out_path``.
+
+    Raises
+    ------
+    InvalidParameterError
+        If neither panel is given, a panel has x values without curves (or
+        the reverse), or a curve's length differs from its x values.
+    """
+    panels = []
+    if (deltas is None) != (epsilon_by_delta is None):
+        raise InvalidParameterError("deltas and epsilon_by_delta go together")
+    if (rounds is None) != (epsilon_by_rounds is None):
+        raise InvalidParameterError("rounds and epsilon_by_rounds go together")
+    if deltas is not None and epsilon_by_delta is not None:
+        panels.append(("δ", *_curves("deltas", deltas, epsilon_by_delta), True))
+    if rounds is not None and epsilon_by_rounds is not None:
+        panels.append(("rounds", *_curves("rounds", rounds, epsilon_by_rounds), False))
+    if not panels:
+        raise InvalidParameterError(
+            "give deltas with epsilon_by_delta, rounds with epsilon_by_rounds, or both"
+        )
+    plt = _pyplot()
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(5 * len(panels), 4), constrained_layout=True
+    )
+    axes = np.atleast_1d(axes)
+    for ax, (xlabel, xs, curves, log_x) in zip(axes, panels):
+        for label, ys in curves.items():
+            ok = np.isfinite(ys)
+            ax.plot(xs[ok], ys[ok], marker=".", label=label)
+        if log_x:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("ε")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

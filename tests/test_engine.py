@@ -1,0 +1,226 @@
+"""The engine: per-round generators, noise placement, executors, the Trainer."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dpfl.accounting import events as ev
+from dpfl.accounting.accountant import Accountant
+from dpfl.accounting.ledger import Budget, PrivacyLedger
+from dpfl.errors import BudgetExceededError, DpflError, InvalidParameterError
+from dpfl.sim.executors import SerialExecutor
+from dpfl.sim.loop import Algorithm, RoundReport, Trainer, round_generators
+from dpfl.sim.privatize import (
+    CentralGaussian,
+    ClientGaussian,
+    NoiseOnlyMessages,
+    gaussian_noise_like,
+)
+
+Z = 4.42  # two-sided normal quantile for a false-alarm rate of 1e-5
+
+
+# ------------------------------------------------------------------- generators
+def test_round_generators_are_spawn_children_keyed_by_round():
+    # SeedSequence(seed, spawn_key=(t,)) is the t-th child of SeedSequence(seed).spawn:
+    # round t's numbers do not depend on how many rounds ran before.
+    children = np.random.SeedSequence(42).spawn(6)
+    for t in (0, 3, 5):
+        expected = np.random.default_rng(children[t].spawn(2)[0]).random(4)
+        rng, _ = round_generators(42, t)
+        assert np.array_equal(rng.random(4), expected)
+    a_np, a_t = round_generators(42, 3)
+    b_np, b_t = round_generators(42, 3)
+    assert np.array_equal(a_np.random(5), b_np.random(5))
+    assert torch.equal(torch.randn(5, generator=a_t), torch.randn(5, generator=b_t))
+    c_np, c_t = round_generators(42, 4)
+    assert not torch.equal(torch.randn(5, generator=c_t), torch.randn(5, generator=a_t))
+    with pytest.raises(InvalidParameterError, match="seed"):
+        round_generators(-1, 0)
+
+
+# ----------------------------------------------------------------------- noise
+def _gen(seed=0):
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def test_gaussian_noise_like_has_the_requested_std():
+    # 400,000 draws: the sample variance has relative std sqrt(2/n) = 0.22%;
+    # accept |var/std^2 - 1| < Z * sqrt(2/n) (false-alarm rate 1e-5).
+    params = {"w": torch.zeros(400, 500), "b": torch.zeros(200, dtype=torch.float64)}
+    noise = gaussian_noise_like(params, 0.7, _gen())
+    assert noise["b"].dtype == torch.float64 and noise["w"].shape == (400, 500)
+    z = noise["w"].flatten()
+    assert abs(float(z.var()) / 0.49 - 1) < Z * math.sqrt(2 / z.numel())
+    assert abs(float(z.mean())) < Z * 0.7 / math.sqrt(z.numel())
+    assert torch.equal(gaussian_noise_like(params, 0.0, _gen())["w"], params["w"])
+    with pytest.raises(InvalidParameterError, match="std"):
+        gaussian_noise_like(params, -1.0, _gen())
+
+
+def test_noise_placements_total_std():
+    # Closed forms: central σC; client sqrt(m) σ_c C; noise-only messages
+    # sqrt(N) s with s = σC/sqrt(N) (secure aggregation) or s = σC.
+    kw = dict(num_participants=9, num_available=100)
+    assert CentralGaussian(noise_multiplier=1.5, clip=2.0).noise_std(**kw) == 3.0
+    assert ClientGaussian(noise_multiplier=1.5, clip=2.0).noise_std(**kw) == 9.0
+    sa = NoiseOnlyMessages(noise_multiplier=1.5, clip=2.0, secure_aggregation=True)
+    assert sa.noise_std(**kw) == 3.0
+    assert sa.message_std(num_available=100) == pytest.approx(0.3, rel=1e-15)
+    local = NoiseOnlyMessages(noise_multiplier=1.5, clip=2.0, secure_aggregation=False)
+    assert local.message_std(num_available=100) == 3.0
+    assert local.noise_std(**kw) == pytest.approx(30.0, rel=1e-15)
+    with pytest.raises(InvalidParameterError, match="num_participants"):
+        sa.noise_std(num_participants=101, num_available=100)
+    with pytest.raises(InvalidParameterError, match="noise_multiplier"):
+        CentralGaussian(noise_multiplier=0.0, clip=1.0).noise_std(**kw)
+
+
+def test_noise_only_messages_equal_materialised_messages_in_law():
+    # The sum of N = 50 materialised N(0, s^2) messages per coordinate vs the
+    # single draw of N(0, N s^2) used by add_noise: both variances must match
+    # N s^2 = σ^2 C^2 = 4 within Z sample-variance standard errors
+    # (false-alarm rate 1e-5 each).
+    n, coords = 50, 100_000
+    priv = NoiseOnlyMessages(noise_multiplier=2.0, clip=1.0, secure_aggregation=True)
+    s = priv.message_std(num_available=n)
+    g = _gen(1)
+    messages = torch.randn(n, coords, generator=g, dtype=torch.float64) * s
+    materialised = messages.sum(0)
+    total = {"w": torch.zeros(coords, dtype=torch.float64)}
+    drawn = priv.add_noise(total, num_participants=7, num_available=n, generator=g)["w"]
+    for x in (materialised, drawn):
+        assert abs(float(x.var()) / 4.0 - 1) < Z * math.sqrt(2 / coords)
+
+
+def test_secure_noise_only_messages_match_central_noise_exactly():
+    # Same generator state, same total std σC: bit-identical noisy sums.
+    total = {"w": torch.randn(30, 7), "b": torch.randn(7)}
+    a = CentralGaussian(noise_multiplier=1.3, clip=0.5).add_noise(
+        total, num_participants=3, num_available=40, generator=_gen(9)
+    )
+    b = NoiseOnlyMessages(
+        noise_multiplier=1.3, clip=0.5, secure_aggregation=True
+    ).add_noise(total, num_participants=3, num_available=40, generator=_gen(9))
+    assert all(torch.equal(a[k], b[k]) for k in total)
+    assert not torch.equal(a["w"], total["w"])
+
+
+def test_client_gaussian_noise_messages_are_per_client():
+    stacked = {"w": torch.zeros(4, 20_000)}
+    out = ClientGaussian(noise_multiplier=0.5, clip=2.0).noise_messages(stacked, _gen())
+    var = out["w"].var(dim=1)  # each client's noise std is σ_c C = 1
+    assert torch.all((var - 1).abs() < Z * math.sqrt(2 / 20_000))
+
+
+def test_serial_executor_keeps_order():
+    assert SerialExecutor().map(lambda t: t * 10, [3, 1, 2]) == [30, 10, 20]
+
+
+# ---------------------------------------------------------------------- trainer
+class CountingAlgorithm:
+    """A stub with a known event; its 'model' is one tensor moved by each round."""
+
+    name = "stub"
+
+    def __init__(self, event, per_client=False):
+        self._event = event
+        self.per_client_accounting = per_client
+        self.param = torch.zeros(3)
+        self.calls = 0
+
+    def event(self):
+        return self._event
+
+    def run_round(self, round_index, rng, generator):
+        self.calls += 1
+        self.param += torch.randn(3, generator=generator)
+        return np.array([round_index % 4, 7]), {"value": float(rng.random())}
+
+    def evaluate(self):
+        return {}
+
+    def state_dict(self):
+        return {"param": self.param.clone(), "calls": self.calls}
+
+    def load_state_dict(self, state):
+        self.param = state["param"].clone()
+        self.calls = state["calls"]
+
+
+EVENT = ev.PoissonSampled(0.05, ev.Gaussian(1.0))
+
+
+def test_stub_satisfies_protocol():
+    assert isinstance(CountingAlgorithm(EVENT), Algorithm)
+
+
+def test_budget_guard_stops_before_the_round_and_changes_nothing(tmp_path):
+    # The guard allows exactly the rounds the Accountant certifies within
+    # (ε, δ) = (2, 1e-5); the next step raises before run_round is called and
+    # leaves model, ledger (in memory and on disk) and round counter as they were.
+    ledger = PrivacyLedger(Budget(2.0, 1e-5), path=tmp_path / "ledger.json")
+    alg = CountingAlgorithm(EVENT)
+    trainer = Trainer(alg, ledger=ledger, seed=3)
+    allowed = ledger.max_rounds(EVENT)
+    assert 1 <= allowed < 200
+    trainer.run(allowed)
+    assert Accountant().compose(EVENT, allowed).epsilon(1e-5).upper <= 2.0
+    assert Accountant().compose(EVENT, allowed + 1).epsilon(1e-5).upper > 2.0
+    before = (alg.param.clone(), alg.calls, ledger.to_json(), trainer.round)
+    on_disk = (tmp_path / "ledger.json").read_text()
+    with pytest.raises(BudgetExceededError, match="would exceed the budget"):
+        trainer.step()
+    assert torch.equal(alg.param, before[0]) and alg.calls == before[1]
+    assert ledger.to_json() == before[2] and trainer.round == before[3]
+    assert (tmp_path / "ledger.json").read_text() == on_disk
+
+
+def test_trainer_records_participants_only_for_per_client_schemes():
+    for per_client, expected in ((False, None), (True, (1, 7))):
+        ledger = PrivacyLedger()
+        trainer = Trainer(CountingAlgorithm(EVENT, per_client), ledger=ledger, seed=0)
+        trainer.step()
+        report = trainer.step()
+        assert isinstance(report, RoundReport)
+        assert report.round == 1 and trainer.round == 2
+        assert report.event == EVENT and report.metrics["value"] >= 0
+        assert ledger.entries[1].participants == expected
+        assert [e.round for e in ledger.entries] == [0, 1]
+
+
+def test_non_private_rounds_are_not_charged():
+    ledger = PrivacyLedger(Budget(1e-3, 1e-5))  # a budget no private round fits
+    trainer = Trainer(CountingAlgorithm(None), ledger=ledger, seed=0)
+    reports = trainer.run(3)
+    assert ledger.rounds == 0 and [r.event for r in reports] == [None] * 3
+
+
+def test_trainer_resume_is_exact_and_guards_the_ledger(tmp_path):
+    full = CountingAlgorithm(EVENT)
+    Trainer(full, ledger=PrivacyLedger(), seed=5).run(6)
+
+    first_ledger = PrivacyLedger(path=tmp_path / "l.json")
+    first = Trainer(CountingAlgorithm(EVENT), ledger=first_ledger, seed=5)
+    first.run(2)
+    torch.save(first.state_dict(), tmp_path / "ckpt.pt")
+    state = torch.load(tmp_path / "ckpt.pt")
+
+    resumed_alg = CountingAlgorithm(EVENT)
+    with pytest.raises(InvalidParameterError, match="seed"):
+        Trainer(
+            resumed_alg, ledger=PrivacyLedger.load(tmp_path / "l.json"), seed=6
+        ).load_state_dict(state)
+    with pytest.raises(DpflError, match="ledger holds 0 charged rounds"):
+        Trainer(resumed_alg, ledger=PrivacyLedger(), seed=5).load_state_dict(state)
+    resumed = Trainer(
+        resumed_alg, ledger=PrivacyLedger.load(tmp_path / "l.json"), seed=5
+    )
+    resumed.load_state_dict(state)
+    resumed.run(4)
+    assert torch.equal(resumed_alg.param, full.param)
+    assert resumed.ledger.rounds == 6

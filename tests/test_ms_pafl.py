@@ -1,0 +1,332 @@
+"""MS-PAFL: events, the message path (only the public part leaves), aggregation."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dpfl.accounting import checkin, gaussian
+from dpfl.accounting import events as ev
+from dpfl.accounting.accountant import Accountant
+from dpfl.accounting.ledger import PrivacyLedger
+from dpfl.data import get_dataset
+from dpfl.errors import InvalidParameterError
+from dpfl.models import build_model
+from dpfl.sim.algorithms.ms_pafl import MsPafl, draw_local_batches
+from dpfl.sim.loop import Trainer, round_generators
+
+
+def _tabular(num_clients=20, dim=14, records=40):
+    # Stand-in for Adult: FedProx Synthetic-IID with 14 features, binary labels.
+    return get_dataset(
+        "synthetic",
+        num_clients=num_clients,
+        alpha=0.0,
+        beta=0.0,
+        dim=dim,
+        num_classes=2,
+        records_per_client=records,
+        iid=True,
+        seed=0,
+        test_records_per_client=10,
+    )
+
+
+def _algorithm(ds, seed=0, **kw):
+    torch.manual_seed(seed)
+    model = build_model(
+        "logistic_regression", input_shape=ds.input_shape, num_classes=2
+    )
+    params = dict(
+        checkin_probability=0.5,
+        noise_multiplier=2.0,
+        clip=1.0,
+        learning_rate=0.5,
+        local_steps=3,
+        batch_size=8,
+    )
+    params.update(kw)
+    return MsPafl(model=model, dataset=ds, **params)
+
+
+def _flat(alg):
+    return alg.split.flatten({n: p.detach() for n, p in alg.model.named_parameters()})
+
+
+# ----------------------------------------------------------------- events, ledger
+def test_seeded_run_emits_one_checkin_event_per_round_and_sound_epsilon():
+    ds = _tabular()
+    alg = _algorithm(ds)
+    ledger = PrivacyLedger(None)
+    reports = Trainer(alg, ledger=ledger, seed=3).run(4)
+
+    assert ledger.rounds == 4
+    expected = ev.CheckIn(0.5, ev.Gaussian(2.0, sensitivity=2.0))
+    for rep, entry in zip(reports, ledger.entries):
+        assert entry.event == expected
+        assert entry.participants == tuple(int(k) for k in rep.participants)
+    report = alg.privacy_report(ledger, delta=1e-5)
+    n_max = report["sound"]["rounds_joined_max"]
+    worst = report["sound"]["client"]
+    assert (
+        n_max
+        == ledger.client_rounds(worst)
+        == max(ledger.client_rounds(k) for k in range(ds.num_clients))
+    )
+    # The reported ε is the accountant's for the rounds the client joined ...
+    acc = Accountant().compose(ev.Gaussian(2.0, sensitivity=2.0), n_max)
+    assert report["sound"]["epsilon"] == pytest.approx(acc.epsilon(1e-5).upper)
+    # ... and matches the exact GDP composition mu = (2C/σ) sqrt(N) (Dong-Roth-Su
+    # Cor. 3.3, SPEC §1.3 item 2) to the accountant's 2% bracket.
+    mu = math.sqrt(n_max)
+    exact = gaussian.gdp_epsilon(1e-5, mu=mu)
+    assert report["sound"]["epsilon"] == pytest.approx(exact, rel=0.02)
+    assert report["sound"]["epsilon"] >= exact * (1 - 1e-9)  # an upper bound
+    # Same seed, same run: bit-identical public model.
+    alg2 = _algorithm(ds)
+    Trainer(alg2, ledger=PrivacyLedger(None), seed=3).run(4)
+    assert torch.equal(_flat(alg), _flat(alg2))
+    assert torch.equal(alg.private_parts, alg2.private_parts)
+
+
+def test_privacy_report_paper_figures_equal_the_formulas():
+    ds = _tabular(num_clients=40)
+    alg = _algorithm(ds, noise_multiplier=None, local_epsilon=2.0, local_delta=1e-5)
+    ledger = PrivacyLedger(None)
+    Trainer(alg, ledger=ledger, seed=0).run(3)
+    rep = alg.privacy_report(ledger, delta=1e-5)
+    gamma = checkin.subsampling_ratio(
+        batch_size=8, dataset_size=40, replacement=False, local_steps=3
+    )
+    # SPEC §1.3 item 8: a record is touched w.p. 1 - (1 - b/n)^E.
+    assert rep["paper_central_round"]["gamma"] == pytest.approx(1 - (1 - 8 / 40) ** 3)
+    eps_c, delta_c = checkin.central_round(
+        epsilon=2.0, delta=1e-5, clients=40, probability=0.5, gamma=gamma, xi=0.5
+    )
+    assert rep["paper_central_round"]["epsilon"] == pytest.approx(eps_c, rel=1e-12)
+    assert rep["paper_central_round"]["delta"] == pytest.approx(delta_c, rel=1e-12)
+    eps_g, _ = checkin.global_total(
+        eps_max=eps_c, delta_max=delta_c, rounds=3, delta_slack=1e-5
+    )
+    assert rep["paper_global_total"]["epsilon"] == pytest.approx(eps_g, rel=1e-12)
+    local = checkin.local_total_moments(
+        probability=0.5,
+        rounds=3,
+        gamma=gamma,
+        noise_multiplier=alg.noise_multiplier,
+        clip=1.0,
+        delta=1e-5,
+    )
+    assert rep["paper_local_total"]["epsilon"] == pytest.approx(local["epsilon"])
+    # The paper's amplified ledger figure never exceeds the un-amplified
+    # composition of every round (all clients, all rounds).
+    full = Accountant().compose(ev.Gaussian(alg.noise_multiplier, 2.0), 3)
+    assert rep["paper_ledger"]["epsilon"] <= full.epsilon(1e-5).upper
+    for key in ("paper_ledger", "paper_central_round", "paper_local_total"):
+        assert "caveat" in rep[key]
+
+
+def test_noise_calibration_analytic_and_lemma1():
+    ds = _tabular()
+    alg = _algorithm(ds, noise_multiplier=None, local_epsilon=2.0, local_delta=1e-5)
+    # Balle-Wang analytic Gaussian with Δ = 2C: δ(2) at the calibrated σ is 1e-5.
+    z = alg.noise_multiplier
+    assert gaussian.delta_for_epsilon(2.0, noise_multiplier=z, sensitivity=2.0) <= 1e-5
+    assert gaussian.delta_for_epsilon(
+        2.0, noise_multiplier=z * (1 - 1e-6), sensitivity=2.0
+    ) == pytest.approx(1e-5, rel=1e-4)
+    # Lemma 1 (Dwork-Roth 3.22): σ = sqrt(2 ln(1.25/δ)) · 2C / ε, closed form.
+    lem = _algorithm(
+        ds,
+        noise_multiplier=None,
+        local_epsilon=0.5,
+        local_delta=1e-5,
+        calibration="lemma1",
+        clip=0.5,
+    )
+    sigma = math.sqrt(2 * math.log(1.25e5)) * 2 * 0.5 / 0.5
+    assert lem.noise_std == pytest.approx(sigma, rel=1e-12)
+    with pytest.raises(InvalidParameterError, match="epsilon"):
+        _algorithm(ds, noise_multiplier=None, local_epsilon=2.0, calibration="lemma1")
+    with pytest.raises(InvalidParameterError, match="not both"):
+        _algorithm(ds, local_epsilon=1.0)
+
+
+# ------------------------------------------------------------------ message path
+def test_only_the_public_part_leaves_a_client_and_carries_noise_of_std_sigma():
+    ds = _tabular(num_clients=30, dim=60)
+    z = 0.7
+    noisy = _algorithm(ds, noise_multiplier=z, checkin_probability=0.7)
+    quiet = _algorithm(ds, noise_multiplier=1e-12, checkin_probability=0.7)
+    d_pub = noisy.split.num_public
+    d_priv = noisy.split.num_private
+    assert d_pub == d_priv == 61  # LR on 60 features, 2 classes: 122 parameters
+
+    sent = {}
+
+    def capture(which):
+        def send(clients, messages):
+            sent[which] = (clients.copy(), messages.clone())
+            return messages
+
+        return send
+
+    noisy.send = capture("noisy")
+    quiet.send = capture("quiet")
+    priv_server_before = noisy.split.private(_flat(noisy)).clone()
+    parts_before = noisy.private_parts.clone()
+    rng, gen = round_generators(0, 0)
+    clients, _ = noisy.run_round(0, rng, gen)
+    rng, gen = round_generators(0, 0)
+    quiet.run_round(0, rng, gen)
+
+    # What leaves a client is d_pub-dimensional, one row per participant.
+    c_noisy, m_noisy = sent["noisy"]
+    c_quiet, m_quiet = sent["quiet"]
+    assert np.array_equal(c_noisy, clients) and np.array_equal(c_quiet, clients)
+    assert m_noisy.shape == (len(clients), d_pub)
+    # Same randomness for check-in and batches, so the quiet run's messages are
+    # the clipped public updates ū themselves (noise 1e-12): norms <= C.
+    assert float(m_quiet.norm(dim=1).max()) <= 1.0 + 1e-6
+    # The noise is N(0, (zC)^2 I): chi-square test on n = m·d_pub coordinates
+    # (mean of squares 1 ± 5 sd, sd = sqrt(2/n)), and the mean (± 5 sd).
+    noise = (m_noisy - m_quiet).double() / z
+    n = noise.numel()
+    assert n > 1000
+    assert abs(float(noise.pow(2).mean()) - 1.0) < 5 * math.sqrt(2 / n)
+    assert abs(float(noise.mean())) < 5 / math.sqrt(n)
+    assert stats.kstest(noise.flatten().numpy(), "norm").pvalue > 1e-4
+
+    # Aggregation never touches the private coordinates of the server model ...
+    assert torch.equal(noisy.split.private(_flat(noisy)), priv_server_before)
+    # ... and the public part moved by the Horvitz-Thompson mean of the messages.
+    w_new = noisy.split.public(_flat(noisy))
+    w_old = quiet.split.public(_flat(_algorithm(ds)))
+    expected = w_old + m_noisy.sum(0) / (ds.num_clients * 0.7)
+    assert torch.allclose(w_new, expected, atol=1e-6)
+    # Participants' private parts were trained; the others' did not move.
+    moved = (noisy.private_parts != parts_before).any(dim=1).numpy()
+    assert np.array_equal(np.flatnonzero(moved), clients)
+
+
+def test_parameter_clipping_sends_clipped_public_parameters():
+    ds = _tabular()
+    alg = _algorithm(
+        ds,
+        noise_multiplier=1e-12,
+        clip_mode="parameters",
+        aggregation="model",
+        clip=0.3,
+    )
+    got = {}
+
+    def send(clients, messages):
+        got["m"] = messages.clone()
+        return messages
+
+    alg.send = send
+    rng, gen = round_generators(1, 0)
+    clients, _ = alg.run_round(0, rng, gen)
+    assert float(got["m"].norm(dim=1).max()) <= 0.3 + 1e-6
+    # eq. 17 on models: w_pub = (1/K) Σ m_k / p.
+    expected = got["m"].sum(0) / (ds.num_clients * 0.5)
+    assert torch.allclose(alg.public_model, expected, atol=1e-6)
+
+
+def test_horvitz_thompson_on_updates_is_unbiased_with_heterogeneous_p():
+    # Monte Carlo over check-ins of aggregate(): E[w_pub'] = w_pub + mean_k ū_k.
+    # Tolerance: 5 standard errors per coordinate (sample std / sqrt(trials)).
+    ds = _tabular(num_clients=8, dim=2)
+    p = np.array([0.1, 0.3, 0.5, 0.9, 1.0, 0.2, 0.7, 0.4])
+    alg = _algorithm(ds, checkin_probability=p)
+    gen = torch.Generator().manual_seed(0)
+    u = torch.randn(8, alg.split.num_public, generator=gen, dtype=torch.float64)
+    w_pub = torch.zeros(alg.split.num_public, dtype=torch.float64)
+    rng = np.random.default_rng(0)
+    trials = 20000
+    out = torch.empty(trials, alg.split.num_public, dtype=torch.float64)
+    for t in range(trials):
+        clients = alg.check_in(rng)
+        out[t] = alg.aggregate(clients, u[clients], w_pub)
+    se = out.std(0) / math.sqrt(trials)
+    assert torch.all((out.mean(0) - u.mean(0)).abs() < 5 * se)
+    # The check-in frequencies are the p_k (5 s.e. of a binomial proportion).
+    counts = np.zeros(8)
+    for _ in range(4000):
+        counts[alg.check_in(rng)] += 1
+    assert np.all(np.abs(counts / 4000 - p) < 5 * np.sqrt(p * (1 - p) / 4000) + 1e-12)
+
+
+def test_local_batches_touch_a_record_with_the_subsampling_ratio():
+    # SPEC §1.3 item 8: P(record touched in E steps) = 1-(1-b/n)^E (WOR),
+    # 1-(1-1/n)^{bE} (WR). Monte Carlo, 5 standard errors.
+    rng = np.random.default_rng(1)
+    n, b, e, trials = 20, 5, 3, 20000
+    for replacement in (False, True):
+        pos, mask = draw_local_batches(
+            rng,
+            np.full(trials, n),
+            batch_size=b,
+            steps=e,
+            replacement=replacement,
+        )
+        assert pos.shape == (e, trials, b) and mask.min() == 1.0
+        if not replacement:
+            srt = np.sort(pos, axis=2)
+            assert np.all(np.diff(srt, axis=2) > 0)  # distinct within a batch
+        touched = (pos == 0).any(axis=2).any(axis=0).mean()
+        gamma = checkin.subsampling_ratio(
+            batch_size=b, dataset_size=n, replacement=replacement, local_steps=e
+        )
+        se = math.sqrt(gamma * (1 - gamma) / trials)
+        assert abs(touched - gamma) < 5 * se
+    # A client smaller than b (WOR) uses all its records, padded with mask 0.
+    pos, mask = draw_local_batches(
+        rng, np.array([3, 10]), batch_size=5, steps=1, replacement=False
+    )
+    assert mask[0, 0].tolist() == [1, 1, 1, 0, 0]
+    assert sorted(pos[0, 0, :3].tolist()) == [0, 1, 2]
+
+
+# ----------------------------------------------------------------- training, state
+def test_training_improves_personalised_accuracy_and_resumes_exactly():
+    ds = _tabular(num_clients=30)
+    alg = _algorithm(ds, noise_multiplier=1.0, learning_rate=0.5)
+    before = alg.evaluate()["test_accuracy"]
+    trainer = Trainer(alg, ledger=PrivacyLedger(None), seed=0)
+    trainer.run(8)
+    state = trainer.state_dict()
+    trainer.run(4)
+    after = alg.evaluate()["test_accuracy"]
+    # Synthetic-IID is linearly separable by construction; chance is ~0.5.
+    assert after > max(before, 0.5) + 0.15
+
+    other = _algorithm(ds, noise_multiplier=1.0, learning_rate=0.5, seed=5)
+    ledger = PrivacyLedger(None)
+    for entry in trainer.ledger.entries[:8]:
+        ledger.record(entry.event, participants=entry.participants)
+    resumed = Trainer(other, ledger=ledger, seed=0)
+    resumed.load_state_dict(state)
+    resumed.run(4)
+    assert torch.equal(_flat(other), _flat(alg))
+    assert torch.equal(other.private_parts, alg.private_parts)
+
+
+def test_non_private_baseline_and_validation():
+    ds = _tabular()
+    alg = _algorithm(ds, noise_multiplier=None)
+    assert alg.event() is None
+    Trainer(alg, ledger=PrivacyLedger(None), seed=0).run(1)
+    for bad in (
+        dict(checkin_probability=0.0),
+        dict(checkin_probability=[0.5, 0.5]),
+        dict(clip=-1.0),
+        dict(clip_mode="gradient"),
+        dict(aggregation="mean"),
+        dict(private_fraction=1.0),
+        dict(batch_size=0),
+    ):
+        with pytest.raises(InvalidParameterError):
+            _algorithm(ds, **bad)
