@@ -110,6 +110,22 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reproduce(args: argparse.Namespace) -> int:
+    from dpfl.experiments.reproduce import PAPERS, reproduce
+
+    _logging()
+    papers = sorted(PAPERS) if args.paper == "all" else [args.paper]
+    for paper in papers:
+        path = reproduce(
+            paper,
+            out_dir=args.out,
+            experiment=not args.no_experiment,
+            rounds=args.rounds,
+        )
+        print(f"{paper}: {path}")
+    return 0
+
+
 def add_subcommands(subparsers: Any) -> None:
     """Register ``train``, ``resume``, ``plot`` and ``demo``.
 
@@ -135,6 +151,25 @@ def add_subcommands(subparsers: Any) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_train)
+
+    p = subparsers.add_parser(
+        "reproduce",
+        help="recompute a paper's accounting tables and run its small experiment",
+        description="Write reports/PAPER/report.md: the paper's accounting tables "
+        "recomputed beside its printed values, and its experiment at a scale this "
+        "machine runs in minutes.",
+    )
+    p.add_argument(
+        "paper",
+        help="random-participation, federated-f-dp (prifedsync), "
+        "client-level-dp-fedavg (dp-fedavg), ms-pafl, locks, or all",
+    )
+    p.add_argument("--out", default="reports", help="parent folder of the reports")
+    p.add_argument("--rounds", type=int, help="override the experiment's rounds")
+    p.add_argument(
+        "--no-experiment", action="store_true", help="accounting tables only"
+    )
+    p.set_defaults(handler=_reproduce)
 
     p = subparsers.add_parser(
         "resume",
