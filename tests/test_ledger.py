@@ -64,3 +64,23 @@ def test_load_errors(tmp_path):
     bad.write_text("{}")
     with pytest.raises(DpflError, match="not a dpfl ledger"):
         PrivacyLedger.load(bad)
+
+
+def test_per_client_spend_counts_the_worst_clients_rounds():
+    # Check-in (sound) prices one participant's release, so a client pays only
+    # for the rounds it joined: the run's epsilon is the most frequent client's.
+    from dpfl.accounting.events import CheckIn, ClientPoisson
+
+    release = CheckIn(0.5, Gaussian(4.0, sensitivity=2.0))
+    ledger = PrivacyLedger()
+    for parts in ([1, 2], [2], [2, 3], [3]):
+        ledger.record(release, participants=parts)
+    worst = Accountant().compose(release, 3).epsilon(1e-5)  # client 2 joined 3 rounds
+    assert ledger.epsilon(1e-5) == worst
+    assert ledger.client_epsilon(1, 1e-5) == Accountant().compose(release).epsilon(1e-5)
+    # An event that already prices client sampling holds for everyone every round.
+    sampled = ClientPoisson(0.5, Gaussian(4.0))
+    ledger = PrivacyLedger()
+    for parts in ([1], [2], [3]):
+        ledger.record(sampled, participants=parts)
+    assert ledger.epsilon(1e-5) == Accountant().compose(sampled, 3).epsilon(1e-5)

@@ -83,6 +83,13 @@ class LedgerEntry:
         )
 
 
+def _prices_client_sampling(event: ev.Event) -> bool:
+    """Whether an event's price already includes who takes part (all clients pay)."""
+    if isinstance(event, ev.SelfComposed):
+        return _prices_client_sampling(event.event)
+    return isinstance(event, ev.ClientPoisson | ev.FixedCohort | ev.TwoStage)
+
+
 class PrivacyLedger:
     """Per-run record of privacy events, with a budget guard.
 
@@ -173,9 +180,10 @@ class PrivacyLedger:
     ) -> Bound:
         """ε spent so far at ``delta`` (default: the budget's δ).
 
-        When every round names its participants (per-client accounting), this
-        is the spend of the client that took part most often (exact for a run
-        of identical events; every round is counted otherwise).
+        When every round names its participants and its event prices one
+        participant's release (per-client accounting: check-in, local steps),
+        this is the spend of the client that took part most often (exact for
+        a run of identical events; every round is counted otherwise).
         """
         events = self._guarded_history()
         return self.accountant(events, analysis=analysis).epsilon(self._delta(delta))
@@ -239,7 +247,13 @@ class PrivacyLedger:
 
     def _guarded_history(self) -> list[ev.Event]:
         """Events the guard must count: every round, or the worst client's rounds."""
-        if not self._entries or any(e.participants is None for e in self._entries):
+        if (
+            not self._entries
+            or any(e.participants is None for e in self._entries)
+            or any(_prices_client_sampling(e.event) for e in self._entries)
+        ):
+            # An event that prices the sampling of clients (ClientPoisson,
+            # FixedCohort, TwoStage) holds for every client in every round.
             return self._events()
         counts = Counter(k for e in self._entries for k in e.participants or ())
         if not counts:
