@@ -12,15 +12,13 @@ Errors in the input exit with status 2 and one line naming the parameter.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import logging
 import math
 import sys
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.errors import DpflError
 
 __all__ = ["main"]
@@ -31,19 +29,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Keep library warnings (dp_accounting, absl) off the user's terminal."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(previous)
 
 
 # ---------------------------------------------------------------------------

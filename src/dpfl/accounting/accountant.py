@@ -14,13 +14,10 @@ dp_accounting privacy-loss distributions for a given analysis.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import logging
 import math
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
@@ -28,6 +25,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dpfl.accounting import events as ev
 from dpfl.accounting import pld
 from dpfl.accounting._checks import check_count, check_delta, check_nonnegative
+from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.accounting.bounds import Bound
 from dpfl.errors import InvalidParameterError, UnsupportedEventError
 
@@ -247,19 +245,6 @@ def gaussian_pld_pair(
             relative_spacing=min(0.05, 100.0 * discretization),
         )
     return up, lo
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence dp_accounting's warnings and root-logger chatter."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(previous)
 
 
 def _unit_gaussian(event: ev.Event) -> float | None:

@@ -29,13 +29,11 @@ and is accepted so that reports can state σ in model units.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
-import numpy as np
-from scipy import optimize, special, stats
+from scipy import stats
 
-from dpfl.accounting import composition
+from dpfl.accounting import composition, fdp, gaussian
 from dpfl.accounting._checks import (
     check_count,
     check_delta,
@@ -43,6 +41,7 @@ from dpfl.accounting._checks import (
     check_positive,
     check_probability,
 )
+from dpfl.accounting._quiet import quiet
 from dpfl.errors import InvalidParameterError
 
 __all__ = [
@@ -60,31 +59,6 @@ __all__ = [
 
 _SERVER = "the parameter server (sees every noisy public submodel and who checked in)"
 _OBSERVER = "parties that see the global public model only (not who checked in)"
-
-
-# ---------------------------------------------------------------------------
-# Private GDP helpers (SPEC §3.4).  gaussian.py has the public versions; these
-# are kept here so this module does not depend on it (the lead will dedupe).
-# ---------------------------------------------------------------------------
-def _gdp_delta(epsilon: float, mu: float) -> float:
-    """δ(ε) of μ-GDP: Φ(-ε/μ + μ/2) - e^ε Φ(-ε/μ - μ/2)."""
-    if mu == 0:
-        return 0.0
-    a = special.log_ndtr(-epsilon / mu + mu / 2.0)
-    b = epsilon + special.log_ndtr(-epsilon / mu - mu / 2.0)
-    return float(max(0.0, math.exp(a) - math.exp(b)))
-
-
-def _gdp_epsilon(delta: float, mu: float) -> float:
-    """Smallest ε >= 0 with δ(ε; μ) <= ``delta`` (bisection, δ decreasing in ε)."""
-    if mu == 0 or _gdp_delta(0.0, mu) <= delta:
-        return 0.0
-    hi = max(1.0, mu * mu)
-    while _gdp_delta(hi, mu) > delta:
-        hi *= 2.0
-    return float(
-        optimize.brentq(lambda e: _gdp_delta(e, mu) - delta, 0.0, hi, xtol=1e-12)
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -597,7 +571,7 @@ def sound_client(
     return {
         "mu_round": mu0,
         "mu": mu,
-        "epsilon": _gdp_epsilon(dlt, mu),
+        "epsilon": gaussian.gdp_epsilon(dlt, mu=mu),
         "delta": dlt,
         "noise_std": sigma,
         "rounds_joined": n,
@@ -606,43 +580,6 @@ def sound_client(
         "adversary": _SERVER,
         "analysis": "sound (exact Gaussian composition, no amplification)",
     }
-
-
-def _symmetrised_subsampled_gaussian_pmf(
-    mu: float, gamma: float, discretization: float, tail_mass: float
-) -> Any:
-    """Pessimistic connect-the-dots PLD of C_γ(G_μ) (SPEC §3.3).
-
-    δ_C(ε) = max(δ_add(ε), δ_rem(ε)) is the privacy profile of the symmetrised
-    trade-off C_γ(G_μ) (WOR subsampling, replace-one); it is evaluated on the
-    grid ε_i = i h over [-ε_hi, ε_hi], where δ_C(ε_hi) <= ``tail_mass``.
-    """
-    from dp_accounting.pld import pld_pmf
-    from dp_accounting.pld import privacy_loss_mechanism as plm
-
-    losses = [
-        plm.GaussianPrivacyLoss(
-            1.0 / mu, 1.0, sampling_prob=gamma, adjacency_type=adjacency
-        )
-        for adjacency in (plm.AdjacencyType.ADD, plm.AdjacencyType.REMOVE)
-    ]
-
-    def profile(eps: np.ndarray) -> np.ndarray:
-        return np.maximum(
-            np.asarray(losses[0].get_delta_for_epsilon(eps), dtype=float),
-            np.asarray(losses[1].get_delta_for_epsilon(eps), dtype=float),
-        )
-
-    hi = 1.0
-    while profile(np.array([hi]))[0] > tail_mass:
-        hi *= 1.5
-    upper = math.ceil(hi / discretization)
-    lower = -upper
-    grid = np.arange(lower, upper + 1, dtype=float) * discretization
-    deltas = np.minimum.accumulate(np.clip(profile(grid), 0.0, 1.0))
-    return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(
-        discretization, lower, upper, deltas
-    )
 
 
 def pld_subsampled_local(
@@ -708,9 +645,9 @@ def pld_subsampled_local(
     dlt = check_delta("delta", delta)
     h = check_positive("value_discretization_interval", value_discretization_interval)
     mu0 = 2.0 / z
-    tail_mass = min(1e-15, 1e-4 * dlt / n)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pmf = _symmetrised_subsampled_gaussian_pmf(mu0, g, h, tail_mass)
-        composed = pmf.self_compose(n) if n > 1 else pmf
+    one = fdp.subsampled_gaussian_pld(
+        noise_multiplier=1.0 / mu0, sampling_probability=g, value_discretization=h
+    )
+    with quiet():
+        composed = one.self_compose(n) if n > 1 else one
         return float(composed.get_epsilon_for_delta(dlt))

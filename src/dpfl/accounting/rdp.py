@@ -33,12 +33,9 @@ against the server, which sees who sent what) and :func:`locks_observer_view`
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
-import logging
 import math
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -46,8 +43,9 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
-from scipy import optimize, special
+from scipy import optimize
 
+from dpfl.accounting import fdp, gaussian
 from dpfl.accounting._checks import (
     check_count,
     check_delta,
@@ -55,6 +53,7 @@ from dpfl.accounting._checks import (
     check_positive,
     check_probability,
 )
+from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.errors import InvalidParameterError
 
 __all__ = [
@@ -79,20 +78,6 @@ _ORDERS = np.array(
 )
 
 _PLD_INTERVAL = 1e-4
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence dp_accounting's Python warnings and absl log messages."""
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
 
 
 def _check_analysis(analysis: str) -> str:
@@ -193,12 +178,12 @@ def _round_pmf(analysis: str, clients: int, cohort: int, noise: float) -> Any:
                 use_connect_dots=True,
             )
         return pld
-    from dpfl.accounting.checkin import _symmetrised_subsampled_gaussian_pmf
-
-    with _quiet():
-        return _symmetrised_subsampled_gaussian_pmf(
-            2.0 / noise, cohort / clients, _PLD_INTERVAL, 1e-15
-        )
+    # Fixed cohort, replace-one client: C_{m/K}(G_{2/sigma}), symmetrised.
+    return fdp.subsampled_gaussian_pld(
+        noise_multiplier=noise / 2.0,
+        sampling_probability=cohort / clients,
+        value_discretization=_PLD_INTERVAL,
+    )
 
 
 def _composed_pld(
@@ -566,26 +551,6 @@ def rdp_to_dp(
     return float(max(0.0, np.min(eps)))
 
 
-def _gdp_delta(epsilon: float, mu: float) -> float:
-    """δ(ε) of μ-GDP (private copy; see checkin._gdp_delta)."""
-    if mu == 0:
-        return 0.0
-    a = special.log_ndtr(-epsilon / mu + mu / 2.0)
-    b = epsilon + special.log_ndtr(-epsilon / mu - mu / 2.0)
-    return float(max(0.0, math.exp(a) - math.exp(b)))
-
-
-def _gdp_epsilon(delta: float, mu: float) -> float:
-    if mu == 0 or _gdp_delta(0.0, mu) <= delta:
-        return 0.0
-    hi = max(1.0, mu * mu)
-    while _gdp_delta(hi, mu) > delta:
-        hi *= 2.0
-    return float(
-        optimize.brentq(lambda e: _gdp_delta(e, mu) - delta, 0.0, hi, xtol=1e-12)
-    )
-
-
 def _sensitivity_factor(neighbouring: str) -> float:
     if neighbouring == "add/remove":
         return 1.0
@@ -670,7 +635,7 @@ def locks_server_view(
     rdp = acc.rdp
     return {
         "mu": mu,
-        "epsilon": _gdp_epsilon(dlt, mu),
+        "epsilon": gaussian.gdp_epsilon(dlt, mu=mu),
         "rho": rho,
         "epsilon_rdp": rho + 2.0 * math.sqrt(rho * math.log(1.0 / dlt)),
         "epsilon_rdp_numeric": rdp_to_dp(_ORDERS, rdp, delta=dlt),
