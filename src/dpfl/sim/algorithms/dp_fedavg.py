@@ -105,6 +105,7 @@ from dpfl.errors import (
     InvalidParameterError,
     UnsupportedEventError,
 )
+from dpfl.sim.evaluation import evaluate_model
 from dpfl.sim.gradients import check_finite, cohort_sgd_step, stack_params
 from dpfl.sim.privatize import CentralGaussian
 from dpfl.sim.sampling import FixedCohortSampler, PoissonClientSampler, RoundSample
@@ -924,26 +925,14 @@ class DpFedAvg:
         dict of str to float
             ``{"test_loss", "test_accuracy"}``; empty if there is no test set.
         """
-        ds = self.dataset
-        if ds.test_features is None or ds.test_labels is None:
-            return {}
-        n = len(ds.test_labels)
-        loss_sum, correct = 0.0, 0
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                for start in range(0, n, self.eval_batch_size):
-                    stop = min(start + self.eval_batch_size, n)
-                    x = torch.as_tensor(np.asarray(ds.test_features[start:stop]))
-                    y = torch.as_tensor(np.asarray(ds.test_labels[start:stop]))
-                    x, y = x.to(self.device), y.to(self.device)
-                    out = self.model(x)
-                    loss_sum += float(self.loss_fn(out, y)) * (stop - start)
-                    correct += int((out.argmax(1) == y).sum())
-        finally:
-            self.model.train(was_training)
-        return {"test_loss": loss_sum / max(n, 1), "test_accuracy": correct / max(n, 1)}
+        return evaluate_model(
+            self.model,
+            self.dataset.test_features,
+            self.dataset.test_labels,
+            loss_fn=self.loss_fn,
+            batch_size=self.eval_batch_size,
+            device=self.device,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Model, clip bound, communication cost and next round (CPU copies).

@@ -85,6 +85,7 @@ from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.sim.algorithms.ms_pafl import _gather, draw_local_batches
+from dpfl.sim.evaluation import evaluate_model
 from dpfl.sim.gradients import check_finite, cohort_sgd_step, stack_params
 from dpfl.sim.privatize import ClientGaussian
 from dpfl.sim.sampling import PoissonClientSampler
@@ -538,20 +539,14 @@ class Locks:
         dict of str to float
             ``{"test_loss", "test_accuracy"}``; empty without a test set.
         """
-        ds = self.dataset
-        if ds.test_features is None or ds.test_labels is None:
-            return {}
-        n = len(ds.test_labels)
-        loss_sum, correct = 0.0, 0
-        with torch.no_grad():
-            for s in range(0, n, self.eval_batch_size):
-                e = min(s + self.eval_batch_size, n)
-                x = torch.as_tensor(np.asarray(ds.test_features[s:e])).to(self.device)
-                y = torch.as_tensor(np.asarray(ds.test_labels[s:e])).to(self.device)
-                out = self.model(x)
-                loss_sum += float(self.loss_fn(out, y)) * (e - s)
-                correct += int((out.argmax(1) == y).sum())
-        return {"test_loss": loss_sum / max(n, 1), "test_accuracy": correct / max(n, 1)}
+        return evaluate_model(
+            self.model,
+            self.dataset.test_features,
+            self.dataset.test_labels,
+            loss_fn=self.loss_fn,
+            batch_size=self.eval_batch_size,
+            device=self.device,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Model parameters (CPU copies); LOCKS keeps no other state.
