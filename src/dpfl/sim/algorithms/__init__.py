@@ -19,6 +19,7 @@ from dpfl.sim.algorithms.dp_fedavg import DpFedAvg
 from dpfl.sim.algorithms.dsgd_rp import DsgdRandomParticipation
 from dpfl.sim.algorithms.locks import Locks
 from dpfl.sim.algorithms.ms_pafl import MsPafl
+from dpfl.sim.algorithms.prifedsync import PriFedSync
 from dpfl.sim.loop import Algorithm
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "DsgdRandomParticipation",
     "Locks",
     "MsPafl",
+    "PriFedSync",
     "algorithm_parameters",
     "build_algorithm",
 ]
@@ -37,6 +39,7 @@ ALGORITHMS: dict[str, type] = {
     DpFedAvg.name: DpFedAvg,
     MsPafl.name: MsPafl,
     Locks.name: Locks,
+    PriFedSync.name: PriFedSync,
 }
 
 _COMMON = ("model", "dataset", "device")
