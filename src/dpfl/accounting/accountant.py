@@ -140,7 +140,7 @@ class Accountant:
     >>> from dpfl.accounting.events import Gaussian
     >>> acc = Accountant().compose(Gaussian(1.0), count=4)
     >>> round(acc.epsilon(1e-5).upper, 2)
-    8.43
+    10.0
     """
 
     def __init__(
