@@ -255,3 +255,29 @@ def test_bad_input_exits_2_with_one_line(argv, needle):
     assert len(lines) == 1, proc.stderr
     assert needle in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_plot_writes_a_figure(tmp_path, capsys):
+    out = tmp_path / "curves.png"
+    argv = [
+        "account",
+        "dp-fedavg",
+        "--clients",
+        "100",
+        "--cohort",
+        "50",
+        "--noise-multiplier",
+        "1.1",
+        "--rounds",
+        "11",
+        "--delta",
+        "1e-3",
+        "--analysis",
+        "paper",
+        "--json",
+        "--plot",
+        str(out),
+    ]
+    assert main(argv) == 0
+    assert out.stat().st_size > 10_000  # a real PNG with two panels
+    json.loads(capsys.readouterr().out)  # --json output stays pure JSON

@@ -238,23 +238,49 @@ def calibrate_random_participation(a: argparse.Namespace) -> Report:
     return Report(title, result, rows, notes)
 
 
-def _plot_rp(a: argparse.Namespace, path: str) -> None:
+def _plot_curves(
+    path: str,
+    analyses: Sequence[str],
+    epsilon: Callable[[str, float, int], float],
+    *,
+    delta: float,
+    rounds: int,
+    title: str,
+) -> None:
+    """Draw ε vs δ (at ``rounds``) and ε vs rounds (at ``delta``) per analysis."""
     import numpy as np
 
-    from dpfl.accounting import participation as rp
     from dpfl.plotting import plot_epsilon_curves
 
-    kw = {**_rp_kw(a), "noise_multiplier": a.noise_multiplier, "analysis": a.analysis}
-    delta = a.delta or 1e-6
-    deltas = np.logspace(-10, -2, 9)
-    eps_d = [rp.epsilon(float(d), rounds=a.rounds, **kw).upper for d in deltas]
-    rounds = np.unique(np.geomspace(1, max(a.rounds, 2), 8).astype(int))
-    eps_t = [rp.epsilon(delta, rounds=int(t), **kw).upper for t in rounds]
+    deltas = [float(d) for d in np.logspace(-10, -2, 7)]
+    grid = sorted({int(t) for t in np.geomspace(1, max(rounds, 2), 7)})
     plot_epsilon_curves(
         path,
-        deltas={a.analysis: (deltas, eps_d)},
-        rounds={a.analysis: (rounds, eps_t)},
-        title=f"random participation, delta={delta} (rounds panel)",
+        deltas=deltas,
+        epsilon_by_delta={a: [epsilon(a, d, rounds) for d in deltas] for a in analyses},
+        rounds=grid,
+        epsilon_by_rounds={a: [epsilon(a, delta, t) for t in grid] for a in analyses},
+        title=title,
+    )
+
+
+def _plot_rp(a: argparse.Namespace, path: str) -> None:
+    from dpfl.accounting import participation as rp
+
+    def eps(analysis: str, delta: float, rounds: int) -> float:
+        kw = {**_rp_kw(a), "noise_multiplier": a.noise_multiplier}
+        if rounds == 1:
+            return rp.round_epsilon(delta, analysis=analysis, **kw)
+        return rp.epsilon(delta, rounds=rounds, analysis=analysis, **kw).upper
+
+    analyses = [a.analysis] if a.json else ["sound", "wcs", "ols"]
+    _plot_curves(
+        path,
+        analyses,
+        eps,
+        delta=a.delta or 1e-6,
+        rounds=a.rounds,
+        title=f"random participation, sigma={a.noise_multiplier}",
     )
 
 
@@ -409,7 +435,28 @@ def account_dp_fedavg(a: argparse.Namespace) -> Report:
         f"Client-level DP-FedAvg: K={a.clients}, m={a.cohort}, "
         f"noise multiplier={a.noise_multiplier}, rounds={a.rounds}"
     )
-    return Report(title, result, rows, notes)
+
+    def eps(analysis: str, delta: float, rounds: int) -> float:
+        return rdp.dp_fedavg_epsilon(
+            delta=delta,
+            clients=a.clients,
+            cohort_sizes=a.cohort,
+            noise_multipliers=a.noise_multiplier,
+            rounds=rounds,
+            analysis=analysis,
+        )
+
+    def plot(path: str) -> None:
+        _plot_curves(
+            path,
+            [a.analysis] if a.json else list(_FEDAVG_TERMS),
+            eps,
+            delta=a.delta or 1e-5,
+            rounds=a.rounds,
+            title=f"DP-FedAvg, K={a.clients}, m={a.cohort}",
+        )
+
+    return Report(title, result, rows, notes, plot)
 
 
 def calibrate_dp_fedavg(a: argparse.Namespace) -> Report:
