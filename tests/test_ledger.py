@@ -84,3 +84,26 @@ def test_per_client_spend_counts_the_worst_clients_rounds():
     for parts in ([1], [2], [3]):
         ledger.record(sampled, participants=parts)
     assert ledger.epsilon(1e-5) == Accountant().compose(sampled, 3).epsilon(1e-5)
+
+
+def test_flush_appends_a_journal_and_load_replays_it(tmp_path):
+    path = tmp_path / "ledger.json"
+    ledger = PrivacyLedger(Budget(50.0, 1e-5), path=path)
+    for k in range(5):
+        ledger.record(EVENT, participants=[k])
+        ledger.flush()
+    journal = path.with_name("ledger.json.journal")
+    # The snapshot was written once; later rounds went to the journal.
+    assert len(json.loads(path.read_text())["entries"]) == 1
+    assert len(journal.read_text().splitlines()) == 4
+    assert PrivacyLedger.load(path).to_json() == ledger.to_json()
+    # A crash mid-line loses only that line (its round was never checkpointed).
+    with journal.open("a") as fh:
+        fh.write('{"seq": 5, "round": 5, "ev')
+    assert PrivacyLedger.load(path).rounds == 5
+    # save() compacts: everything in the snapshot, no journal.
+    reloaded = PrivacyLedger.load(path)
+    reloaded.record(EVENT)
+    reloaded.flush()
+    assert not journal.exists()
+    assert PrivacyLedger.load(path).rounds == 6

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
@@ -62,7 +61,8 @@ def final_model(run_dir):
 
 
 def ledger_entries(run_dir):
-    return json.loads((run_dir / "ledger.json").read_text())["entries"]
+    # The snapshot plus its journal (rounds flushed since the last snapshot).
+    return PrivacyLedger.load(run_dir / "ledger.json").to_json()["entries"]
 
 
 def interrupt_after(monkeypatch, k):

@@ -83,6 +83,10 @@ class LedgerEntry:
         )
 
 
+def _journal(path: Path) -> Path:
+    return path.with_name(path.name + ".journal")
+
+
 def _prices_client_sampling(event: ev.Event) -> bool:
     """Whether an event's price already includes who takes part (all clients pay)."""
     if isinstance(event, ev.SelfComposed):
@@ -119,6 +123,7 @@ class PrivacyLedger:
         self.tolerance = tolerance
         self._entries: list[LedgerEntry] = []
         self._max_rounds: dict[tuple[ev.Event, int], int] = {}
+        self._persisted = 0  # entries already on disk (snapshot + journal)
 
     # -- recording ------------------------------------------------------------
     @property
@@ -304,10 +309,12 @@ class PrivacyLedger:
         }
 
     def save(self, path: str | Path | None = None) -> Path:
-        """Write the ledger atomically (temporary file, fsync, rename)."""
-        target = Path(path) if path is not None else self.path
-        if target is None:
-            raise DpflError("save needs a path: the ledger was created without one")
+        """Write the whole ledger atomically (temporary file, fsync, rename).
+
+        The snapshot holds every entry, so the journal of :meth:`flush` is
+        removed afterwards (entries it still holds are ignored on load).
+        """
+        target = self._target(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
         try:
@@ -320,6 +327,36 @@ class PrivacyLedger:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+        _journal(target).unlink(missing_ok=True)
+        self._persisted = len(self._entries)
+        return target
+
+    def flush(self, path: str | Path | None = None) -> Path:
+        """Persist the entries recorded since the last write, in O(new entries).
+
+        Appends them to a journal beside the snapshot (``ledger.json.journal``,
+        one JSON line per entry with its sequence number, fsynced), so a long
+        run does not rewrite its whole history every round; :meth:`save`
+        compacts. A line cut short by a crash is ignored on load: that round
+        was never checkpointed either and is re-run (and charged) on resume.
+        """
+        target = self._target(path)
+        if not target.exists() or self._persisted == 0:
+            return self.save(target)
+        new = self._entries[self._persisted :]
+        if new:
+            with _journal(target).open("a") as fh:
+                for seq, entry in enumerate(new, start=self._persisted):
+                    fh.write(json.dumps({"seq": seq, **entry.to_json()}) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            self._persisted = len(self._entries)
+        return target
+
+    def _target(self, path: str | Path | None) -> Path:
+        target = Path(path) if path is not None else self.path
+        if target is None:
+            raise DpflError("save needs a path: the ledger was created without one")
         return target
 
     @classmethod
@@ -348,4 +385,15 @@ class PrivacyLedger:
             tolerance=float(data.get("tolerance", 0.02)),
         )
         ledger._entries = [LedgerEntry.from_json(e) for e in data.get("entries", [])]
+        ledger._persisted = len(ledger._entries)
+        journal = _journal(p)
+        if journal.exists():
+            for line in journal.read_text().splitlines():
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError:
+                    break  # a line cut short by a crash: that round is re-run
+                if int(item.pop("seq")) == len(ledger._entries):
+                    ledger._entries.append(LedgerEntry.from_json(item))
+            ledger._persisted = 0  # the next flush compacts into the snapshot
         return ledger

@@ -201,7 +201,7 @@ class Trainer:
                 extra=ledger_extra() if ledger_extra is not None else None,
             )
             if self.ledger.path is not None:
-                self.ledger.save()
+                self.ledger.flush()
         self.round = index + 1
         return RoundReport(
             round=index, event=event, participants=participants, metrics=metrics
