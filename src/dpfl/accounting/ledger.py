@@ -122,7 +122,8 @@ class PrivacyLedger:
         self.path = None if path is None else Path(path)
         self.tolerance = tolerance
         self._entries: list[LedgerEntry] = []
-        self._max_rounds: dict[tuple[ev.Event, int], int] = {}
+        # per event: (largest count known to fit, smallest count known not to)
+        self._known: dict[ev.Event, tuple[int, float]] = {}
         self._persisted = 0  # entries already on disk (snapshot + journal)
 
     # -- recording ------------------------------------------------------------
@@ -237,7 +238,7 @@ class PrivacyLedger:
         if all(e == event for e in history):
             # Homogeneous run (the common case): find once how many rounds of
             # this event the budget allows, then compare counts.
-            if len(history) + 1 <= self.max_rounds(event):
+            if self._fits(event, len(history) + 1):
                 return
         else:
             bound = self.accountant([*history, event]).epsilon(self.budget.delta)
@@ -271,31 +272,46 @@ class PrivacyLedger:
             return chosen  # homogeneous: the most frequent client is the worst
         return self._events()  # heterogeneous: count every round (conservative)
 
+    def _fits(self, event: ev.Event, count: int) -> bool:
+        """Whether ``count`` rounds of ``event`` fit the budget (amortised).
+
+        Looks ahead to the next power of two, so a run of T rounds prices
+        O(log T) compositions, none much longer than the run itself.
+        """
+        fits_up_to, fails_from = self._known.get(event, (0, math.inf))
+        if count <= fits_up_to:
+            return True
+        if count >= fails_from:
+            return False
+        ahead = 1 << (count - 1).bit_length()  # next power of two >= count
+        for t in (ahead, count) if ahead < fails_from else (count,):
+            if self._epsilon_of(event, t) <= self.budget.epsilon:  # type: ignore[union-attr]
+                fits_up_to = max(fits_up_to, t)
+            else:
+                fails_from = min(fails_from, t)
+            self._known[event] = (fits_up_to, fails_from)
+            if count <= fits_up_to or count >= fails_from:
+                break
+        return count <= fits_up_to
+
+    def _epsilon_of(self, event: ev.Event, count: int) -> float:
+        acc = Accountant(self.analysis, tolerance=self.tolerance).compose(event, count)
+        return acc.epsilon(self.budget.delta).upper  # type: ignore[union-attr]
+
     def max_rounds(self, event: ev.Event, limit: int = 1_000_000) -> int:
-        """Largest T with T repetitions of ``event`` within the budget (upper bound)."""
-        if self.budget is None:
+        """Largest T <= ``limit`` with T rounds of ``event`` within the budget."""
+        if self.budget is None or math.isinf(self.budget.epsilon):
             return limit
-        key = (event, limit)
-        if key in self._max_rounds:
-            return self._max_rounds[key]
-
-        def fits(t: int) -> bool:
-            acc = Accountant(self.analysis, tolerance=self.tolerance).compose(event, t)
-            return acc.epsilon(self.budget.delta).upper <= self.budget.epsilon  # type: ignore[union-attr]
-
-        if not fits(1):
-            result = 0
-        else:
-            lo, hi = 1, 2
-            while hi <= limit and fits(hi):
-                lo, hi = hi, hi * 2
-            hi = min(hi, limit + 1)
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-            result = lo
-        self._max_rounds[key] = result
-        return result
+        if not self._fits(event, 1):
+            return 0
+        lo, hi = 1, 2
+        while hi <= limit and self._fits(event, hi):
+            lo, hi = hi, 2 * hi
+        hi = min(hi, limit + 1)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self._fits(event, mid) else (lo, mid)
+        return lo
 
     # -- persistence ----------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
