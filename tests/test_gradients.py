@@ -404,3 +404,153 @@ def test_cuda_matches_cpu(method):
     for n in cpu:
         # atol 1e-4: cuDNN/TF32-free float32 reductions differ in order from CPU
         torch.testing.assert_close(gpu[n].cpu(), cpu[n], atol=1e-4, rtol=1e-3)
+
+
+# ------------------------------------------------ cross-client ghost kernel
+def client_loop_reference(model, stacked, xb, yb, clip, mask=None):
+    """Per-client, per-example autograd loop: Σ_i m_ki clip(g_ki) per client."""
+    n = xb.shape[0]
+    sums = {k: torch.zeros_like(v) for k, v in stacked.items()}
+    for k in range(n):
+        params = {name: v[k] for name, v in stacked.items()}
+        keep = (
+            torch.ones(xb.shape[1], dtype=torch.bool) if mask is None else mask[k] > 0
+        )
+        if not bool(keep.any()):
+            continue
+        _, s, _ = reference(model, params, xb[k][keep], yb[k][keep], clip)
+        for name in sums:
+            sums[name][k] = s[name]
+    return sums
+
+
+class DeepMLP(nn.Module):
+    """Two hidden layers, one without bias, mixed activations."""
+
+    def __init__(self, d: int, h: int, c: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, h)
+        self.fc2 = nn.Linear(h, h, bias=False)
+        self.out = nn.Linear(h, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.fc2(F.relu(self.fc1(x)))))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 5),
+    b=st.integers(1, 6),
+    clip=st.sampled_from([0.01, 0.3, 1.0, 100.0]),
+    arch=st.sampled_from(["mlp", "deep", "logistic"]),
+    masked=st.booleans(),
+    max_clients=st.sampled_from([None, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_batched_ghost_equals_client_example_loop(
+    n, b, clip, arch, masked, max_clients, seed
+):
+    # Property: the cross-client ghost kernel equals the per-client,
+    # per-example autograd loop (atol 1e-5 float32) for random MLPs, any
+    # number of clients, batch, clip, padding mask and client chunking.
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    d, c = 7, 4
+    model = {
+        "mlp": lambda: MLP(in_features=d, hidden=(6,), num_classes=c),
+        "deep": lambda: DeepMLP(d, 5, c),
+        "logistic": lambda: MLP(in_features=d, hidden=(), num_classes=c),
+    }[arch]()
+    assert ghost_supported(model)
+    stacked = stack_params(params_of(model), n)
+    for v in stacked.values():  # different params per client
+        v.add_(0.3 * torch.randn(v.shape, generator=g))
+    xb = 2.0 * torch.randn(n, b, d, generator=g)
+    yb = torch.randint(0, c, (n, b), generator=g)
+    mask = None
+    if masked:
+        mask = (torch.rand(n, b, generator=g) < 0.6).float()
+        xb[mask == 0] = 0.0  # padding holds finite values
+    ref = client_loop_reference(model, stacked, xb, yb, clip, mask)
+    got = batched_client_grads(
+        model,
+        stacked,
+        xb,
+        yb,
+        clip=clip,
+        sample_mask=mask,
+        max_clients=max_clients,
+        method="ghost",
+    )
+    assert_dicts_close(got, ref)
+    # "auto" takes the same kernel; "vmap" agrees.
+    auto = batched_client_grads(model, stacked, xb, yb, clip=clip, sample_mask=mask)
+    assert_dicts_close(auto, got, atol=1e-6, rtol=1e-6)
+    vm = batched_client_grads(
+        model, stacked, xb, yb, clip=clip, sample_mask=mask, method="vmap"
+    )
+    assert_dicts_close(vm, got)
+
+
+@pytest.mark.parametrize("clip", [None, 0.05])
+def test_batched_ghost_unclipped_and_conv_equal_vmap(clip):
+    # Unclipped sums and a convolutional model (per-sample conv weight
+    # gradients from the cross-client pass) agree with the vmap kernel.
+    torch.manual_seed(11)
+    model = TinyCNN()
+    n, b = 3, 4
+    stacked = stack_params(params_of(model), n)
+    for v in stacked.values():
+        v.add_(0.1 * torch.randn_like(v))
+    xb, yb = torch.randn(n, b, 1, 8, 8), torch.randint(0, 5, (n, b))
+    mask = torch.ones(n, b)
+    mask[2, 1:] = 0.0
+    kw = dict(clip=clip, sample_mask=mask)
+    ghost = batched_client_grads(model, stacked, xb, yb, method="ghost", **kw)
+    assert_dicts_close(
+        ghost, batched_client_grads(model, stacked, xb, yb, method="vmap", **kw)
+    )
+    if clip is not None:
+        assert_dicts_close(
+            ghost, client_loop_reference(model, stacked, xb, yb, clip, mask)
+        )
+
+
+def test_batched_ghost_falls_back_for_unsupported_models():
+    # GroupNorm (not ghost-supported) and a layer called twice per forward
+    # pass: "auto" falls back to vmap and equals the loop; "ghost" raises.
+    torch.manual_seed(12)
+    n, b = 3, 4
+    for model, d in (
+        (
+            nn.Sequential(
+                nn.Linear(6, 8), nn.GroupNorm(2, 8), nn.ReLU(), nn.Linear(8, 3)
+            ),
+            6,
+        ),
+        (Reused(), 4),
+    ):
+        stacked = stack_params(params_of(model), n)
+        for v in stacked.values():
+            v.add_(0.1 * torch.randn_like(v))
+        xb, yb = torch.randn(n, b, d), torch.randint(0, 3, (n, b))
+        ref = client_loop_reference(model, stacked, xb, yb, 0.2)
+        assert_dicts_close(batched_client_grads(model, stacked, xb, yb, clip=0.2), ref)
+        with pytest.raises(InvalidParameterError, match="ghost"):
+            batched_client_grads(model, stacked, xb, yb, clip=0.2, method="ghost")
+    # Partial params: auto uses vmap, ghost refuses.
+    model, stacked, xb, yb = cohort_data()
+    part = {"net.2.weight": stacked["net.2.weight"]}
+    out = batched_client_grads(model, part, xb, yb, clip=0.2)
+    assert set(out) == set(part)
+    with pytest.raises(InvalidParameterError, match="ghost"):
+        batched_client_grads(model, part, xb, yb, clip=0.2, method="ghost")
+    with pytest.raises(InvalidParameterError, match="method"):
+        batched_client_grads(model, stacked, xb, yb, clip=0.2, method="fast")
+
+
+def test_batched_ghost_non_finite_raises():
+    model, stacked, xb, yb = cohort_data()
+    xb[1, 2, 0] = float("inf")
+    with pytest.raises(NonFiniteUpdateError, match="norms"):
+        batched_client_grads(model, stacked, xb, yb, clip=1.0, method="ghost")

@@ -304,15 +304,20 @@ def test_batched_adam_matches_torch_adam():
         assert torch.allclose(theta[j], p.detach(), atol=1e-6)
 
 
-def test_per_client_and_batched_kernels_agree():
+@pytest.mark.parametrize("model", ["logistic_regression", "mlp"])
+def test_per_client_batched_and_ghost_kernels_agree(model):
     ds = _digits()
-    a = _algorithm(ds, grad_method="batched")
-    b = _algorithm(ds, grad_method="per-client")
-    for alg in (a, b):
+    algs = [
+        _algorithm(ds, model=model, grad_method=g)
+        for g in ("batched", "per-client", "ghost", "auto")
+    ]
+    assert algs[3].grad_method == "ghost"  # auto takes the cross-client ghost kernel
+    for alg in algs:
         rng, gen = round_generators(5, 0)
         alg.run_round(0, rng, gen)
     # float32 sums in different orders: 1e-5 absolute.
-    assert torch.allclose(a.global_flat, b.global_flat, atol=1e-5)
+    for alg in algs[1:]:
+        assert torch.allclose(algs[0].global_flat, alg.global_flat, atol=1e-5)
 
 
 def test_state_dict_resume_is_exact():
@@ -347,6 +352,14 @@ def test_invalid_parameters_raise():
         _algorithm(ds, sync_probability=0.0)
     with pytest.raises(InvalidParameterError, match="clip"):
         _algorithm(ds, clip=None)
+    with pytest.raises(InvalidParameterError, match="grad_method"):
+        _algorithm(ds, grad_method="fast")
+    norm_net = torch.nn.Sequential(
+        torch.nn.Linear(64, 8), torch.nn.GroupNorm(2, 8), torch.nn.Linear(8, 10)
+    )
+    with pytest.raises(InvalidParameterError, match="ghost"):
+        PriFedSync(model=norm_net, dataset=ds, grad_method="ghost")
+    assert PriFedSync(model=norm_net, dataset=ds, batch_size=4).grad_method == "batched"
 
 
 # -- acceptance (paper's Figure 1, on digits) --------------------------------------

@@ -224,7 +224,13 @@ def ghost_supported(model: nn.Module) -> bool:
 
 
 class _Recorder:
-    """Forward hooks recording the input and output of each layer with params."""
+    """Forward hooks recording the input and output of each layer with params.
+
+    With ``probes`` set (layer name -> tensor shaped like the layer's output),
+    each hook returns ``output + probe``: the gradient of a loss with respect to
+    a probe is the gradient with respect to that layer's output, which is how
+    the cross-client kernel reads output gradients out of ``vmap``.
+    """
 
     def __init__(self, model: nn.Module) -> None:
         self.layers: dict[str, nn.Module] = {
@@ -235,18 +241,22 @@ class _Recorder:
         self.inputs: dict[str, torch.Tensor] = {}
         self.outputs: dict[str, torch.Tensor] = {}
         self.reused = False
+        self.probes: Mapping[str, torch.Tensor] | None = None
         self._handles = [
             m.register_forward_hook(self._hook(name)) for name, m in self.layers.items()
         ]
 
-    def _hook(self, name: str) -> Callable[..., None]:
+    def _hook(self, name: str) -> Callable[..., torch.Tensor | None]:
         def hook(
             module: nn.Module, inputs: tuple[torch.Tensor, ...], out: object
-        ) -> None:
+        ) -> torch.Tensor | None:
             if name in self.outputs:
                 self.reused = True
             self.inputs[name] = inputs[0].detach()
             self.outputs[name] = out  # type: ignore[assignment]
+            if self.probes is not None and name in self.probes:
+                return cast(torch.Tensor, out) + self.probes[name]
+            return None
 
         return hook
 
@@ -282,16 +292,34 @@ def _ghost_chunk(
     names = [n for n in rec.layers if n in rec.outputs]
     outs = [rec.outputs[n] for n in names]
     grads_out = torch.autograd.grad(total, outs, allow_unused=True)
+    layers = [
+        (
+            rec.layers[n],
+            n,
+            rec.inputs[n],
+            torch.zeros_like(rec.outputs[n]) if g is None else g.detach(),
+        )
+        for n, g in zip(names, grads_out)
+    ]
+    return _layer_records(layers, params, b)
+
+
+def _layer_records(
+    layers: Iterable[tuple[nn.Module, str, torch.Tensor, torch.Tensor]],
+    params: Mapping[str, torch.Tensor],
+    b: int,
+) -> tuple[dict[str, torch.Tensor], dict[str, tuple[str, torch.Tensor, torch.Tensor]]]:
+    """Per-param squared norms and records from each layer's ``(a, g)``.
+
+    ``layers`` holds ``(module, name, a, g)`` with the layer input ``a`` and
+    output gradient ``g`` (of the sum of per-example losses), ``b`` examples
+    along the first dimension. Only parameters named in ``params`` get records.
+    """
     sq: dict[str, torch.Tensor] = {}
     records: dict[str, tuple[str, torch.Tensor, torch.Tensor]] = {}
-    for lname, g in zip(names, grads_out):
-        module = rec.layers[lname]
-        a = rec.inputs[lname]
+    for module, lname, a, g in layers:
         prefix = f"{lname}." if lname else ""
         wname, bname = prefix + "weight", prefix + "bias"
-        if g is None:
-            g = torch.zeros_like(rec.outputs[lname])
-        g = g.detach()
         if isinstance(module, nn.Linear):
             if a.dim() == 2:
                 records[wname] = ("linear_w", a, g)
@@ -694,6 +722,95 @@ def _client_inputs(
     return n, b, mask
 
 
+def _batched_ghost(
+    model: nn.Module,
+    stacked: Params,
+    xb: torch.Tensor,
+    yb: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float | None,
+    loss_fn: LossFn,
+) -> Params:
+    """Per-client clipped sums with the ghost kernel, all clients in one pass.
+
+    One forward pass ``vmap``-ed over the client dimension of the stacked
+    parameters records every layer's input ``a`` ``[m, B, ...]``; zero probes
+    added to the layer outputs give, by one backward pass of the sum of all
+    per-example losses, the output gradients ``g`` ``[m, B, ...]``. The client
+    and example dimensions are then flattened and the single-model pieces
+    (:func:`_layer_records`) give per-example norms and records; the clipped
+    sums per client are batched matrix products over ``[m, B, ·]``.
+
+    Raises ``_GhostUnsupported`` if a layer is called twice per forward pass.
+    """
+    m, b = int(xb.shape[0]), int(xb.shape[1])
+    buffers = dict(model.named_buffers())
+    rec = _Recorder(model)
+    try:
+        # Shape pass on client 0: which layers run, and their output shapes.
+        with torch.no_grad():
+            functional_call(
+                model, ({k: v[0] for k, v in stacked.items()}, buffers), (xb[0],)
+            )
+        if rec.reused:
+            raise _GhostUnsupported("a layer is called more than once per forward pass")
+        names = [n for n in rec.layers if n in rec.outputs]
+        probes = {
+            n: torch.zeros(
+                (m, *rec.outputs[n].shape),
+                dtype=rec.outputs[n].dtype,
+                device=rec.outputs[n].device,
+                requires_grad=True,
+            )
+            for n in names
+        }
+        rec.outputs, rec.inputs = {}, {}
+
+        def client_loss(
+            q: Params, xk: torch.Tensor, yk: torch.Tensor, zk: Params
+        ) -> tuple[torch.Tensor, Params]:
+            rec.probes, rec.inputs, rec.outputs = zk, {}, {}
+            out = functional_call(model, (q, buffers), (xk,))
+            inputs = {n: rec.inputs[n] for n in names}
+            rec.probes, rec.inputs, rec.outputs = None, {}, {}
+            return loss_fn(out, yk) * xk.shape[0], inputs
+
+        with torch.enable_grad():
+            totals, inputs = vmap(client_loss)(stacked, xb, yb, probes)
+            grads = torch.autograd.grad(
+                totals.sum(), [probes[n] for n in names], allow_unused=True
+            )
+    finally:
+        rec.remove()
+    layers = [
+        (
+            rec.layers[n],
+            n,
+            inputs[n].detach().reshape(m * b, *inputs[n].shape[2:]),
+            (torch.zeros_like(probes[n]) if g is None else g).reshape(
+                m * b, *probes[n].shape[2:]
+            ),
+        )
+        for n, g in zip(names, grads)
+    ]
+    sq, records = _layer_records(layers, stacked, m * b)
+    check_finite(sq, "squared norms of per-sample gradients")
+    factor = mask.reshape(-1)
+    if clip is not None and sq:
+        norm = torch.stack(list(sq.values())).sum(0).sqrt()
+        factor = (clip / norm).clamp(max=1.0) * factor
+    sums = {n: torch.zeros_like(t) for n, t in stacked.items()}
+    for name, (kind, a, g) in records.items():
+        if kind == "per_sample":  # Σ_i f_i a_i per client: [m, 1, B] @ [m, B, D]
+            sums[name].view(m, 1, -1).baddbmm_(
+                factor.view(m, 1, b), a.reshape(m, b, -1)
+            )
+        else:  # Σ_i f_i g_i a_iᵀ per client: [m, out, B] @ [m, B, in]
+            gf = (g * factor[:, None]).view(m, b, -1)
+            sums[name].baddbmm_(gf.transpose(1, 2), a.reshape(m, b, -1))
+    return sums
+
+
 def batched_client_grads(
     model: nn.Module,
     stacked_params: Mapping[str, torch.Tensor],
@@ -704,14 +821,29 @@ def batched_client_grads(
     clip: float | None = None,
     sample_mask: torch.Tensor | None = None,
     max_clients: int | None = None,
+    method: Literal["auto", "vmap", "ghost"] = "auto",
 ) -> Params:
     """Per-client gradient *sums* for a cohort, each client with its own params.
 
-    One batched computation: ``vmap`` over the client dimension of
-    ``functional_call`` + ``grad``. Client ``k`` returns
-    ``Σ_i m_ki g_ki`` where ``g_ki`` is the gradient of example ``i``'s loss at
-    client ``k``'s parameters, clipped to norm ``clip`` if given, and ``m_ki``
-    the sample mask (1 by default). Divide by the batch size for a mean.
+    Client ``k`` returns ``Σ_i m_ki g_ki`` where ``g_ki`` is the gradient of
+    example ``i``'s loss at client ``k``'s parameters, clipped to norm ``clip``
+    if given, and ``m_ki`` the sample mask (1 by default). Divide by the batch
+    size for a mean. Each chunk of ``max_clients`` clients is one batched
+    computation, with one of two kernels:
+
+    ``"vmap"``
+        ``vmap`` over the client dimension of ``functional_call`` + ``grad``
+        (nested ``vmap`` over examples when clipping): per-example gradients
+        ``[clients, batch, P]`` are materialised. Any model without BatchNorm.
+    ``"ghost"``
+        One forward pass ``vmap``-ed over the clients records each
+        ``nn.Linear`` / ``nn.Conv2d`` layer's inputs ``a`` ``[clients, batch,
+        ...]``, one backward pass of the summed losses gives the layer output
+        gradients ``g``; per-example norms are ghost norms
+        (``‖a_i‖²‖g_i‖²`` + ``‖g_i‖²`` for a Linear layer on 2-d inputs) and
+        the clipped sums are batched products ``Σ_i c_i g_i a_iᵀ``, as in
+        :func:`clipped_grad_sum`. Only models whose parameters all sit in such
+        layers (:func:`ghost_supported`), each called once per forward pass.
 
     Parameters
     ----------
@@ -732,6 +864,10 @@ def batched_client_grads(
         examples (padding must hold finite values, e.g. zeros).
     max_clients : int, optional
         Clients per chunk, to bound memory (default: all at once).
+    method : {"auto", "vmap", "ghost"}
+        Kernel (see above); ``"auto"`` takes ``"ghost"`` when the model
+        supports it and ``stacked_params`` names every parameter, else
+        ``"vmap"``.
 
     Returns
     -------
@@ -741,19 +877,56 @@ def batched_client_grads(
     Raises
     ------
     dpfl.errors.InvalidParameterError
-        On mismatched shapes, a bad ``clip`` or a model with BatchNorm.
+        On mismatched shapes, a bad ``clip`` or ``method``, a model with
+        BatchNorm, or ``method="ghost"`` for a model it does not support.
     dpfl.errors.NonFiniteUpdateError
-        If a client's gradient sum holds NaN or Inf.
+        If a client's gradient sum (``"vmap"``) or an example's gradient
+        norm (``"ghost"``, checked before summing) holds NaN or Inf.
     """
     _check_model(model)
     if clip is not None:
         clip = check_positive("clip", clip)
+    if method not in ("auto", "vmap", "ghost"):
+        raise InvalidParameterError(
+            f"method must be 'auto', 'vmap' or 'ghost'; got {method!r}"
+        )
     n, _, mask = _client_inputs(stacked_params, xb, yb, sample_mask)
     chunk = (
         n if max_clients is None else check_count("max_clients", max_clients, minimum=1)
     )
     buffers = dict(model.named_buffers())
     params = dict(stacked_params)
+    if method != "vmap":
+        complete = set(params) == {name for name, _ in model.named_parameters()}
+        if method == "ghost" and not (ghost_supported(model) and complete):
+            raise InvalidParameterError(
+                "method='ghost' needs every parameter in nn.Linear or nn.Conv2d "
+                "(groups=1, numeric zero padding) and stacked_params for every "
+                "parameter of the model; use method='vmap'"
+            )
+        if ghost_supported(model) and complete:
+            try:
+                ghost_pieces = [
+                    _batched_ghost(
+                        model,
+                        {k: v[s : s + chunk] for k, v in params.items()},
+                        xb[s : s + chunk],
+                        yb[s : s + chunk],
+                        mask[s : s + chunk],
+                        clip,
+                        loss_fn,
+                    )
+                    for s in range(0, n, chunk)
+                ]
+            except _GhostUnsupported as exc:
+                if method == "ghost":
+                    raise InvalidParameterError(
+                        f"method='ghost' does not support this model: {exc}"
+                    ) from exc
+            else:
+                if len(ghost_pieces) == 1:
+                    return ghost_pieces[0]
+                return {k: torch.cat([pc[k] for pc in ghost_pieces]) for k in params}
 
     def sample_loss(q: Params, xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
         out = functional_call(model, (q, buffers), (xi.unsqueeze(0),))
