@@ -14,7 +14,8 @@ from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data import get_dataset
 from dpfl.errors import InvalidParameterError
 from dpfl.models import build_model
-from dpfl.sim.algorithms.ms_pafl import MsPafl, draw_local_batches
+from dpfl.sim.algorithms.ms_pafl import MsPafl
+from dpfl.sim.batches import draw_local_batches
 from dpfl.sim.loop import Trainer, round_generators
 
 

@@ -84,7 +84,7 @@ from dpfl.accounting._checks import (
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import DpflError, InvalidParameterError
-from dpfl.sim.algorithms.ms_pafl import _gather, draw_local_batches
+from dpfl.sim.batches import draw_local_batches, gather_batches
 from dpfl.sim.evaluation import evaluate_model
 from dpfl.sim.gradients import check_finite, cohort_sgd_step, stack_params
 from dpfl.sim.privatize import ClientGaussian
@@ -344,7 +344,7 @@ class Locks:
             replacement=True,
         )
         for s in range(self.local_steps):
-            xb, yb = _gather(self.dataset, clients, pos[s], self.device)
+            xb, yb = gather_batches(self.dataset, clients, pos[s], self.device)
             stacked = cohort_sgd_step(
                 self.model,
                 stacked,

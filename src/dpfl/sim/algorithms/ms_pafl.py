@@ -75,93 +75,17 @@ from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.models.split import ParameterSplit, split_parameters
+from dpfl.sim.batches import draw_local_batches, gather_batches
 from dpfl.sim.gradients import check_finite, cohort_sgd_step
 from dpfl.sim.privatize import ClientGaussian
 from dpfl.sim.sampling import PoissonClientSampler
 
-__all__ = ["MsPafl", "draw_local_batches"]
+__all__ = ["MsPafl"]
 
 Params = dict[str, torch.Tensor]
 CLIP_MODES = ("update", "parameters")
 AGGREGATIONS = ("update", "model", "ratio")
 CALIBRATIONS = ("analytic", "lemma1")
-
-
-def draw_local_batches(
-    rng: np.random.Generator,
-    sizes: np.ndarray,
-    *,
-    batch_size: int,
-    steps: int,
-    replacement: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Positions of ``steps`` mini-batches of ``batch_size`` records per client.
-
-    Parameters
-    ----------
-    rng : numpy.random.Generator
-        Source of randomness.
-    sizes : numpy.ndarray
-        Records held by each client of the cohort, shape ``(m,)``.
-    batch_size : int
-        b >= 1.
-    steps : int
-        E >= 1: each step draws a fresh batch.
-    replacement : bool
-        True: b positions uniform with replacement (WR). False: a uniform size-b
-        subset without replacement (WOR); a client with fewer than b records
-        uses all of them (the rest of the row is padding with mask 0).
-
-    Returns
-    -------
-    tuple of numpy.ndarray
-        ``positions`` (int64, ``[steps, m, batch_size]``, positions inside each
-        client's record list; padding is 0) and ``mask`` (float32, same shape,
-        1 for a real record).
-
-    Raises
-    ------
-    dpfl.errors.InvalidParameterError
-        On bad sizes or counts, or a client with no records.
-    """
-    b = check_count("batch_size", batch_size, minimum=1)
-    e = check_count("steps", steps, minimum=1)
-    sizes = np.asarray(sizes, dtype=np.int64)
-    if sizes.ndim != 1 or (sizes.size and sizes.min() < 1):
-        raise InvalidParameterError(
-            f"every client of the cohort needs >= 1 record; got sizes {sizes[:10]}"
-        )
-    m = sizes.shape[0]
-    if replacement:
-        pos = np.floor(rng.random((e, m, b)) * sizes[None, :, None]).astype(np.int64)
-        return np.minimum(pos, sizes[None, :, None] - 1), np.ones((e, m, b), np.float32)
-    pos = np.zeros((e, m, b), dtype=np.int64)
-    mask = np.zeros((e, m, b), dtype=np.float32)
-    for s in range(e):
-        for j, n in enumerate(sizes.tolist()):
-            k = min(b, n)
-            pos[s, j, :k] = rng.choice(n, size=k, replace=False)
-            mask[s, j, :k] = 1.0
-    return pos, mask
-
-
-def _gather(
-    dataset: FederatedDataset,
-    clients: np.ndarray,
-    positions: np.ndarray,
-    device: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Features and labels ``[m, b, ...]`` of per-client positions ``[m, b]``."""
-    rows = np.stack(
-        [
-            np.asarray(dataset.client_indices[int(k)], dtype=np.int64)[positions[j]]
-            for j, k in enumerate(clients)
-        ]
-    )
-    x_np, y_np = dataset.take(rows.reshape(-1))
-    x = torch.as_tensor(np.ascontiguousarray(x_np)).to(device)
-    y = torch.as_tensor(np.ascontiguousarray(y_np)).to(device)
-    return x.reshape(*rows.shape, *x.shape[1:]), y.reshape(*rows.shape, *y.shape[1:])
 
 
 def _clip_rows(v: torch.Tensor, clip: float) -> torch.Tensor:
@@ -519,7 +443,7 @@ class MsPafl:
             replacement=self.replacement,
         )
         for s in range(self.local_steps):
-            xb, yb = _gather(self.dataset, clients, pos[s], self.device)
+            xb, yb = gather_batches(self.dataset, clients, pos[s], self.device)
             new = cohort_sgd_step(
                 self.model,
                 stacked,
