@@ -81,20 +81,55 @@ def gaussian_noise_like(
         ``torch.Generator``.
     """
     std = check_nonnegative("std", std)
+    _check_generator(generator)
+    if std == 0.0:
+        return {name: torch.zeros_like(t) for name, t in params.items()}
+    out = _standard_normal_like(params, generator)
+    for z in out.values():
+        z.mul_(std)
+    return out
+
+
+def _check_generator(generator: object) -> None:
     if not isinstance(generator, torch.Generator):
         raise InvalidParameterError(
             f"generator must be a torch.Generator; got {type(generator).__name__}"
         )
-    out: Params = {}
+
+
+def _standard_normal_like(
+    params: Mapping[str, torch.Tensor], generator: torch.Generator
+) -> Params:
+    """``N(0, 1)`` tensors shaped like ``params``, in the mapping's order.
+
+    When every template has the same floating dtype the noise is one flat draw
+    (one call into the generator) split into views, else one draw per tensor.
+    """
+    dtypes = {
+        t.dtype if t.is_floating_point() else torch.float32 for t in params.values()
+    }
+    if len(dtypes) == 1:
+        dtype = dtypes.pop()
+        flat = torch.randn(
+            sum(t.numel() for t in params.values()),
+            generator=generator,
+            device=generator.device,
+            dtype=dtype,
+        )
+        out: Params = {}
+        offset = 0
+        for name, t in params.items():
+            n = t.numel()
+            out[name] = flat[offset : offset + n].view(t.shape).to(device=t.device)
+            offset += n
+        return out
+    out = {}
     for name, t in params.items():
-        if std == 0.0:
-            out[name] = torch.zeros_like(t)
-            continue
         dtype = t.dtype if t.is_floating_point() else torch.float32
         z = torch.randn(
             t.shape, generator=generator, device=generator.device, dtype=dtype
         )
-        out[name] = (z * std).to(device=t.device, dtype=dtype)
+        out[name] = z.to(device=t.device)
     return out
 
 
@@ -120,8 +155,12 @@ class Privatizer(Protocol):
 def _add(
     total: Mapping[str, torch.Tensor], std: float, generator: torch.Generator
 ) -> Params:
-    noise = gaussian_noise_like(total, std, generator)
-    return {k: v + noise[k] for k, v in total.items()}
+    std = check_nonnegative("std", std)
+    _check_generator(generator)
+    if std == 0.0:
+        return {k: v.clone() for k, v in total.items()}
+    noise = _standard_normal_like(total, generator)
+    return {k: torch.add(v, noise[k], alpha=std) for k, v in total.items()}
 
 
 def _counts(num_participants: int, num_available: int) -> tuple[int, int]:
