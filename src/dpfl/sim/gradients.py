@@ -28,6 +28,8 @@ is the per-example loss. A loss that couples examples is not supported.
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Literal, cast, overload
 
@@ -208,6 +210,45 @@ def ghost_supported(model: nn.Module) -> bool:
     bool
         Whether the ghost kernel can compute its per-sample norms.
     """
+    return _structure(model).ghost
+
+
+@dataclasses.dataclass(frozen=True)
+class _Structure:
+    """What the kernels need to know of a model, computed once per model."""
+
+    layers: tuple[tuple[str, nn.Module], ...]  # modules holding parameters
+    ghost: bool
+    param_names: frozenset[str]
+
+
+_STRUCTURES: weakref.WeakKeyDictionary[nn.Module, _Structure] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _structure(model: nn.Module) -> _Structure:
+    """Return the model's layers and ghost support, computed once per model.
+
+    The per-round hot path would otherwise walk the module tree several times
+    a call. The cache assumes a model's modules do not change after first use.
+    """
+    found = _STRUCTURES.get(model)
+    if found is None:
+        found = _Structure(
+            layers=tuple(
+                (name, m)
+                for name, m in model.named_modules()
+                if list(m.parameters(recurse=False))
+            ),
+            ghost=_ghost_supported_uncached(model),
+            param_names=frozenset(n for n, _ in model.named_parameters()),
+        )
+        _STRUCTURES[model] = found
+    return found
+
+
+def _ghost_supported_uncached(model: nn.Module) -> bool:
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             return False
@@ -236,11 +277,7 @@ class _Recorder:
     """
 
     def __init__(self, model: nn.Module) -> None:
-        self.layers: dict[str, nn.Module] = {
-            name: m
-            for name, m in model.named_modules()
-            if list(m.parameters(recurse=False))
-        }
+        self.layers: dict[str, nn.Module] = dict(_structure(model).layers)
         self.inputs: dict[str, torch.Tensor] = {}
         self.outputs: dict[str, torch.Tensor] = {}
         self.reused = False
@@ -560,14 +597,14 @@ def clipped_grad_sum(
             "method='ghost' needs every parameter in nn.Linear or nn.Conv2d "
             "(groups=1, numeric zero padding); use method='vmap'"
         )
-    if method == "ghost" and set(p) != {n for n, _ in model.named_parameters()}:
+    if method == "ghost" and set(p) != _structure(model).param_names:
         raise InvalidParameterError(
             "method='ghost' needs params for every parameter of the model"
         )
     use_ghost = method == "ghost" or (
         method == "auto"
         and ghost_supported(model)
-        and set(p) == {n for n, _ in model.named_parameters()}
+        and set(p) == _structure(model).param_names
     )
     any_param = next(iter(p.values()), None)
     if any_param is None:
