@@ -512,3 +512,23 @@ def test_calibrate_over_many_rounds():
     )
     assert sigma == pytest.approx(2.5, rel=2e-3)
     assert rp.epsilon(1e-6, rounds=10_000, noise_multiplier=sigma, **S1).upper <= 0.3855
+
+
+def test_sound_delta_grows_with_records_per_client():
+    # The engine prices a round with d = the largest client's size; that is
+    # conservative only if the sound per-round delta is non-decreasing in d
+    # (more aligned companions separate participants from non-participants and
+    # weaken the amplification by p). Checked numerically at scenario 1's p, q
+    # and sigma = 2.5 (values from round_delta itself, strictly increasing).
+    deltas = [
+        rp.round_delta(
+            0.015,
+            participation_probability=0.001,
+            record_probability=0.1,
+            records_per_client=d,
+            noise_multiplier=2.5,
+            analysis="sound",
+        )
+        for d in (0, 1, 5, 30, 100)
+    ]
+    assert all(a < b for a, b in zip(deltas, deltas[1:])), deltas
