@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
 from typing import Any
 
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
@@ -129,8 +128,6 @@ class Accountant:
         default, so the certified upper bound is within 0.5% of the truth).
     discretization : float or None
         Starting value discretisation; ``None`` picks one from the events.
-    min_discretization : float
-        Refinement stops at this discretisation.
     max_support : int
         Refinement stops before a composed PLD would exceed this many grid
         points (memory and time cap; about 32 MB per direction).
@@ -149,13 +146,11 @@ class Accountant:
         *,
         tolerance: float = 0.005,
         discretization: float | None = None,
-        min_discretization: float = 1e-7,
         max_support: int = 4_000_000,
     ) -> None:
         self.analysis = analysis
         self.tolerance = tolerance
         self.discretization = discretization
-        self.min_discretization = min_discretization
         self.max_support = max_support
         self._events: list[tuple[ev.Event, int]] = []
 
@@ -180,49 +175,46 @@ class Accountant:
         return list(self._events)
 
     # -- queries --------------------------------------------------------------
-    def _composed(self, h: float) -> tuple[PLD | None, PLD | None]:
+    def _composed(self, h: float) -> PldPair:
+        """The composition of every event at grid step ``h``: (upper, lower)."""
         counts: dict[ev.Event, int] = {}
         for e, n in self._events:
             key = canonical(e)
             counts[key] = counts.get(key, 0) + n
-        up: PLD | None = None
-        lo: PLD | None = None
-        for e, n in counts.items():
-            u, low = _cached_price(e, self.analysis, h)
-            u, low = pld.self_compose(u, n), pld.self_compose(low, n)
-            up = u if up is None else up.compose(u)
-            lo = low if lo is None else lo.compose(low)
+        parts = [
+            pld.compose_bounds(*_cached_price(e, self.analysis, h), n)
+            for e, n in counts.items()
+        ]
+        up, lo = parts[0]
+        for u, low in parts[1:]:
+            up, lo = up.compose(u), lo.compose(low)
         return up, lo
 
-    def _refine(self, query: Callable[[PLD], float]) -> Bound:
+    def _bracket(
+        self, *, delta: float | None = None, epsilon: float | None = None
+    ) -> Bound:
         if not self._events:
             return Bound.exact(0.0)
-        h = self.discretization or _default_discretization(self._events)
-        best: Bound | None = None
-        while True:
-            up, lo = self._composed(h)
-            if up is None or lo is None:  # unreachable: events is non-empty
-                return Bound.exact(0.0)
-            u, low = query(up), query(lo)
-            low = min(low, u)
-            best = Bound(low, 0.5 * (low + u), u)
-            if (
-                best.gap <= self.tolerance
-                or h / 4 < self.min_discretization
-                or 4 * _support_size(up) > self.max_support
-            ):
-                return best
-            h /= 4
+        result = pld.refine_bound(
+            self._composed,
+            count=1,
+            delta=delta,
+            epsilon=epsilon,
+            tolerance=self.tolerance,
+            initial_discretization=(
+                self.discretization or _default_discretization(self._events)
+            ),
+            max_grid_points=self.max_support,
+        )
+        return result.bound
 
     def epsilon(self, delta: float) -> Bound:
         """Smallest ε with the composition (ε, δ)-DP, as a bound."""
-        delta = check_delta("delta", delta)
-        return self._refine(lambda p: float(p.get_epsilon_for_delta(delta)))
+        return self._bracket(delta=check_delta("delta", delta))
 
     def delta(self, epsilon: float) -> Bound:
         """δ(ε) of the composition, as a bound."""
-        epsilon = check_nonnegative("epsilon", epsilon)
-        return self._refine(lambda p: float(p.get_delta_for_epsilon(epsilon)))
+        return self._bracket(epsilon=check_nonnegative("epsilon", epsilon))
 
 
 # -- standard events: dp_accounting's own PLDs ----------------------------------
@@ -395,15 +387,6 @@ def _(event: ev.RecordPoisson, *, analysis: str, discretization: float) -> PldPa
     # Without client sampling, a record of a client is in the round's sum w.p. q:
     # the Poisson-subsampled Gaussian at rate q (OLS, Theorem 5.1).
     return _poisson_of_gaussian(event.sampling_probability, event.event, discretization)
-
-
-def _support_size(pld: PLD) -> int:
-    """Number of grid points of a PLD's larger direction (dense PMFs)."""
-    sizes = []
-    for pmf in (pld._pmf_remove, pld._pmf_add):  # noqa: SLF001 (dp_accounting has no accessor)
-        probs = getattr(pmf, "_probs", None)
-        sizes.append(len(probs) if probs is not None else 0)
-    return max(sizes)
 
 
 @functools.lru_cache(maxsize=64)

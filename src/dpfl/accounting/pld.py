@@ -1025,6 +1025,8 @@ def self_compose(
         If ``count < 1``.
     """
     count = check_count("count", count, minimum=1)
+    if count == 1:
+        return pld
     # pylint: disable=protected-access
     rem = _self_compose_pmf(pld._pmf_remove, count, tail_mass_truncation)
     if pld._symmetric:

@@ -33,9 +33,35 @@ from dpfl.accounting.events import Event
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.errors import DpflError, InvalidParameterError
 
-__all__ = ["Algorithm", "RoundReport", "Trainer", "round_generators"]
+__all__ = [
+    "Algorithm",
+    "RoundReport",
+    "Trainer",
+    "check_state_owner",
+    "model_state",
+    "round_generators",
+]
 
 _STATE_FORMAT = 1
+
+
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of ``model``'s state, for an algorithm's ``state_dict``."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def check_state_owner(state: dict[str, Any], name: str) -> None:
+    """Raise unless ``state`` was saved by the algorithm called ``name``.
+
+    Raises
+    ------
+    InvalidParameterError
+        If the state names another algorithm.
+    """
+    if state.get("name") != name:
+        raise InvalidParameterError(
+            f"state is for algorithm {state.get('name')!r}, not {name!r}"
+        )
 
 
 @dataclasses.dataclass

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Protocol
 
 import torch
 
@@ -133,12 +132,17 @@ def _standard_normal_like(
     return out
 
 
-class Privatizer(Protocol):
-    """Adds a round's noise to the sum of the participants' clipped contributions."""
+class Privatizer:
+    """Adds a round's noise to the sum of the participants' clipped contributions.
+
+    A privatizer says how much Gaussian noise the sum carries
+    (:meth:`noise_std`); :meth:`add_noise` is the same for all of them: the
+    sum of independent Gaussian messages is one Gaussian, drawn at once.
+    """
 
     def noise_std(self, *, num_participants: int, num_available: int) -> float:
         """Standard deviation of the total noise on the sum, per coordinate."""
-        ...
+        raise NotImplementedError
 
     def add_noise(
         self,
@@ -148,8 +152,28 @@ class Privatizer(Protocol):
         num_available: int,
         generator: torch.Generator,
     ) -> Params:
-        """Return ``total`` plus the round's noise (``total`` is not modified)."""
-        ...
+        """Return ``total`` plus the round's noise (``total`` is not modified).
+
+        Parameters
+        ----------
+        total : mapping of str to torch.Tensor
+            Sum of the participants' clipped contributions.
+        num_participants : int
+            Participants m this round (<= N).
+        num_available : int
+            Available clients N.
+        generator : torch.Generator
+            Source of the noise.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            The noisy sum, as the server obtains it.
+        """
+        std = self.noise_std(
+            num_participants=num_participants, num_available=num_available
+        )
+        return _add(total, std, generator)
 
 
 def _add(
@@ -173,7 +197,7 @@ def _counts(num_participants: int, num_available: int) -> tuple[int, int]:
     return m, n
 
 
-class CentralGaussian:
+class CentralGaussian(Privatizer):
     """A trusted server adds ``N(0, (noise_multiplier · clip)² I)`` to the sum.
 
     Parameters
@@ -205,39 +229,8 @@ class CentralGaussian:
             "noise_multiplier", self.noise_multiplier
         ) * check_positive("clip", self.clip)
 
-    def add_noise(
-        self,
-        total: Mapping[str, torch.Tensor],
-        *,
-        num_participants: int,
-        num_available: int,
-        generator: torch.Generator,
-    ) -> Params:
-        """Return ``total + N(0, (σC)² I)``.
 
-        Parameters
-        ----------
-        total : mapping of str to torch.Tensor
-            Sum of the participants' clipped contributions.
-        num_participants : int
-            Participants this round (unused by the noise; checked).
-        num_available : int
-            Available clients N.
-        generator : torch.Generator
-            Source of the noise.
-
-        Returns
-        -------
-        dict of str to torch.Tensor
-            The noisy sum.
-        """
-        std = self.noise_std(
-            num_participants=num_participants, num_available=num_available
-        )
-        return _add(total, std, generator)
-
-
-class ClientGaussian:
+class ClientGaussian(Privatizer):
     """Each participant adds its own ``N(0, (noise_multiplier · clip)² I)``.
 
     The sum of the ``m`` participants' messages carries noise of std
@@ -267,37 +260,6 @@ class ClientGaussian:
         m, _ = _counts(num_participants, num_available)
         return math.sqrt(m) * self.message_std()
 
-    def add_noise(
-        self,
-        total: Mapping[str, torch.Tensor],
-        *,
-        num_participants: int,
-        num_available: int,
-        generator: torch.Generator,
-    ) -> Params:
-        """Return ``total`` plus the sum of the participants' own noises.
-
-        Parameters
-        ----------
-        total : mapping of str to torch.Tensor
-            Sum of the participants' clipped contributions.
-        num_participants : int
-            Participants m this round.
-        num_available : int
-            Available clients N (>= m).
-        generator : torch.Generator
-            Source of the noise.
-
-        Returns
-        -------
-        dict of str to torch.Tensor
-            The noisy sum (one draw of std ``sqrt(m) σ_c C``).
-        """
-        std = self.noise_std(
-            num_participants=num_participants, num_available=num_available
-        )
-        return _add(total, std, generator)
-
     def noise_messages(
         self, stacked: Mapping[str, torch.Tensor], generator: torch.Generator
     ) -> Params:
@@ -318,7 +280,7 @@ class ClientGaussian:
         return _add(stacked, self.message_std(), generator)
 
 
-class NoiseOnlyMessages:
+class NoiseOnlyMessages(Privatizer):
     """Untrusted server (random participation §5.5): every client sends a message.
 
     Participants send their clipped sum plus their own noise, the others noise.
@@ -394,34 +356,3 @@ class NoiseOnlyMessages:
                 check_positive("clip", self.clip)
             )
         return math.sqrt(n) * self.message_std(num_available=n)
-
-    def add_noise(
-        self,
-        total: Mapping[str, torch.Tensor],
-        *,
-        num_participants: int,
-        num_available: int,
-        generator: torch.Generator,
-    ) -> Params:
-        """Return ``total`` plus the summed noise of all ``N`` messages.
-
-        Parameters
-        ----------
-        total : mapping of str to torch.Tensor
-            Sum of the participants' clipped contributions.
-        num_participants : int
-            Participants m this round (<= N).
-        num_available : int
-            Available clients N; all of them send a message.
-        generator : torch.Generator
-            Source of the noise.
-
-        Returns
-        -------
-        dict of str to torch.Tensor
-            What the server obtains by summing the ``N`` messages.
-        """
-        std = self.noise_std(
-            num_participants=num_participants, num_available=num_available
-        )
-        return _add(total, std, generator)

@@ -107,6 +107,7 @@ from dpfl.errors import (
 )
 from dpfl.sim.evaluation import evaluate_model
 from dpfl.sim.gradients import check_finite, cohort_sgd_step, stack_params
+from dpfl.sim.loop import check_state_owner, model_state
 from dpfl.sim.privatize import CentralGaussian
 from dpfl.sim.sampling import FixedCohortSampler, PoissonClientSampler, RoundSample
 
@@ -944,9 +945,7 @@ class DpFedAvg:
         """
         return {
             "name": self.name,
-            "model": {
-                k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()
-            },
+            "model": model_state(self.model),
             "clip_bound": self.clip_bound,
             "communication_cost": self.communication_cost,
             "round": self._next_round(),
@@ -965,10 +964,7 @@ class DpFedAvg:
         dpfl.errors.InvalidParameterError
             If the state belongs to another algorithm.
         """
-        if state.get("name") != self.name:
-            raise InvalidParameterError(
-                f"state is for algorithm {state.get('name')!r}, not {self.name!r}"
-            )
+        check_state_owner(state, self.name)
         self.model.load_state_dict(state["model"])
         self.clip_bound = float(state["clip_bound"])
         self.communication_cost = int(state["communication_cost"])

@@ -53,6 +53,7 @@ from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.evaluation import evaluate_model
 from dpfl.sim.gradients import check_finite, clipped_grad_sum
+from dpfl.sim.loop import check_state_owner, model_state
 from dpfl.sim.privatize import CentralGaussian, NoiseOnlyMessages, Privatizer
 from dpfl.sim.sampling import PoissonParticipationSampler, RoundSample
 
@@ -390,9 +391,7 @@ class DsgdRandomParticipation:
         """
         return {
             "name": self.name,
-            "model": {
-                k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()
-            },
+            "model": model_state(self.model),
             "velocity": {k: v.detach().cpu().clone() for k, v in self.velocity.items()},
         }
 
@@ -409,10 +408,7 @@ class DsgdRandomParticipation:
         dpfl.errors.InvalidParameterError
             If the state belongs to another algorithm or model.
         """
-        if state.get("name") != self.name:
-            raise InvalidParameterError(
-                f"state is for algorithm {state.get('name')!r}, not {self.name!r}"
-            )
+        check_state_owner(state, self.name)
         if set(state["velocity"]) != set(self.velocity):
             raise InvalidParameterError(
                 "state's parameters do not match the model's: "

@@ -87,6 +87,7 @@ from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.sim.batches import draw_local_batches, gather_batches
 from dpfl.sim.evaluation import evaluate_model
 from dpfl.sim.gradients import check_finite, cohort_sgd_step, stack_params
+from dpfl.sim.loop import check_state_owner, model_state
 from dpfl.sim.privatize import ClientGaussian
 from dpfl.sim.sampling import PoissonClientSampler
 
@@ -558,9 +559,7 @@ class Locks:
         """
         return {
             "name": self.name,
-            "model": {
-                k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()
-            },
+            "model": model_state(self.model),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -576,10 +575,7 @@ class Locks:
         dpfl.errors.InvalidParameterError
             If the state belongs to another algorithm.
         """
-        if state.get("name") != self.name:
-            raise InvalidParameterError(
-                f"state is for algorithm {state.get('name')!r}, not {self.name!r}"
-            )
+        check_state_owner(state, self.name)
         self.model.load_state_dict(state["model"])
 
     # -- the run's guarantee ----------------------------------------------------

@@ -77,6 +77,7 @@ from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.models.split import ParameterSplit, split_parameters
 from dpfl.sim.batches import draw_local_batches, gather_batches
 from dpfl.sim.gradients import check_finite, cohort_sgd_step
+from dpfl.sim.loop import check_state_owner, model_state
 from dpfl.sim.privatize import ClientGaussian
 from dpfl.sim.sampling import PoissonClientSampler
 
@@ -687,9 +688,7 @@ class MsPafl:
         """
         return {
             "name": self.name,
-            "model": {
-                k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()
-            },
+            "model": model_state(self.model),
             "private_parts": self.private_parts.detach().cpu().clone(),
         }
 
@@ -706,10 +705,7 @@ class MsPafl:
         dpfl.errors.InvalidParameterError
             If the state belongs to another algorithm or shape.
         """
-        if state.get("name") != self.name:
-            raise InvalidParameterError(
-                f"state is for algorithm {state.get('name')!r}, not {self.name!r}"
-            )
+        check_state_owner(state, self.name)
         parts = state["private_parts"]
         if tuple(parts.shape) != tuple(self.private_parts.shape):
             raise InvalidParameterError(

@@ -98,6 +98,7 @@ from dpfl.sim.gradients import (
     clipped_grad_sum,
     ghost_supported,
 )
+from dpfl.sim.loop import check_state_owner
 from dpfl.sim.privatize import gaussian_noise_like
 from dpfl.sim.sampling import PoissonClientSampler
 
@@ -906,10 +907,7 @@ class PriFedSync:
         dpfl.errors.InvalidParameterError
             If the state belongs to another algorithm or model size.
         """
-        if state.get("name") != self.name:
-            raise InvalidParameterError(
-                f"state is for algorithm {state.get('name')!r}, not {self.name!r}"
-            )
+        check_state_owner(state, self.name)
         if int(state["global"].numel()) != self.num_parameters:
             raise InvalidParameterError(
                 f"state holds {state['global'].numel()} parameters; the model has "
