@@ -554,3 +554,69 @@ def test_batched_ghost_non_finite_raises():
     xb[1, 2, 0] = float("inf")
     with pytest.raises(NonFiniteUpdateError, match="norms"):
         batched_client_grads(model, stacked, xb, yb, clip=1.0, method="ghost")
+
+
+class ConvNet(nn.Module):
+    """Configurable: first conv (im2col route when cin < 4), second conv
+    (grouped route, needs an input gradient), pooling, a Linear on 3-d input."""
+
+    def __init__(self, cin, k1, stride, pad, dil, bias, pool) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, 3, k1, stride=stride, padding=pad, dilation=dil)
+        self.c2 = nn.Conv2d(3, 4, 2, bias=bias)
+        self.pool = pool
+        self.seq = nn.Linear(4, 3, bias=bias)  # on [b, positions, 4]
+        self.fc = nn.LazyLinear(5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.c1(x))
+        if self.pool:
+            h = F.max_pool2d(h, 2, stride=1)
+        h = torch.tanh(self.c2(h))
+        h = self.seq(h.flatten(2).transpose(1, 2))  # [b, L, 3]
+        return self.fc(h.flatten(1))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    cin=st.sampled_from([1, 2, 5]),
+    k1=st.integers(1, 3),
+    stride=st.integers(1, 2),
+    pad=st.integers(0, 1),
+    dil=st.integers(1, 2),
+    bias=st.booleans(),
+    pool=st.booleans(),
+    clip=st.sampled_from([None, 0.05, 10.0]),
+    n=st.integers(1, 4),
+    b=st.integers(1, 4),
+    masked=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_cohort_conv_kernel_equals_client_example_loop(
+    cin, k1, stride, pad, dil, bias, pool, clip, n, b, masked, seed
+):
+    # Property: the cross-client kernel (per-client im2col or grouped
+    # convolutions over the flat batch) equals the per-client, per-example
+    # autograd loop (atol 1e-5, float32) for convolutions with any stride,
+    # padding, dilation, bias or none, clipped or not, with padding masks.
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = ConvNet(cin, k1, stride, pad, dil, bias, pool)
+    model(torch.zeros(1, cin, 9, 9))  # materialise the lazy layer
+    assert ghost_supported(model)
+    stacked = stack_params(params_of(model), n)
+    for v in stacked.values():
+        v.add_(0.2 * torch.randn(v.shape, generator=g))
+    xb = torch.randn(n, b, cin, 9, 9, generator=g)
+    yb = torch.randint(0, 5, (n, b), generator=g)
+    mask = None
+    if masked:
+        mask = (torch.rand(n, b, generator=g) < 0.6).float()
+        xb[mask == 0] = 0.0
+    got = batched_client_grads(
+        model, stacked, xb, yb, clip=clip, sample_mask=mask, method="ghost"
+    )
+    ref = client_loop_reference(model, stacked, xb, yb, clip or 1e9, mask)
+    assert_dicts_close(got, ref)
+    # The model's own modules are restored after the cohort pass.
+    assert all("forward" not in vars(mod) for mod in model.modules())
