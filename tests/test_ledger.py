@@ -2,10 +2,11 @@ import json
 
 import pytest
 
+from dpfl.accounting import events as ev
 from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.events import Gaussian, PoissonSampled
 from dpfl.accounting.ledger import Budget, PrivacyLedger
-from dpfl.errors import BudgetExceededError, DpflError
+from dpfl.errors import BudgetExceededError, DpflError, InvalidParameterError
 
 EVENT = PoissonSampled(0.05, Gaussian(1.0))
 
@@ -107,3 +108,57 @@ def test_flush_appends_a_journal_and_load_replays_it(tmp_path):
     reloaded.flush()
     assert not journal.exists()
     assert PrivacyLedger.load(path).rounds == 6
+
+
+# ----------------------------------------------------- the guard survives a reload
+def test_moments_accountant_guard_survives_save_and_load(tmp_path):
+    # A MomentsAccountantLedger saved (snapshot) and flushed (journal) comes
+    # back from PrivacyLedger.load as a MomentsAccountantLedger and refuses
+    # the round that rdp.dp_fedavg_stop_round(analysis="paper") names: the
+    # paper's RDP rule, not the PLD guard a plain ledger would use (which
+    # allows more rounds here; see the second assertion).
+    from dpfl.accounting import rdp
+    from dpfl.accounting.ledger import MomentsAccountantLedger
+
+    k, m, sigma, eps, q = 20, 10, 0.7, 8.0, 1e-3
+    stop = rdp.dp_fedavg_stop_round(
+        epsilon=eps,
+        threshold=q,
+        clients=k,
+        cohort_sizes=m,
+        noise_multipliers=sigma,
+        max_rounds=100,
+        analysis="paper",
+    )
+    event = ev.FixedCohort(m, k, ev.Gaussian(sigma))
+    plain = PrivacyLedger(Budget(eps, q), analysis="paper")
+    assert plain.max_rounds(event, limit=100) > stop - 1  # PLD allows more
+    path = tmp_path / "ledger.json"
+    ledger = MomentsAccountantLedger(Budget(eps, q), path=path)
+    ledger.record(event)
+    ledger.save()
+    for _ in range(stop - 3):
+        ledger.record(event)
+    ledger.flush()  # the rest in the journal
+    back = PrivacyLedger.load(path)
+    assert type(back) is MomentsAccountantLedger
+    assert back.rounds == stop - 2 and back.to_json()["guard"] == "moments-accountant"
+    back.check(event)  # round stop - 1 is allowed ...
+    back.record(event)
+    with pytest.raises(BudgetExceededError, match="moments accountant"):
+        back.check(event)  # ... round `stop` is refused
+    # A plain ledger's file loads as a plain ledger; asking a subclass to load
+    # it is an error that names the guard.
+    plain.save(tmp_path / "plain.json")
+    assert type(PrivacyLedger.load(tmp_path / "plain.json")) is PrivacyLedger
+    with pytest.raises(DpflError, match="'accountant' guard"):
+        MomentsAccountantLedger.load(tmp_path / "plain.json")
+
+
+def test_ledger_class_names_the_guards():
+    from dpfl.accounting.ledger import MomentsAccountantLedger, ledger_class
+
+    assert ledger_class("accountant") is PrivacyLedger
+    assert ledger_class("moments-accountant") is MomentsAccountantLedger
+    with pytest.raises(InvalidParameterError, match="guard must be one of"):
+        ledger_class("rdp")

@@ -309,3 +309,77 @@ def test_demo_sound_beats_ols(tmp_path):
         e is not None and e <= 4.0 for n, e in res.epsilon.items() if n != "nonprivate"
     )
     assert (tmp_path / "demo" / "report.md").exists()
+
+
+def test_dp_fedavg_moments_accountant_guard_stops_and_resumes(tmp_path, monkeypatch):
+    # privacy.guard: moments-accountant runs DP-FedAvg with the paper's stop
+    # rule: at K = 20, m = 10, σ = 0.7, ε = 8, Q = 1e-3 it releases exactly the
+    # rounds before rdp.dp_fedavg_stop_round(analysis="paper"); the ledger file
+    # keeps the guard, so a run killed midway and resumed stops at the same
+    # round (a plain ledger reloaded would allow more: the PLD reading).
+    from dpfl.accounting import rdp
+
+    k, m, sigma, eps, q = 20, 10, 0.7, 8.0, 1e-3
+    stop = rdp.dp_fedavg_stop_round(
+        epsilon=eps,
+        threshold=q,
+        clients=k,
+        cohort_sizes=m,
+        noise_multipliers=sigma,
+        max_rounds=100,
+        analysis="paper",
+    )
+
+    def config(name):
+        return config_from_dict(
+            {
+                "name": name,
+                "seed": 0,
+                "rounds": 30,
+                "output_dir": str(tmp_path / "runs"),
+                "eval_every": 10,
+                "checkpoint_every": 2,
+                "data": {
+                    "num_clients": k,
+                    "records_per_client": 20,
+                    "options": {"flatten": True},
+                },
+                "model": {"name": "logistic_regression"},
+                "algorithm": {
+                    "name": "dp-fedavg",
+                    "params": {
+                        "cohort_size": m,
+                        "local_epochs": 1,
+                        "batch_size": 10,
+                        "clipping": "fixed",
+                        "clip": 1.0,
+                    },
+                },
+                "privacy": {
+                    "epsilon": eps,
+                    "delta": q,
+                    "analysis": "paper",
+                    "guard": "moments-accountant",
+                    "noise_multiplier": sigma,
+                },
+            }
+        )
+
+    res = run(config("straight"), progress=False)
+    assert res.stopped == "budget" and res.rounds_completed == stop - 1
+    crash_at(monkeypatch, 3)
+    with pytest.raises(RuntimeError, match="killed"):
+        run(config("resumed"), progress=False)
+    monkeypatch.undo()
+    again = resume(config("resumed").run_dir, progress=False)
+    assert again.stopped == "budget" and again.rounds_completed == stop - 1
+    assert len(ledger_entries(config("resumed").run_dir)) == stop - 1
+
+
+def test_moments_accountant_guard_config_errors(tmp_path):
+    from dpfl.experiments.config import ConfigError
+
+    with pytest.raises(ConfigError, match="needs algorithm.name 'dp-fedavg'"):
+        tiny(tmp_path, privacy={"guard": "moments-accountant", "analysis": "paper"})
+    with pytest.raises(ConfigError, match="guard"):
+        tiny(tmp_path, privacy={"guard": "rdp"})

@@ -30,7 +30,12 @@ from dpfl.accounting.events import (
     event_to_dict,
     scale_noise,
 )
-from dpfl.accounting.ledger import Budget, LedgerEntry, PrivacyLedger
+from dpfl.accounting.ledger import (
+    Budget,
+    LedgerEntry,
+    MomentsAccountantLedger,
+    PrivacyLedger,
+)
 
 __all__ = [
     "Accountant",
@@ -43,6 +48,7 @@ __all__ = [
     "Gaussian",
     "Guarantee",
     "LedgerEntry",
+    "MomentsAccountantLedger",
     "PoissonSampled",
     "PrivacyLedger",
     "RecordPoisson",

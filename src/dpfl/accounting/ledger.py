@@ -19,17 +19,30 @@ import math
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from dpfl.accounting import events as ev
+from dpfl.accounting import rdp
 from dpfl.accounting._checks import check_delta, check_positive
 from dpfl.accounting.accountant import Accountant, canonical
 from dpfl.accounting.bounds import Bound
-from dpfl.errors import BudgetExceededError, DpflError
+from dpfl.errors import (
+    BudgetExceededError,
+    DpflError,
+    InvalidParameterError,
+    UnsupportedEventError,
+)
 
-__all__ = ["Budget", "LedgerEntry", "PrivacyLedger"]
+__all__ = [
+    "GUARDS",
+    "Budget",
+    "LedgerEntry",
+    "MomentsAccountantLedger",
+    "PrivacyLedger",
+    "ledger_class",
+]
 
 _FORMAT = 1
 
@@ -108,6 +121,10 @@ class PrivacyLedger:
     tolerance : float
         Relative bracket width passed to the :class:`Accountant`.
     """
+
+    #: Name of the budget guard, saved with the ledger so that
+    #: :meth:`load` restores the same stop rule (see :data:`GUARDS`).
+    guard: ClassVar[str] = "accountant"
 
     def __init__(
         self,
@@ -318,6 +335,7 @@ class PrivacyLedger:
         """Return the ledger as a JSON-ready dict."""
         return {
             "format": _FORMAT,
+            "guard": self.guard,
             "analysis": self.analysis,
             "tolerance": self.tolerance,
             "budget": None if self.budget is None else dataclasses.asdict(self.budget),
@@ -377,12 +395,17 @@ class PrivacyLedger:
 
     @classmethod
     def load(cls, path: str | Path) -> PrivacyLedger:
-        """Read a ledger written by :meth:`save`.
+        """Read a ledger written by :meth:`save` (or :meth:`flush`).
+
+        The ledger comes back as the class its file names in ``"guard"``
+        (files without it: :class:`PrivacyLedger`), so a run resumed from it
+        keeps its stop rule.
 
         Raises
         ------
         DpflError
-            If the file is missing or not a dpfl ledger.
+            If the file is missing or not a dpfl ledger, or names a guard that
+            is not ``cls`` or one of its subclasses.
         """
         p = Path(path)
         try:
@@ -394,7 +417,13 @@ class PrivacyLedger:
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise DpflError(f"{p} is not a dpfl ledger (format {_FORMAT})")
         budget = data.get("budget")
-        ledger = cls(
+        kind = ledger_class(str(data.get("guard", PrivacyLedger.guard)))
+        if not issubclass(kind, cls):
+            raise DpflError(
+                f"{p} holds a ledger with the {kind.guard!r} guard; load it with "
+                f"{kind.__name__}.load or PrivacyLedger.load"
+            )
+        ledger = kind(
             None if budget is None else Budget(**budget),
             analysis=data.get("analysis", "sound"),
             path=p,
@@ -413,3 +442,160 @@ class PrivacyLedger:
                     ledger._entries.append(LedgerEntry.from_json(item))
             ledger._persisted = 0  # the next flush compacts into the snapshot
         return ledger
+
+
+class MomentsAccountantLedger(PrivacyLedger):
+    """A ledger whose guard is Geyer et al.'s moments accountant (RDP).
+
+    The guard refuses the round after which ``δ(ε) > Q`` where δ is computed by
+    :func:`dpfl.accounting.rdp.dp_fedavg_delta` with ``analysis="paper"``:
+    RDP of the Poisson-subsampled Gaussian at ``q_t = m_t/K`` composed over the
+    rounds (heterogeneous m_t, σ_t) and converted to (ε, δ). So a run with this
+    ledger stops exactly where :func:`dpfl.accounting.rdp.dp_fedavg_stop_round`
+    (``analysis="paper"``) says, i.e. where the paper's Algorithm 1 stops.
+
+    The Poisson reading is not valid for fixed-size cohorts (SPEC §4.3 item 1);
+    use :class:`PrivacyLedger` with ``analysis="sound"`` for a defensible
+    guarantee. :meth:`epsilon` reports the Accountant's ``"paper"`` reading
+    (tight PLD, smaller than the RDP bound). The saved file names this guard
+    (``"guard": "moments-accountant"``), so :meth:`PrivacyLedger.load` gives
+    back a ledger of this class, which stops where the original would have.
+
+    Parameters
+    ----------
+    budget : Budget
+        ``Budget(epsilon=ε, delta=Q)`` (the paper: ε = 8, Q = 1e-3 for K = 100).
+    analysis : str
+        Stored for :meth:`epsilon`; default ``"paper"``.
+    path : str or Path or None
+        Where :meth:`save` writes.
+    tolerance : float
+        Passed to the :class:`~dpfl.accounting.accountant.Accountant`.
+
+    References
+    ----------
+    Geyer, Klein & Nabi (2017), Algorithm 1 lines 4-5; Abadi et al. (2016),
+    Theorem 2; SPEC.md §4.2.
+    """
+
+    guard: ClassVar[str] = "moments-accountant"
+
+    def __init__(
+        self,
+        budget: Budget | None = None,
+        *,
+        analysis: str = "paper",
+        path: str | Path | None = None,
+        tolerance: float = 0.02,
+    ) -> None:
+        super().__init__(budget, analysis=analysis, path=path, tolerance=tolerance)
+
+    @staticmethod
+    def _round(event: ev.Event) -> tuple[int, int, float]:
+        if not (
+            isinstance(event, ev.FixedCohort)
+            and isinstance(event.event, ev.Gaussian)
+            and event.event.sensitivity == 1.0
+        ):
+            raise UnsupportedEventError(
+                "the moments-accountant guard prices FixedCohort(m, K, "
+                f"Gaussian(sigma)) rounds only; got {event!r}"
+            )
+        return event.population, event.cohort_size, event.event.noise_multiplier
+
+    def moments_delta(self, epsilon: float, events: Sequence[ev.Event]) -> float:
+        """δ(ε) of ``events`` under the paper's moments accountant.
+
+        Parameters
+        ----------
+        epsilon : float
+            ε >= 0.
+        events : sequence of Event
+            FixedCohort rounds with one population K.
+
+        Returns
+        -------
+        float
+            δ (0 for no events).
+
+        Raises
+        ------
+        dpfl.errors.UnsupportedEventError
+            If an event is not ``FixedCohort(m, K, Gaussian(σ))``.
+        dpfl.errors.InvalidParameterError
+            If the rounds have different populations K.
+        """
+        if not events:
+            return 0.0
+        rounds = [self._round(e) for e in events]
+        populations = {k for k, _, _ in rounds}
+        if len(populations) != 1:
+            raise InvalidParameterError(
+                f"all rounds must share one population K; got {sorted(populations)}"
+            )
+        return rdp.dp_fedavg_delta(
+            epsilon=epsilon,
+            clients=populations.pop(),
+            cohort_sizes=[m for _, m, _ in rounds],
+            noise_multipliers=[z for _, _, z in rounds],
+            analysis="paper",
+        )
+
+    def check(self, event: ev.Event) -> None:
+        """Raise if recording ``event`` would make the moments-accountant δ exceed Q.
+
+        Parameters
+        ----------
+        event : Event
+            The next round's event.
+
+        Raises
+        ------
+        dpfl.errors.BudgetExceededError
+            If ``δ(ε)`` after the round exceeds ``budget.delta``.
+        """
+        if self.budget is None or math.isinf(self.budget.epsilon):
+            return
+        history = [e.event for e in self._entries]
+        delta = self.moments_delta(self.budget.epsilon, [*history, event])
+        if delta > self.budget.delta:
+            raise BudgetExceededError(
+                f"round {len(history) + 1} would give delta={delta:.4g} > "
+                f"Q={self.budget.delta} at epsilon={self.budget.epsilon} "
+                "(moments accountant, Poisson reading of the cohort); stopped "
+                f"before it ({len(history)} rounds spent)"
+            )
+
+
+#: The ledgers by the name of their guard (``privacy.guard`` in a run config).
+GUARDS: dict[str, type[PrivacyLedger]] = {
+    PrivacyLedger.guard: PrivacyLedger,
+    MomentsAccountantLedger.guard: MomentsAccountantLedger,
+}
+
+
+def ledger_class(guard: str) -> type[PrivacyLedger]:
+    """The ledger class whose budget guard is named ``guard``.
+
+    Parameters
+    ----------
+    guard : str
+        ``"accountant"`` (the Accountant's bound under the ledger's analysis)
+        or ``"moments-accountant"`` (DP-FedAvg's RDP stop rule).
+
+    Returns
+    -------
+    type
+        :class:`PrivacyLedger` or a subclass.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        For an unknown name.
+    """
+    try:
+        return GUARDS[guard]
+    except KeyError:
+        raise InvalidParameterError(
+            f"guard must be one of {sorted(GUARDS)}; got {guard!r}"
+        ) from None

@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from dpfl.accounting.ledger import GUARDS as LEDGER_GUARDS
 from dpfl.errors import InvalidParameterError
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
 ALGORITHMS = ("dsgd-rp", "dp-fedavg", "prifedsync", "ms-pafl", "locks")
 #: Analyses that price random participation (see ``dpfl.accounting.participation``).
 ANALYSES = ("sound", "wcs", "paper", "ols", "cs", "pld")
+GUARDS = tuple(LEDGER_GUARDS)
 _SERVERS = ("trusted", "untrusted")
 _DEVICES = ("cpu", "cuda", "auto")
 
@@ -270,12 +272,20 @@ class PrivacyConfig:
     noise_multiplier : float or None
         σ (noise std over clip). ``None``: calibrate σ so that ``rounds``
         rounds spend exactly the budget under ``analysis``.
+    guard : str
+        The stop rule. ``"accountant"`` (default): the ledger refuses the
+        round whose ``analysis`` bound would pass the budget.
+        ``"moments-accountant"``: DP-FedAvg's own rule (Geyer et al.,
+        Algorithm 1), RDP of the cohort read as Poisson, stopping when δ at
+        ``epsilon`` would pass ``delta`` = Q; only for ``dp-fedavg`` with
+        fixed cohorts, with ``analysis: paper`` and a given noise multiplier.
     """
 
     epsilon: float = _field(4.0, _positive)
     delta: float = _field(1e-5, _open_unit)
     analysis: str = _field("sound", _one_of(ANALYSES))
     noise_multiplier: float | None = _field(None, _nonnegative)
+    guard: str = _field("accountant", _one_of(GUARDS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,11 +325,29 @@ class RunConfig:
     device: str = _field("cpu", _one_of(_DEVICES))
 
     def __post_init__(self) -> None:
-        if math.isinf(self.privacy.epsilon) and self.privacy.noise_multiplier is None:
+        priv = self.privacy
+        if math.isinf(priv.epsilon) and priv.noise_multiplier is None:
             raise ConfigError(
                 "privacy.noise_multiplier must be given when privacy.epsilon is "
                 "inf (there is no budget to calibrate to); got None"
             )
+        if priv.guard == "moments-accountant":
+            params = self.algorithm.params
+            needs = {
+                "algorithm.name 'dp-fedavg'": self.algorithm.name == "dp-fedavg",
+                "algorithm.params.sampling 'fixed'": params.get("sampling", "fixed")
+                == "fixed",
+                "privacy.analysis 'paper'": priv.analysis == "paper",
+                "a noise multiplier (privacy.noise_multiplier or "
+                "algorithm.params.noise_multiplier)": priv.noise_multiplier is not None
+                or "noise_multiplier" in params,
+            }
+            missing = [k for k, ok in needs.items() if not ok]
+            if missing:
+                raise ConfigError(
+                    "privacy.guard 'moments-accountant' (DP-FedAvg's stop rule) "
+                    f"needs {', '.join(missing)}"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         """Return the configuration as plain data (YAML/JSON ready)."""

@@ -52,7 +52,7 @@ import yaml
 
 from dpfl.accounting import events as ev
 from dpfl.accounting.accountant import Accountant
-from dpfl.accounting.ledger import Budget, PrivacyLedger
+from dpfl.accounting.ledger import Budget, PrivacyLedger, ledger_class
 from dpfl.errors import BudgetExceededError, DpflError
 from dpfl.experiments.config import RunConfig, config_from_dict, load_config
 
@@ -465,7 +465,9 @@ def _build_algorithm(config: RunConfig, model: Any, dataset: Any) -> Any:
 def _ledger(config: RunConfig, run_dir: Path) -> PrivacyLedger:
     priv = config.privacy
     budget = None if math.isinf(priv.epsilon) else Budget(priv.epsilon, priv.delta)
-    return PrivacyLedger(budget, analysis=priv.analysis, path=run_dir / LEDGER)
+    return ledger_class(priv.guard)(
+        budget, analysis=priv.analysis, path=run_dir / LEDGER
+    )
 
 
 # -- the run ------------------------------------------------------------------------
@@ -558,10 +560,15 @@ def _check_ledger(ledger: PrivacyLedger, config: RunConfig) -> None:
         and budget.epsilon == priv.epsilon
         and budget.delta == priv.delta
     )
-    if ledger.analysis != priv.analysis or not same_budget:
+    if (
+        ledger.analysis != priv.analysis
+        or ledger.guard != priv.guard
+        or not same_budget
+    ):
         raise DpflError(
-            f"the saved ledger (analysis {ledger.analysis!r}, budget {budget}) does "
-            f"not match the configuration (analysis {priv.analysis!r}, epsilon="
+            f"the saved ledger (analysis {ledger.analysis!r}, guard "
+            f"{ledger.guard!r}, budget {budget}) does not match the configuration "
+            f"(analysis {priv.analysis!r}, guard {priv.guard!r}, epsilon="
             f"{priv.epsilon}, delta={priv.delta})"
         )
 

@@ -30,7 +30,9 @@ decreasing in ε). Which accountant prices the rounds depends on the ledger:
 * :class:`MomentsAccountantLedger` — the paper's own rule: moments accountant
   (RDP) with the Poisson reading (= ``rdp.dp_fedavg_stop_round(...,
   analysis="paper")``). The RDP bound is looser than the PLD, so this ledger
-  stops earlier (K=100, m=50, σ=1.2, ε=8, Q=1e-3: round 15 vs 19).
+  stops earlier (K=100, m=50, σ=1.2, ε=8, Q=1e-3: round 15 vs 19). In a run
+  config: ``privacy: {analysis: paper, guard: moments-accountant}``; the
+  ledger file names its guard, so a resumed run keeps the rule.
 
 **Clipping bounds** (``clipping``):
 
@@ -81,7 +83,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -91,19 +92,16 @@ from torch import nn
 from torch.func import functional_call
 
 from dpfl.accounting import events as ev
-from dpfl.accounting import rdp
 from dpfl.accounting._checks import (
     check_count,
     check_nonnegative,
     check_positive,
     check_probability,
 )
-from dpfl.accounting.ledger import Budget, PrivacyLedger
+from dpfl.accounting.ledger import MomentsAccountantLedger
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import (
-    BudgetExceededError,
     InvalidParameterError,
-    UnsupportedEventError,
 )
 from dpfl.sim.evaluation import evaluate_model
 from dpfl.sim.gradients import check_finite, cohort_sgd_step, stack_params
@@ -243,128 +241,6 @@ def _as_update_matrix(updates: torch.Tensor | np.ndarray) -> torch.Tensor:
             f"{tuple(u.shape)}"
         )
     return u
-
-
-# ------------------------------------------------------ the paper's stop rule
-class MomentsAccountantLedger(PrivacyLedger):
-    """A ledger whose guard is Geyer et al.'s moments accountant (RDP).
-
-    The guard refuses the round after which ``δ(ε) > Q`` where δ is computed by
-    :func:`dpfl.accounting.rdp.dp_fedavg_delta` with ``analysis="paper"``:
-    RDP of the Poisson-subsampled Gaussian at ``q_t = m_t/K`` composed over the
-    rounds (heterogeneous m_t, σ_t) and converted to (ε, δ). So a run with this
-    ledger stops exactly where :func:`dpfl.accounting.rdp.dp_fedavg_stop_round`
-    (``analysis="paper"``) says, i.e. where the paper's Algorithm 1 stops.
-
-    The Poisson reading is not valid for fixed-size cohorts (SPEC §4.3 item 1);
-    use :class:`~dpfl.accounting.ledger.PrivacyLedger` with
-    ``analysis="sound"`` for a defensible guarantee. :meth:`epsilon` and the
-    saved file report the Accountant's ``"paper"`` reading (tight PLD, smaller
-    than the RDP bound); reloaded with :meth:`PrivacyLedger.load`, the file
-    gives a PLD guard, which allows more rounds.
-
-    Parameters
-    ----------
-    budget : Budget
-        ``Budget(epsilon=ε, delta=Q)`` (the paper: ε = 8, Q = 1e-3 for K = 100).
-    analysis : str
-        Stored for :meth:`epsilon`; default ``"paper"``.
-    path : str or Path or None
-        Where :meth:`save` writes.
-    tolerance : float
-        Passed to the :class:`~dpfl.accounting.accountant.Accountant`.
-
-    References
-    ----------
-    Geyer, Klein & Nabi (2017), Algorithm 1 lines 4-5; Abadi et al. (2016),
-    Theorem 2; SPEC.md §4.2.
-    """
-
-    def __init__(
-        self,
-        budget: Budget | None = None,
-        *,
-        analysis: str = "paper",
-        path: str | Path | None = None,
-        tolerance: float = 0.02,
-    ) -> None:
-        super().__init__(budget, analysis=analysis, path=path, tolerance=tolerance)
-
-    @staticmethod
-    def _round(event: ev.Event) -> tuple[int, int, float]:
-        if not (
-            isinstance(event, ev.FixedCohort)
-            and isinstance(event.event, ev.Gaussian)
-            and event.event.sensitivity == 1.0
-        ):
-            raise UnsupportedEventError(
-                "the moments-accountant guard prices FixedCohort(m, K, "
-                f"Gaussian(sigma)) rounds only; got {event!r}"
-            )
-        return event.population, event.cohort_size, event.event.noise_multiplier
-
-    def moments_delta(self, epsilon: float, events: Sequence[ev.Event]) -> float:
-        """δ(ε) of ``events`` under the paper's moments accountant.
-
-        Parameters
-        ----------
-        epsilon : float
-            ε >= 0.
-        events : sequence of Event
-            FixedCohort rounds with one population K.
-
-        Returns
-        -------
-        float
-            δ (0 for no events).
-
-        Raises
-        ------
-        dpfl.errors.UnsupportedEventError
-            If an event is not ``FixedCohort(m, K, Gaussian(σ))``.
-        dpfl.errors.InvalidParameterError
-            If the rounds have different populations K.
-        """
-        if not events:
-            return 0.0
-        rounds = [self._round(e) for e in events]
-        populations = {k for k, _, _ in rounds}
-        if len(populations) != 1:
-            raise InvalidParameterError(
-                f"all rounds must share one population K; got {sorted(populations)}"
-            )
-        return rdp.dp_fedavg_delta(
-            epsilon=epsilon,
-            clients=populations.pop(),
-            cohort_sizes=[m for _, m, _ in rounds],
-            noise_multipliers=[z for _, _, z in rounds],
-            analysis="paper",
-        )
-
-    def check(self, event: ev.Event) -> None:
-        """Raise if recording ``event`` would make the moments-accountant δ exceed Q.
-
-        Parameters
-        ----------
-        event : Event
-            The next round's event.
-
-        Raises
-        ------
-        dpfl.errors.BudgetExceededError
-            If ``δ(ε)`` after the round exceeds ``budget.delta``.
-        """
-        if self.budget is None or math.isinf(self.budget.epsilon):
-            return
-        history = [e.event for e in self._entries]
-        delta = self.moments_delta(self.budget.epsilon, [*history, event])
-        if delta > self.budget.delta:
-            raise BudgetExceededError(
-                f"round {len(history) + 1} would give delta={delta:.4g} > "
-                f"Q={self.budget.delta} at epsilon={self.budget.epsilon} "
-                "(moments accountant, Poisson reading of the cohort); stopped "
-                f"before it ({len(history)} rounds spent)"
-            )
 
 
 # --------------------------------------------------------------- the algorithm
