@@ -298,3 +298,60 @@ def test_global_total_methods():
         checkin.global_total(
             eps_max=0.1, delta_max=1e-6, rounds=5, delta_slack=1e-6, method="rdp"
         )
+
+
+# ------------------------------------------- Theorem 2, heterogeneous p_k (eq. 19)
+def test_poisson_binomial_tail_equals_enumeration():
+    # Independent reference: enumerate all 2^10 check-in patterns of 10
+    # clients with distinct p_j and add the probabilities of those with
+    # N < (1-ξ)Σp_j. Agreement to 1e-12 absolute.
+    import itertools
+
+    import numpy as np
+
+    p = np.array([0.05, 0.1, 0.2, 0.2, 0.35, 0.5, 0.6, 0.75, 0.9, 1.0])
+    for xi in (0.1, 0.3, 0.5, 0.8):
+        threshold = (1 - xi) * p.sum()
+        ref = 0.0
+        for pattern in itertools.product((0, 1), repeat=p.size):
+            z = np.array(pattern)
+            if z.sum() < threshold:
+                ref += float(np.prod(np.where(z == 1, p, 1 - p)))
+        got = checkin.poisson_binomial_tail(probabilities=p, xi=xi)
+        assert got == pytest.approx(ref, abs=1e-12)
+    # Equal p_j: the binomial tail (K = 1000, p = 0.1, ξ = 0.5: 2.787e-9).
+    uniform = checkin.poisson_binomial_tail(probabilities=np.full(1000, 0.1), xi=0.5)
+    assert uniform == pytest.approx(
+        checkin.binomial_tail(clients=1000, probability=0.1, xi=0.5), rel=1e-9
+    )
+
+
+def test_central_round_clients_reduces_to_uniform_and_orders_clients():
+    import numpy as np
+
+    # Uniform p, γ: eq. 19 is eq. 20 for every client and every tail (1e-12).
+    for tail in ("binomial", "hoeffding", "hoeffding-one-sided"):
+        kw = dict(epsilon=0.5, delta=1e-5, xi=0.5, tail=tail)
+        eps, dlt = checkin.central_round_clients(
+            probabilities=np.full(1000, 0.1), gammas=0.2, **kw
+        )
+        ref = checkin.central_round(clients=1000, probability=0.1, gamma=0.2, **kw)
+        assert np.allclose(eps, ref[0], rtol=1e-12, atol=0)
+        assert np.allclose(dlt, ref[1], rtol=1e-12, atol=0)
+    # Heterogeneous: half the clients at p = 0.05, half at 0.2. The client with
+    # the larger p_k is more exposed, and reading the run as if every client
+    # had max p_k (K p = 200 expected check-ins instead of Σ p_j = 125)
+    # understates ε_agg and so the figure.
+    p = np.r_[np.full(500, 0.05), np.full(500, 0.2)]
+    eps, dlt = checkin.central_round_clients(
+        epsilon=0.5, delta=1e-5, probabilities=p, gammas=0.2, xi=0.5
+    )
+    assert eps[-1] > eps[0] and dlt[-1] > dlt[0]
+    as_if_max, _ = checkin.central_round(
+        epsilon=0.5, delta=1e-5, clients=1000, probability=0.2, gamma=0.2, xi=0.5
+    )
+    assert eps[-1] > as_if_max
+    with pytest.raises(InvalidParameterError, match=r"probabilities must all lie"):
+        checkin.central_round_clients(
+            epsilon=0.5, delta=1e-5, probabilities=[0.1, 0.0], gammas=0.2, xi=0.5
+        )

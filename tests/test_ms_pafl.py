@@ -331,3 +331,33 @@ def test_non_private_baseline_and_validation():
     ):
         with pytest.raises(InvalidParameterError):
             _algorithm(ds, **bad)
+
+
+def test_privacy_report_uses_the_heterogeneous_theorem_2():
+    # Per-client check-in probabilities: the paper's central-round figure is
+    # eq. 19 with the clients' own p_k (Σ p_j expected check-ins), for the
+    # most exposed client, not eq. 20 at max p_k (which understates it).
+    import numpy as np
+
+    ds = _tabular(num_clients=40)
+    probs = np.r_[np.full(20, 0.3), np.full(20, 0.9)]
+    alg = _algorithm(
+        ds,
+        checkin_probability=probs,
+        noise_multiplier=None,
+        local_epsilon=2.0,
+        local_delta=1e-5,
+    )
+    ledger = PrivacyLedger(None)
+    Trainer(alg, ledger=ledger, seed=0).run(2)
+    rep = alg.privacy_report(ledger, delta=1e-5)["paper_central_round"]
+    gamma = rep["gamma"]
+    eps_c, delta_c = checkin.central_round_clients(
+        epsilon=2.0, delta=1e-5, probabilities=probs, gammas=gamma, xi=0.5
+    )
+    assert rep["epsilon"] == pytest.approx(eps_c.max(), rel=1e-12)
+    assert rep["delta"] == pytest.approx(delta_c.max(), rel=1e-12)
+    at_max, _ = checkin.central_round(
+        epsilon=2.0, delta=1e-5, clients=40, probability=0.9, gamma=gamma, xi=0.5
+    )
+    assert rep["epsilon"] > at_max

@@ -8,6 +8,8 @@ reconstructed in SPEC.md §1.2, next to dpfl's sound replacements (SPEC §1.3):
 * :func:`hoeffding_tail`, :func:`binomial_tail`, :func:`central_round` —
   Theorem 2 / Corollary 1 (one round of the global public model), with the
   exact binomial tail in place of Hoeffding by default (SPEC §1.3 item 4);
+  :func:`poisson_binomial_tail`, :func:`central_round_clients` — Theorem 2's
+  heterogeneous form (eq. 19: per-client p_k, γ_k);
 * :func:`local_total_moments` — Theorem 3 (moments accountant) with the
   validity conditions of Abadi et al. Lemma 3 reported, not assumed;
 * :func:`global_total` — Theorem 4 (strong composition, DRV or KOV form);
@@ -29,8 +31,10 @@ and is accepted so that reports can state σ in model units.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from scipy import stats
 
 from dpfl.accounting import composition, fdp, gaussian
@@ -48,11 +52,13 @@ __all__ = [
     "amplified",
     "binomial_tail",
     "central_round",
+    "central_round_clients",
     "global_total",
     "hoeffding_tail",
     "lemma1_sigma",
     "local_total_moments",
     "pld_subsampled_local",
+    "poisson_binomial_tail",
     "sound_client",
     "subsampling_ratio",
 ]
@@ -376,6 +382,152 @@ def central_round(
         return math.inf, 1.0
     eps_c = math.log1p(p * g * math.expm1(eps_agg)) - math.log1p(-delta_h)
     return float(eps_c), min(1.0, p * g * dlt + delta_h)
+
+
+def _probabilities(name: str, values: Sequence[float] | np.ndarray) -> np.ndarray:
+    arr = np.asarray(values, dtype=float)
+    if arr.ndim != 1 or arr.size == 0:
+        raise InvalidParameterError(
+            f"{name} must be a non-empty 1-d sequence; got shape {arr.shape}"
+        )
+    bad = ~((arr > 0) & (arr <= 1))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InvalidParameterError(
+            f"{name} must all lie in (0, 1]; got {arr[i]!r} at index {i}"
+        )
+    return arr
+
+
+def poisson_binomial_tail(
+    *, probabilities: Sequence[float] | np.ndarray, xi: float
+) -> float:
+    """Exact probability that fewer than (1-ξ)·Σp_j clients check in.
+
+    N = Σ_j 1_j with independent 1_j ~ Bernoulli(p_j) (Poisson-binomial);
+    δ_H = P(N < (1-ξ) Σ_j p_j), the event Theorem 2 (eq. 19) conditions away.
+    The distribution of N is built exactly by convolving one binomial per
+    distinct p_j (all terms positive, so tails far below 1e-16 stay accurate).
+
+    Parameters
+    ----------
+    probabilities : sequence of float
+        Check-in probabilities p_j in (0, 1], one per client.
+    xi : float
+        Relative deviation ξ in (0, 1).
+
+    Returns
+    -------
+    float
+        δ_H in [0, 1].
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is outside its domain.
+
+    References
+    ----------
+    MS-PAFL Theorem 2 (eq. 19) and Lemma 2; SPEC.md §1.2, §1.3 item 4.
+    """
+    p = _probabilities("probabilities", probabilities)
+    x = check_probability("xi", xi, allow_one=False)
+    mean = float(p.sum())
+    target = (1.0 - x) * mean
+    nearest = round(target)
+    if abs(target - nearest) <= 1e-9 * max(1.0, target):
+        threshold = int(nearest)
+    else:
+        threshold = math.ceil(target)
+    if threshold <= 0:
+        return 0.0
+    values, counts = np.unique(p, return_counts=True)
+    pmf = np.ones(1)
+    for value, count in zip(values, counts):
+        pmf = np.convolve(pmf, stats.binom.pmf(np.arange(count + 1), count, value))
+        pmf = pmf[:threshold]  # only P(N < threshold) is needed
+    return float(min(1.0, pmf.sum()))
+
+
+def central_round_clients(
+    *,
+    epsilon: float,
+    delta: float,
+    probabilities: Sequence[float] | np.ndarray,
+    gammas: float | Sequence[float] | np.ndarray,
+    xi: float,
+    tail: str = "binomial",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Theorem 2 with per-client check-in p_k and subsampling γ_k (eq. 19).
+
+    With S = Σ_j p_j (the expected number of check-ins) and
+    ε_agg = ε / sqrt((1-ξ) S), client k's record is protected in one round of
+    the global public model with
+    ε_c,k = ln(1 + p_k γ_k (e^{ε_agg} - 1)) + ln(1/(1 - δ_H)) and
+    δ_c,k = p_k γ_k δ + δ_H, where δ_H bounds P(N < (1-ξ) S): the exact
+    Poisson-binomial tail (default) or Hoeffding's 2 exp(-2 ξ² S² / K). With
+    all p_k = p and γ_k = γ this is :func:`central_round`.
+
+    Parameters
+    ----------
+    epsilon : float
+        Per-client local ε > 0 (Lemma 1).
+    delta : float
+        Per-client local δ in (0, 1).
+    probabilities : sequence of float
+        p_k in (0, 1], one per client (K = its length).
+    gammas : float or sequence of float
+        γ_k in (0, 1], one per client or one for all.
+    xi : float
+        Hoeffding parameter ξ in (0, 1).
+    tail : {"binomial", "hoeffding", "hoeffding-one-sided"}, optional
+        How δ_H is computed ("binomial": the exact Poisson-binomial tail).
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(epsilon_c, delta_c)``, one entry per client; the paper's figure for
+        the run is the largest (the client with the largest p_k γ_k).
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is outside its domain, ε_agg >= 1, or ``tail`` is
+        unknown.
+
+    References
+    ----------
+    MS-PAFL Theorem 2 (eq. 19), App. A-B; SPEC.md §1.2.
+    """
+    eps = check_positive("epsilon", epsilon)
+    dlt = check_delta("delta", delta)
+    p = _probabilities("probabilities", probabilities)
+    g = np.broadcast_to(
+        _probabilities("gammas", np.atleast_1d(np.asarray(gammas, dtype=float))),
+        p.shape,
+    )
+    x = check_probability("xi", xi, allow_one=False)
+    k, total = p.size, float(p.sum())
+    if tail == "binomial":
+        delta_h = poisson_binomial_tail(probabilities=p, xi=x)
+    elif tail in ("hoeffding", "hoeffding-one-sided"):
+        factor = 2.0 if tail == "hoeffding" else 1.0
+        delta_h = min(1.0, factor * math.exp(-2.0 * x * x * total * total / k))
+    else:
+        raise InvalidParameterError(
+            "tail must be 'binomial', 'hoeffding' or 'hoeffding-one-sided'; "
+            f"got {tail!r}"
+        )
+    eps_agg = eps / math.sqrt((1.0 - x) * total)
+    if eps_agg >= 1:
+        raise InvalidParameterError(
+            "epsilon / sqrt((1 - xi) * sum(probabilities)) must be < 1 for "
+            f"Theorem 2; got {eps_agg!r}"
+        )
+    if delta_h >= 1:
+        return np.full(k, math.inf), np.ones(k)
+    eps_c = np.log1p(p * g * math.expm1(eps_agg)) - math.log1p(-delta_h)
+    return eps_c, np.minimum(1.0, p * g * dlt + delta_h)
 
 
 # ---------------------------------------------------------------------------

@@ -798,14 +798,16 @@ class MsPafl:
         p = float(self.probabilities.max())
         gamma = self.subsampling_ratio()
         try:
-            eps_c, delta_c = checkin.central_round(
+            # Theorem 2 in its heterogeneous form (eq. 19): Σ_j p_j check-ins
+            # expected; the figure is the most exposed client's (largest p_k).
+            eps_cs, delta_cs = checkin.central_round_clients(
                 epsilon=eps_l,
                 delta=delta_l,
-                clients=self.num_clients,
-                probability=p,
-                gamma=gamma,
+                probabilities=self.probabilities,
+                gammas=gamma,
                 xi=self.xi,
             )
+            eps_c, delta_c = float(eps_cs.max()), float(delta_cs.max())
             out["paper_central_round"] = {
                 "epsilon": eps_c,
                 "delta": delta_c,
@@ -813,7 +815,9 @@ class MsPafl:
                 "local_delta": delta_l,
                 "gamma": gamma,
                 "xi": self.xi,
-                "analysis": "paper: Theorem 2 / Corollary 1 (exact binomial tail)",
+                "analysis": "paper: Theorem 2 / Corollary 1, eq. 19 with the "
+                "clients' own p_k (exact Poisson-binomial tail), for the client "
+                "with the largest p_k",
                 "caveat": "protects against parties that see the global public "
                 "model only, assumes σ from Lemma 1 and γ amplification, which "
                 "the persistent private part invalidates (SPEC §1.3 items 2-3)",
