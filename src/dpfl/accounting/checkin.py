@@ -251,9 +251,9 @@ def hoeffding_tail(
     return min(1.0, factor * math.exp(-2.0 * k * p * p * x * x))
 
 
-def _threshold(clients: int, probability: float, xi: float) -> int:
-    """Smallest integer N with N >= (1-ξ)Kp, robust to float round-off."""
-    target = (1.0 - xi) * clients * probability
+def _threshold(mean: float, xi: float) -> int:
+    """Smallest integer N with N >= (1-ξ)·mean, robust to float round-off."""
+    target = (1.0 - xi) * mean
     nearest = round(target)
     if abs(target - nearest) <= 1e-9 * max(1.0, target):
         return int(nearest)
@@ -296,7 +296,7 @@ def binomial_tail(*, clients: int, probability: float, xi: float) -> float:
     SPEC.md §1.3 item 4.
     """
     k, p, x = _check_tail_args(clients, probability, xi)
-    threshold = _threshold(k, p, x)
+    threshold = _threshold(k * p, x)
     if threshold <= 0:
         return 0.0
     return float(stats.binom.cdf(threshold - 1, k, p))
@@ -357,31 +357,17 @@ def central_round(
     ----------
     MS-PAFL Theorem 2, Corollary 1 (eq. 20a-b), App. A-B; SPEC.md §1.2.
     """
-    eps = check_positive("epsilon", epsilon)
-    dlt = check_delta("delta", delta)
-    k, p, x = _check_tail_args(clients, probability, xi)
+    k, p, _ = _check_tail_args(clients, probability, xi)
     g = check_probability("gamma", gamma)
-    if tail == "binomial":
-        delta_h = binomial_tail(clients=k, probability=p, xi=x)
-    elif tail == "hoeffding":
-        delta_h = hoeffding_tail(clients=k, probability=p, xi=x)
-    elif tail == "hoeffding-one-sided":
-        delta_h = hoeffding_tail(clients=k, probability=p, xi=x, one_sided=True)
-    else:
-        raise InvalidParameterError(
-            "tail must be 'binomial', 'hoeffding' or 'hoeffding-one-sided'; "
-            f"got {tail!r}"
-        )
-    eps_agg = eps / math.sqrt((1.0 - x) * k * p)
-    if eps_agg >= 1:
-        raise InvalidParameterError(
-            "epsilon / sqrt((1 - xi) * clients * probability) must be < 1 for "
-            f"Theorem 2; got {eps_agg!r}"
-        )
-    if delta_h >= 1:
-        return math.inf, 1.0
-    eps_c = math.log1p(p * g * math.expm1(eps_agg)) - math.log1p(-delta_h)
-    return float(eps_c), min(1.0, p * g * dlt + delta_h)
+    eps_c, delta_c = central_round_clients(
+        epsilon=epsilon,
+        delta=delta,
+        probabilities=np.full(k, p),
+        gammas=g,
+        xi=xi,
+        tail=tail,
+    )
+    return float(eps_c[0]), float(delta_c[0])
 
 
 def _probabilities(name: str, values: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -432,13 +418,7 @@ def poisson_binomial_tail(
     """
     p = _probabilities("probabilities", probabilities)
     x = check_probability("xi", xi, allow_one=False)
-    mean = float(p.sum())
-    target = (1.0 - x) * mean
-    nearest = round(target)
-    if abs(target - nearest) <= 1e-9 * max(1.0, target):
-        threshold = int(nearest)
-    else:
-        threshold = math.ceil(target)
+    threshold = _threshold(float(p.sum()), x)
     if threshold <= 0:
         return 0.0
     values, counts = np.unique(p, return_counts=True)
