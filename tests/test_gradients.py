@@ -620,3 +620,20 @@ def test_cohort_conv_kernel_equals_client_example_loop(
     assert_dicts_close(got, ref)
     # The model's own modules are restored after the cohort pass.
     assert all("forward" not in vars(mod) for mod in model.modules())
+
+
+def test_cohort_pass_restores_a_patched_forward():
+    # A forward set on a layer instance before the cohort pass (a user's patch)
+    # is the one in place afterwards.
+    model = TinyCNN()
+    original = model.fc.forward
+
+    def patched(x):
+        return original(x)
+
+    model.fc.forward = patched
+    stacked = stack_params(params_of(model), 2)
+    xb, yb = torch.randn(2, 3, 1, 8, 8), torch.randint(0, 5, (2, 3))
+    batched_client_grads(model, stacked, xb, yb, method="ghost")
+    assert vars(model.fc)["forward"] is patched
+    assert "forward" not in vars(model.c1)

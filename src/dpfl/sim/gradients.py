@@ -963,13 +963,17 @@ class _CohortForward:
         self._m = m
 
     def __enter__(self) -> _CohortForward:
+        # A forward already set on an instance (a user's patch) is put back.
+        self._saved = {n: vars(mod).get("forward") for n, mod in self.layers.items()}
         for name, module in self.layers.items():
             module.forward = self._forward(name, module)  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for module in self.layers.values():
-            if "forward" in vars(module):
+        for name, module in self.layers.items():
+            if self._saved[name] is not None:
+                module.forward = self._saved[name]  # type: ignore[method-assign]
+            elif "forward" in vars(module):
                 del module.forward
 
     def _forward(
