@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shlex
 import subprocess
@@ -157,6 +158,7 @@ def main() -> None:
             call()
     times: dict[str, list[float]] = {k: [] for k in calls}
     records: list[int] = []
+    load_before = os.getloadavg()[0]
     for _ in range(args.rounds):
         for name, call in calls.items():
             sync(args.device)
@@ -168,7 +170,9 @@ def main() -> None:
                 records.append(n)
     print(
         f"records per round: mean {sum(records) / len(records):.1f}, "
-        f"min {min(records)}, max {max(records)}"
+        f"min {min(records)}, max {max(records)}; 1-min load average "
+        f"{load_before:.2f} before timing, {os.getloadavg()[0]:.2f} after "
+        f"({os.cpu_count()} cores; a busy machine flatters the ratio)"
     )
     base_min = min(times["non-private"])
     base_med = sorted(times["non-private"])[len(times["non-private"]) // 2]

@@ -156,6 +156,24 @@ def test_resume_from_checkpoint_gives_the_same_model_and_ledger(tmp_path):
     assert resumed.ledger.to_json()["entries"] == full_ledger.to_json()["entries"]
 
 
+def test_momentum_state_round_trip_and_shape_check():
+    # The momentum buffers live in one flat buffer; a checkpoint stores them
+    # per parameter and loading copies them back (a wrong shape is refused).
+    ds = _digits()
+    alg = build_algorithm("dsgd-rp", model=_mlp(ds), dataset=ds, **PRIVATE)
+    Trainer(alg, ledger=PrivacyLedger(), seed=3).run(2)
+    state = alg.state_dict()
+    assert any(torch.count_nonzero(v) for v in state["velocity"].values())
+    alg2 = build_algorithm("dsgd-rp", model=_mlp(ds, seed=5), dataset=ds, **PRIVATE)
+    alg2.load_state_dict(state)
+    assert _same(alg2.velocity, state["velocity"])
+    assert _same(_params(alg2.model), _params(alg.model))
+    name = next(iter(state["velocity"]))
+    bad = {**state, "velocity": {**state["velocity"], name: torch.zeros(3)}}
+    with pytest.raises(InvalidParameterError, match="shape"):
+        alg2.load_state_dict(bad)
+
+
 def test_untrusted_server_variants():
     # Same seed => same participants, records and standard normal draw z. So
     # (secure aggregation) the noisy sum equals the trusted one bit for bit, and

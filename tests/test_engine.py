@@ -16,6 +16,7 @@ from dpfl.sim.privatize import (
     CentralGaussian,
     ClientGaussian,
     NoiseOnlyMessages,
+    Privatizer,
     gaussian_noise_like,
 )
 
@@ -108,6 +109,88 @@ def test_secure_noise_only_messages_match_central_noise_exactly():
     ).add_noise(total, num_participants=3, num_available=40, generator=_gen(9))
     assert all(torch.equal(a[k], b[k]) for k in total)
     assert not torch.equal(a["w"], total["w"])
+
+
+def _flat_sums(shapes, dtype=torch.float32):
+    """Sums as views into one flat buffer (the layout of clipped_grad_sum)."""
+    flat = torch.randn(sum(math.prod(s) for s in shapes.values()), dtype=dtype)
+    out, offset = {}, 0
+    for name, shape in shapes.items():
+        n = math.prod(shape)
+        out[name] = flat[offset : offset + n].view(shape)
+        offset += n
+    return out
+
+
+@pytest.mark.parametrize("layout", ["flat", "separate", "mixed dtypes"])
+def test_add_noise_in_place_is_scaled_add_noise(layout):
+    # add_noise_ draws the same noise as add_noise from the same generator
+    # state and returns scale * (total + noise) in place, whether the sums
+    # tile one flat buffer (one operation) or not.
+    shapes = {"w": (30, 7), "b": (7,), "v": (3, 2, 5)}
+    if layout == "flat":
+        total = _flat_sums(shapes)
+    else:
+        total = {n: torch.randn(s) for n, s in shapes.items()}
+        if layout == "mixed dtypes":
+            total["b"] = total["b"].double()
+    priv = CentralGaussian(noise_multiplier=1.3, clip=0.5)
+    kw = dict(num_participants=3, num_available=40)
+    want = priv.add_noise(total, generator=_gen(9), **kw)
+    ids = {n: id(t) for n, t in total.items()}
+    g = _gen(9)
+    got = priv.add_noise_(total, generator=g, scale=0.25, **kw)
+    assert got is total and all(id(t) == ids[n] for n, t in total.items())
+    for n in shapes:
+        assert got[n].dtype == want[n].dtype
+        torch.testing.assert_close(got[n], 0.25 * want[n], rtol=1e-6, atol=1e-6)
+    # The generator moved on exactly as add_noise moves it.
+    h = _gen(9)
+    priv.add_noise({n: t.clone() for n, t in total.items()}, generator=h, **kw)
+    assert torch.equal(torch.randn(3, generator=g), torch.randn(3, generator=h))
+    with pytest.raises(InvalidParameterError, match="scale"):
+        priv.add_noise_(total, generator=g, scale=0.0, **kw)
+
+
+def test_noise_drawn_in_the_background_equals_noise_drawn_now():
+    # start_noise draws on a worker thread (CPU); the result is the same as
+    # drawing at once, and the noisy sum is scale * total + N(0, (scale σC)²).
+    priv = NoiseOnlyMessages(noise_multiplier=2.0, clip=0.5, secure_aggregation=True)
+    kw = dict(num_participants=3, num_available=16, scale=0.5)
+    shapes = {"w": (400, 250), "b": (250,)}
+    base = _flat_sums(shapes)
+    sums = {}
+    for background in (True, False):
+        total = {n: t.clone() for n, t in base.items()}
+        pending = priv.start_noise(
+            total, generator=_gen(3), background=background, **kw
+        )
+        sums[background] = pending.add_to_(total)
+        with pytest.raises(InvalidParameterError, match="already"):
+            pending.add_to_(total)
+    assert all(torch.equal(sums[True][n], sums[False][n]) for n in shapes)
+    z = (sums[True]["w"] - 0.5 * base["w"]).flatten()  # std 0.5 * σC = 0.5
+    assert abs(float(z.var()) / 0.25 - 1) < Z * math.sqrt(2 / z.numel())
+    pending = priv.start_noise(base, generator=_gen(3), **kw)
+    pending.wait()
+    with pytest.raises(InvalidParameterError, match="match"):
+        pending.add_to_({"w": torch.zeros(400, 250)})
+
+
+def test_zero_noise_std_only_scales():
+    class Silent(Privatizer):
+        def noise_std(self, *, num_participants: int, num_available: int) -> float:
+            return 0.0
+
+    total = _flat_sums({"w": (4, 3), "b": (3,)})
+    want = {n: 2.0 * t for n, t in total.items()}
+    g = _gen(1)
+    state = g.get_state()
+    out = Silent().add_noise_(
+        total, num_participants=1, num_available=2, generator=g, scale=2.0
+    )
+    assert all(torch.equal(out[n], want[n]) for n in want)
+    assert torch.equal(g.get_state(), state)  # nothing drawn
 
 
 def test_client_gaussian_noise_messages_are_per_client():

@@ -199,6 +199,98 @@ def test_large_clip_gives_plain_gradient_sum():
         torch.testing.assert_close(sums[n], p.grad, atol=ATOL, rtol=RTOL)
 
 
+class WithUnused(nn.Module):
+    """A layer that never runs: its clipped sum must be exactly zero."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(1, 2, kernel_size=3, stride=2)
+        self.unused = nn.Linear(3, 3)
+        self.fc = nn.Linear(2 * 3 * 3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.tanh(self.c(x)).flatten(1))
+
+
+@pytest.mark.parametrize("method", ["vmap", "ghost"])
+def test_unsegmented_sums_are_one_flat_buffer_and_unused_layers_zero(method):
+    # Without segments the sums are views into one flat buffer (in the order
+    # of the parameters), written by the first chunk; a layer that never runs
+    # gets exact zeros, over several chunks too.
+    torch.manual_seed(8)
+    model = WithUnused()
+    params = params_of(model)
+    x, y = torch.randn(7, 1, 8, 8), torch.randint(0, 4, (7,))
+    used = {n: t for n, t in params.items() if not n.startswith("unused.")}
+    _, ref_sums, _ = reference(model, used, x, y, 0.4)
+    for max_batch in (None, 3):
+        sums = clipped_grad_sum(
+            model, params, x, y, clip=0.4, method=method, max_batch=max_batch
+        )
+        assert_dicts_close({n: sums[n] for n in used}, ref_sums)
+        assert torch.count_nonzero(sums["unused.weight"]) == 0
+        assert torch.count_nonzero(sums["unused.bias"]) == 0
+        tensors = list(sums.values())
+        base = tensors[0].untyped_storage().data_ptr()
+        offset = tensors[0].storage_offset()
+        for t in tensors:
+            assert t.untyped_storage().data_ptr() == base
+            assert t.storage_offset() == offset and t.is_contiguous()
+            offset += t.numel()
+
+
+def test_ghost_on_the_models_own_parameters_equals_copies_and_frozen_layers():
+    # params=None (or detached aliases of the model's own parameters) calls the
+    # model directly; copies go through functional_call; a frozen parameter
+    # (requires_grad=False) forces functional_call. All equal the loop.
+    torch.manual_seed(9)
+    model = PaperCNN(num_classes=10)
+    x, y = torch.randn(9, 1, 28, 28), torch.randint(0, 10, (9,))
+    _, ref_sums, ref_norms = reference(model, params_of(model), x, y, 0.05)
+    aliases = {n: p.detach() for n, p in model.named_parameters()}
+    for params in (None, aliases, params_of(model)):
+        sums, norms = clipped_grad_sum(
+            model, params, x, y, clip=0.05, method="ghost", return_norms=True
+        )
+        assert_dicts_close(sums, ref_sums)
+        torch.testing.assert_close(norms, ref_norms, atol=1e-4, rtol=RTOL)
+        assert all(p.grad is None for p in model.parameters())
+    model.features[0].weight.requires_grad_(False)
+    assert_dicts_close(
+        clipped_grad_sum(model, aliases, x, y, clip=0.05, method="ghost"), ref_sums
+    )
+
+
+@pytest.mark.parametrize(
+    ("cin", "kernel", "stride", "padding", "dilation", "batch"),
+    [
+        (1, (3, 2), (2, 1), (1, 2), (1, 2), 5),
+        (3, (2, 3), (1, 2), (0, 1), (2, 1), 4),
+        (2, 1, 1, 0, 1, 3),
+        (1, 8, 2, 3, 1, 130),  # one input channel, large batch: grouped conv
+    ],
+)
+def test_conv_per_sample_weight_grads_equal_per_example_autograd(
+    cin, kernel, stride, padding, dilation, batch
+):
+    # The im2col gather (cached index) and the grouped-convolution kernels of
+    # per-example Conv2d weight gradients against autograd on each example.
+    from dpfl.sim.gradients import _conv2d_per_sample_weight_grad
+
+    torch.manual_seed(10)
+    conv = nn.Conv2d(cin, 4, kernel, stride=stride, padding=padding, dilation=dilation)
+    a = torch.randn(batch, cin, 11, 9)
+    out = conv(a)
+    g = torch.randn_like(out)
+    got = _conv2d_per_sample_weight_grad(conv, a, g.detach())
+    assert got.shape == (batch, *conv.weight.shape)
+    for i in range(0, batch, max(1, batch // 4)):
+        (want,) = torch.autograd.grad(
+            conv(a[i : i + 1]), conv.weight, g[i : i + 1], retain_graph=False
+        )
+        torch.testing.assert_close(got[i], want, atol=ATOL, rtol=RTOL)
+
+
 def test_auto_falls_back_to_vmap_for_groupnorm_and_matches_loop():
     torch.manual_seed(4)
     model = nn.Sequential(

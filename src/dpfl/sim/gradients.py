@@ -29,6 +29,7 @@ is the per-example loss. A loss that couples examples is not supported.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, cast, overload
@@ -40,6 +41,7 @@ from torch.func import functional_call, grad, vmap
 
 from dpfl.accounting._checks import check_count, check_positive
 from dpfl.errors import InvalidParameterError, NonFiniteUpdateError
+from dpfl.sim._flat import flat_zeros
 
 __all__ = [
     "LossFn",
@@ -306,14 +308,21 @@ def _ghost_chunk(
 
     The record of a parameter is ``(kind, a, g)``: for ``kind="linear_w"``,
     ``a = [b, in]`` and ``g = [b, out]`` (ghost); for ``kind="per_sample"`` the
-    materialised per-sample gradient ``a`` (``g`` unused).
+    materialised per-sample gradient ``a`` (``g`` unused). When ``params`` are
+    the model's own parameters (:func:`_own_parameters`) the model is called
+    directly, else through ``functional_call``; only the gradients of the layer
+    outputs are computed, never those of the parameters.
     """
     b = x.shape[0]
-    leaf = {n: t.detach().requires_grad_(True) for n, t in params.items()}
+    own = _own_parameters(model, params)
     rec = _Recorder(model)
     try:
         with torch.enable_grad():
-            out = functional_call(model, (leaf, dict(model.named_buffers())), (x,))
+            if own:  # the model's own weights: skip functional_call's swapping
+                out = model(x)
+            else:
+                leaf = {n: t.detach().requires_grad_(True) for n, t in params.items()}
+                out = functional_call(model, (leaf, dict(model.named_buffers())), (x,))
             total = loss_fn(out, y) * b  # sum of the per-example losses
     finally:
         rec.remove()
@@ -332,6 +341,35 @@ def _ghost_chunk(
         for n, g in zip(names, grads_out)
     ]
     return _layer_records(layers, params, b)
+
+
+def _own_parameters(model: nn.Module, params: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``params`` names exactly the model's parameters, as the same data.
+
+    True when each tensor of ``params`` is (a detached alias of) the model's
+    parameter of that name (same memory, shape, strides, dtype) and every
+    parameter requires grad, so calling the model directly builds the same
+    graph as ``functional_call`` with fresh leaves.
+    """
+    count = 0
+    for lname, module in _structure(model).layers:
+        prefix = f"{lname}." if lname else ""
+        for pname, param in module._parameters.items():
+            if param is None:
+                continue
+            t = params.get(prefix + pname)
+            if (
+                t is None
+                or not param.requires_grad
+                or t.data_ptr() != param.data_ptr()
+                or t.shape != param.shape
+                or t.stride() != param.stride()
+                or t.dtype != param.dtype
+                or t.device != param.device
+            ):
+                return False
+            count += 1
+    return count == len(params)
 
 
 def _layer_records(
@@ -398,12 +436,16 @@ def _conv2d_per_sample_weight_grad(
 ) -> torch.Tensor:
     """Per-example weight gradient of a Conv2d, ``[b, *conv.weight.shape]``.
 
-    ``F.unfold`` (im2col) is slow on CPU (≈ 310 ms for the paper CNN's first
-    layer at b = 700), so we use a strided view of the padded input (im2col
-    without ``F.unfold``) and one batched matrix product (≈ 25 ms for the
-    second layer at b = 700, where the grouped convolution takes ≈ 100 ms);
-    for one input channel and more than ``_STRIDED_CIN1_MAX_BATCH`` examples,
-    a convolution with the batch as groups (≈ 8 ms vs ≈ 20 ms at b = 700).
+    ``gw[i] = g[i] @ cols[i]ᵀ`` with ``cols[i]`` the im2col matrix ``[cin·kh·kw,
+    L]`` of example ``i``'s padded input, for all examples in one batched
+    matrix product. ``F.unfold`` is slow on CPU (≈ 310 ms for the paper CNN's
+    first layer at b = 700), and so is copying a strided view of the input
+    (short strided runs); the columns are gathered instead with one
+    ``index_select`` through a cached index (≈ 0.16 ms vs ≈ 0.55 ms for the
+    paper CNN's second layer at b = 70, ≈ 0.3 ms vs ≈ 0.5 ms for its first).
+    For one input channel and more than ``_STRIDED_CIN1_MAX_BATCH`` examples,
+    a convolution with the batch as groups is faster (≈ 12 ms vs ≈ 20 ms for
+    the first layer at b = 700).
     """
     b = a.shape[0]
     cout, cin, kh, kw = conv.weight.shape
@@ -422,16 +464,39 @@ def _conv2d_per_sample_weight_grad(
         )
         return gw.reshape(b, cout, cin, kh, kw)
     ph, pw = padding
-    ap = F.pad(a, (pw, pw, ph, ph)) if ph or pw else a.contiguous()
+    ap = F.pad(a, (pw, pw, ph, ph)) if ph or pw else a
     ho, wo = g.shape[2], g.shape[3]
-    sb, sc, sh, sw = ap.stride()
-    # Columns laid out [b, cin·kh·kw, L]: the copy walks the input in order.
-    cols = ap.as_strided(
-        (b, cin, kh, kw, ho, wo),
-        (sb, sc, sh * dilation[0], sw * dilation[1], sh * stride[0], sw * stride[1]),
-    ).reshape(b, cin * kh * kw, ho * wo)
+    index = _im2col_index(
+        (cin, ap.shape[2], ap.shape[3]), (kh, kw), stride, dilation, (ho, wo), a.device
+    )
+    cols = ap.reshape(b, -1).index_select(1, index).view(b, cin * kh * kw, ho * wo)
     gw = torch.bmm(g.reshape(b, cout, ho * wo), cols.transpose(1, 2))
     return gw.view(b, cout, cin, kh, kw)
+
+
+@functools.lru_cache(maxsize=64)
+def _im2col_index(
+    shape: tuple[int, int, int],
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    dilation: tuple[int, int],
+    out: tuple[int, int],
+    device: torch.device,
+) -> torch.Tensor:
+    """Flat im2col index into one (padded) example ``[C, H, W]``.
+
+    Entry ``(c, i, j, u, v)`` (in that order, ``[C·kh·kw·Ho·Wo]``) is the
+    position of input pixel ``(c, u·s₀ + i·d₀, v·s₁ + j·d₁)``; cached per
+    geometry and device.
+    """
+    c, h, w = shape
+    kh, kw = kernel
+    ho, wo = out
+    grid = torch.arange(c * h * w, device=device).view(c, h, w)
+    return grid.as_strided(
+        (c, kh, kw, ho, wo),
+        (h * w, w * dilation[0], dilation[1], w * stride[0], stride[1]),
+    ).reshape(-1)
 
 
 class _GhostUnsupported(Exception):
@@ -467,15 +532,22 @@ def _accumulate(
     contribution: torch.Tensor,
     factor: torch.Tensor,
     seg: torch.Tensor | None,
+    *,
+    overwrite: bool = False,
 ) -> None:
     """Add ``Σ_i factor_i · contribution_i`` (per segment) into ``sums[name]``.
 
-    ``contribution`` is a temporary ``[b, ...]`` and is scaled in place.
+    ``contribution`` is a temporary ``[b, ...]`` and is scaled in place (with
+    segments). With ``overwrite`` (no segments only), write the sum instead of
+    adding it, so ``sums[name]`` need not be initialised.
     """
     b = contribution.shape[0]
     flat = contribution.reshape(b, -1)
     if seg is None:
-        sums[name].view(-1).addmv_(flat.T, factor)
+        if overwrite:
+            torch.mv(flat.T, factor, out=sums[name].view(-1))
+        else:
+            sums[name].view(-1).addmv_(flat.T, factor)
     else:
         flat.mul_(factor[:, None])
         sums[name].view(sums[name].shape[0], -1).index_add_(0, seg, flat)
@@ -569,7 +641,10 @@ def clipped_grad_sum(
     -------
     dict of str to torch.Tensor or tuple
         Per parameter, ``[num_segments, *param.shape]`` with segments, else
-        ``param.shape``; with ``return_norms``, ``(sums, norms)``.
+        ``param.shape``; with ``return_norms``, ``(sums, norms)``. Without
+        segments, when all parameters share a dtype and device, the sums are
+        views into one flat buffer in the order of ``params`` (so a caller can
+        update them all with one operation).
 
     Raises
     ------
@@ -588,7 +663,8 @@ def clipped_grad_sum(
     large model at small cost", ICML 2023 (book-keeping).
     """
     clip = check_positive("clip", clip)
-    _check_model(model)
+    if not _structure(model).ghost:  # ghost support implies no BatchNorm (cached)
+        _check_model(model)
     batch = _check_batch(x, y)
     p = _param_dict(model, params)
     if method not in ("auto", "vmap", "ghost"):
@@ -650,8 +726,11 @@ def clipped_grad_sum(
             max_batch = max(1, min(1024, _VMAP_CHUNK_BYTES // max(bytes_per, 1)))
     max_batch = check_count("max_batch", max_batch, minimum=1)
 
-    lead = () if seg_all is None else (num_segments,)
-    sums = {n: t.new_zeros(*lead, *t.shape) for n, t in p.items()}
+    lead: tuple[int, ...] = () if seg_all is None else (cast(int, num_segments),)
+    # Without segments the first chunk writes each sum (no zero fill to pay
+    # for); sums it never writes (a layer that did not run) are zeroed after.
+    sums = flat_zeros(p, lead, zero=bool(lead))
+    unwritten = set() if lead else set(sums)
     norms: list[torch.Tensor] = []
     for start in range(0, batch, max_batch):
         xc = x[start : start + max_batch].to(device)
@@ -688,8 +767,12 @@ def clipped_grad_sum(
             factor = (clip / norm).clamp(max=1.0)
             layout = None if seg is None else _Segments(seg, num_segments or 1)
             for name, (kind, a, g) in records.items():
+                first = name in unwritten
+                unwritten.discard(name)
                 if kind == "per_sample":
-                    _accumulate(sums, name, a, factor, seg)
+                    _accumulate(sums, name, a, factor, seg, overwrite=first)
+                elif layout is None and first:
+                    torch.mm((g * factor[:, None]).T, a, out=sums[name])
                 elif layout is None:
                     sums[name].addmm_((g * factor[:, None]).T, a)
                 elif layout.use_padded:
@@ -705,10 +788,15 @@ def clipped_grad_sum(
             norm = torch.stack(list(_sq_norms_of(grads, b).values())).sum(0).sqrt()
             factor = (clip / norm).clamp(max=1.0)
             for name, g in grads.items():
-                _accumulate(sums, name, g, factor, seg)
+                _accumulate(sums, name, g, factor, seg, overwrite=name in unwritten)
+                unwritten.discard(name)
             del grads
         norms.append(norm.detach())
+    for name in unwritten:
+        sums[name].zero_()
     if return_norms:
+        if len(norms) == 1:
+            return sums, norms[0]
         all_norms = torch.cat(norms) if norms else any_param.new_zeros(0)
         return sums, all_norms
     return sums

@@ -23,6 +23,12 @@ under independent sums), so one draw of the total replaces ``n`` draws.
 :meth:`ClientGaussian.noise_messages` draws per-client noise for algorithms
 that need the individual messages.
 
+A round that owns its gradient sum adds the noise in place, with the final
+scaling, by :meth:`Privatizer.add_noise_`; :meth:`Privatizer.start_noise`
+starts the same draw before the sum exists (on a worker thread, on CPU), so
+that drawing ≈ 10⁵ normals overlaps the gradient computation. The draws from
+a given generator state are the same either way.
+
 Randomness comes from an explicit :class:`torch.Generator` (STYLE.md rule 7).
 This is a simulator: ``torch``'s Philox/Mersenne generators are not
 cryptographically secure, and a deployment must draw its noise from a secure
@@ -32,17 +38,21 @@ source (e.g. the OS CSPRNG) with a floating-point-safe sampler.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
 from dpfl.accounting._checks import check_count, check_nonnegative, check_positive
 from dpfl.errors import InvalidParameterError
+from dpfl.sim._flat import flat_view
 
 __all__ = [
     "CentralGaussian",
     "ClientGaussian",
     "NoiseOnlyMessages",
+    "PendingNoise",
     "Privatizer",
     "gaussian_noise_like",
 ]
@@ -174,6 +184,264 @@ class Privatizer:
             num_participants=num_participants, num_available=num_available
         )
         return _add(total, std, generator)
+
+    def add_noise_(
+        self,
+        total: dict[str, torch.Tensor],
+        *,
+        num_participants: int,
+        num_available: int,
+        generator: torch.Generator,
+        scale: float = 1.0,
+    ) -> Params:
+        """In place: ``total ← scale · (total + noise)``, noise as in :meth:`add_noise`.
+
+        For a caller that owns ``total`` (a fresh gradient sum): no copy of the
+        model-sized sum is made, and a final scaling (e.g. the ``1/(pqn)`` of
+        an unbiased estimate) comes for free. The noise is the same draw from
+        ``generator`` as in :meth:`add_noise` (``N(0, std²)`` per coordinate,
+        :meth:`noise_std`), drawn already scaled, ``N(0, (scale·std)²)``;
+        results agree with ``scale * add_noise(...)`` up to floating-point
+        rounding. When the tensors of ``total`` tile one flat buffer (as
+        returned by :func:`dpfl.sim.gradients.clipped_grad_sum`), the noise is
+        added in one operation.
+
+        Parameters
+        ----------
+        total : dict of str to torch.Tensor
+            Sum of the participants' clipped contributions; modified.
+        num_participants : int
+            Participants m this round (<= N).
+        num_available : int
+            Available clients N.
+        generator : torch.Generator
+            Source of the noise.
+        scale : float
+            Factor applied to the noisy sum (> 0; default 1).
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            ``total``, now the scaled noisy sum.
+
+        Raises
+        ------
+        dpfl.errors.InvalidParameterError
+            On bad counts, parameters, ``scale`` or ``generator``.
+        """
+        return self.start_noise(
+            total,
+            num_participants=num_participants,
+            num_available=num_available,
+            generator=generator,
+            scale=scale,
+            background=False,
+        ).add_to_(total)
+
+    def start_noise(
+        self,
+        like: Mapping[str, torch.Tensor],
+        *,
+        num_participants: int,
+        num_available: int,
+        generator: torch.Generator,
+        scale: float = 1.0,
+        background: bool = True,
+    ) -> PendingNoise:
+        """Start drawing the noise of :meth:`add_noise_` before the sum exists.
+
+        The noise does not depend on the sum, so a round can draw it while it
+        computes the gradients: with ``background``, a CPU generator and more
+        than one intra-op thread (``torch.get_num_threads()``), the draw runs
+        on a worker thread (a CPU generator draws on one core; the gradient
+        pass leaves the other idle much of the time), and
+        :meth:`PendingNoise.add_to_` waits for it. The draws are those that
+        :meth:`add_noise_` would make from the same generator state, so the
+        result does not depend on the timing. ``generator`` must not be used
+        by anything else until :meth:`PendingNoise.add_to_` or
+        :meth:`PendingNoise.wait` returns.
+
+        Parameters
+        ----------
+        like : mapping of str to torch.Tensor
+            Templates of the sum (names, shapes, dtypes, devices); their
+            values are not read.
+        num_participants : int
+            Participants m this round (<= N).
+        num_available : int
+            Available clients N.
+        generator : torch.Generator
+            Source of the noise.
+        scale : float
+            Factor applied to the noisy sum (> 0; default 1).
+        background : bool
+            Draw on a worker thread when that can help (see above).
+
+        Returns
+        -------
+        PendingNoise
+            The draw, to add with :meth:`PendingNoise.add_to_`.
+
+        Raises
+        ------
+        dpfl.errors.InvalidParameterError
+            On bad counts, parameters, ``scale`` or ``generator``.
+        """
+        std = self.noise_std(
+            num_participants=num_participants, num_available=num_available
+        )
+        return PendingNoise(
+            like,
+            check_nonnegative("std", std),
+            generator,
+            check_positive("scale", scale),
+            background=background,
+        )
+
+
+class PendingNoise:
+    """Gaussian noise for one model-shaped sum, drawn now or on a worker thread.
+
+    Made by :meth:`Privatizer.start_noise`: it holds ``N(0, (scale·std)²)``
+    noise shaped like the templates, and :meth:`add_to_` turns a sum into
+    ``scale · sum + noise`` in place.
+    """
+
+    def __init__(
+        self,
+        like: Mapping[str, torch.Tensor],
+        std: float,
+        generator: torch.Generator,
+        scale: float,
+        *,
+        background: bool,
+    ) -> None:
+        _check_generator(generator)
+        self.scale = scale
+        self._shapes = {name: tuple(t.shape) for name, t in like.items()}
+        self._noise: list[torch.Tensor] | None = None
+        self._future: Future[list[torch.Tensor]] | None = None
+        self._added = False
+        if std == 0.0:
+            return
+        # Buffers are allocated here, in the caller's thread (memory from a
+        # worker thread's malloc arena is returned to the system when freed
+        # and faults back in page by page every round); the worker only fills.
+        # One flat buffer when the dtypes agree (views are made only if the
+        # sum is not one flat buffer too), as in _standard_normal_like.
+        self._devices = {name: t.device for name, t in like.items()}
+        dtypes = {
+            t.dtype if t.is_floating_point() else torch.float32 for t in like.values()
+        }
+        if len(dtypes) == 1:
+            numel = sum(t.numel() for t in like.values())
+            buffers = [torch.empty(numel, device=generator.device, dtype=dtypes.pop())]
+        else:
+            buffers = [
+                torch.empty(
+                    shape,
+                    device=generator.device,
+                    dtype=t.dtype if t.is_floating_point() else torch.float32,
+                )
+                for shape, t in zip(self._shapes.values(), like.values())
+            ]
+        std = scale * std
+
+        def draw() -> list[torch.Tensor]:
+            for buf in buffers:
+                buf.normal_(0.0, std, generator=generator)
+            return buffers
+
+        if (
+            background
+            and generator.device.type == "cpu"
+            and torch.get_num_threads() > 1
+        ):
+            self._future = _noise_executor().submit(draw)
+        else:
+            self._noise = draw()
+
+    def wait(self) -> None:
+        """Block until the draw is done (re-raising its error, if any)."""
+        if self._future is not None:
+            self._noise = self._future.result()
+            self._future = None
+
+    def add_to_(self, total: dict[str, torch.Tensor]) -> Params:
+        """Wait for the noise and set ``total ← scale · total + noise`` in place.
+
+        Parameters
+        ----------
+        total : dict of str to torch.Tensor
+            The sum, with the names and shapes of the templates; modified.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            ``total``.
+
+        Raises
+        ------
+        dpfl.errors.InvalidParameterError
+            If ``total`` does not match the templates.
+        """
+        self.wait()
+        if self._added:
+            raise InvalidParameterError("this noise was already added to a sum")
+        shapes = {name: tuple(t.shape) for name, t in total.items()}
+        if shapes != self._shapes:
+            raise InvalidParameterError(
+                "total does not match the tensors the noise was drawn for: "
+                f"{sorted(shapes)[:5]} vs {sorted(self._shapes)[:5]}"
+            )
+        self._added = True
+        if self._noise is None:  # std = 0: no noise
+            if self.scale != 1.0:
+                for v in total.values():
+                    v.mul_(self.scale)
+            return total
+        flat = flat_view(list(total.values()))
+        if (
+            len(self._noise) == 1
+            and flat is not None
+            and self._noise[0].device == flat.device
+            and self._noise[0].dtype == flat.dtype
+            and list(self._shapes) == list(total)
+        ):
+            torch.add(self._noise[0], flat, alpha=self.scale, out=flat)
+            return total
+        if len(self._noise) == 1:  # one flat draw, in the templates' order
+            sizes = [math.prod(shape) for shape in self._shapes.values()]
+            parts = self._noise[0].split(sizes)
+        else:
+            parts = tuple(self._noise)
+        noise = {
+            name: z.view(shape)
+            for (name, shape), z in zip(self._shapes.items(), parts, strict=True)
+        }
+        for name, v in total.items():
+            z = noise[name].to(device=self._devices[name])
+            torch.add(z, v, alpha=self.scale, out=v)
+        return total
+
+
+_EXECUTOR: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _noise_executor() -> ThreadPoolExecutor:
+    """The worker thread of background noise draws (one per process).
+
+    Made on first use; a forked child inherits the executor object but not its
+    thread, so a new one is made there. (Two threads racing here at most make
+    one executor too many, which starts no thread until used.)
+    """
+    global _EXECUTOR
+    if _EXECUTOR is None or _EXECUTOR[0] != os.getpid():
+        _EXECUTOR = (
+            os.getpid(),
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpfl-noise"),
+        )
+    return _EXECUTOR[1]
 
 
 def _add(

@@ -51,6 +51,7 @@ from dpfl.accounting._checks import (
 )
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import InvalidParameterError
+from dpfl.sim._flat import flat_view, flat_zeros
 from dpfl.sim.evaluation import evaluate_model
 from dpfl.sim.gradients import check_finite, clipped_grad_sum
 from dpfl.sim.loop import check_state_owner, model_state
@@ -212,9 +213,8 @@ class DsgdRandomParticipation:
                     clip=clip,
                     secure_aggregation=self.secure_aggregation,
                 )
-        self.velocity: Params = {
-            n: torch.zeros_like(p) for n, p in self.model.named_parameters()
-        }
+        # Views into one flat buffer: the momentum step is one operation.
+        self.velocity: Params = flat_zeros(self._params(), ())
 
     # -- accounting -----------------------------------------------------------
     def event(self) -> ev.Event | None:
@@ -235,9 +235,12 @@ class DsgdRandomParticipation:
     def _params(self) -> Params:
         return {n: p.detach() for n, p in self.model.named_parameters()}
 
-    def _gradient_sum(self, sample: RoundSample) -> tuple[Params, dict[str, float]]:
+    def _gradient_sum(
+        self, sample: RoundSample, params: Params | None = None
+    ) -> tuple[Params, dict[str, float]]:
         """Sum of (clipped) per-record gradients over every sampled record."""
-        params = self._params()
+        if params is None:
+            params = self._params()
         metrics: dict[str, float] = {}
         if sample.num_records == 0:
             return {n: torch.zeros_like(p) for n, p in params.items()}, metrics
@@ -301,23 +304,38 @@ class DsgdRandomParticipation:
             before aggregation and before the step).
         """
         sample = self.sampler.sample(rng)
-        total, metrics = self._gradient_sum(sample)
-        if self.privatizer is not None:
-            total = self.privatizer.add_noise(
-                total,
+        if self.privatizer is None:
+            total, metrics = self._gradient_sum(sample)
+            estimate = {n: t.mul_(self.scale) for n, t in total.items()}
+        else:
+            # The noise does not depend on the gradients: it is drawn (on a
+            # worker thread, on CPU) while they are computed, then added to the
+            # sum in place with the 1/(pqn) scaling (one operation each when
+            # the sum is one flat buffer, as clipped_grad_sum returns it).
+            params = self._params()
+            pending = self.privatizer.start_noise(
+                params,
                 num_participants=sample.num_clients,
                 num_available=self.num_available,
                 generator=generator,
+                scale=self.scale,
             )
-        # In place: ``total`` is a fresh tensor owned by this round.
-        estimate = {n: t.mul_(self.scale) for n, t in total.items()}
+            try:
+                total, metrics = self._gradient_sum(sample, params)
+            finally:
+                pending.wait()  # the generator is free again, even on error
+            estimate = pending.add_to_(total)
+        flat = flat_view(list(estimate.values()))
+        if flat is not None:
+            sq = float(torch.linalg.vector_norm(flat).square())
+        else:
+            sq = float(
+                torch.stack(
+                    [torch.linalg.vector_norm(t).square() for t in estimate.values()]
+                ).sum()
+            )
         # One fused pass: the squared norm is finite iff every entry is finite
         # (barring overflow of the square, which check_finite then tells apart).
-        sq = float(
-            torch.stack(
-                [torch.linalg.vector_norm(t).square() for t in estimate.values()]
-            ).sum()
-        )
         if not math.isfinite(sq):
             check_finite(estimate, "model update")
         metrics["update_norm"] = math.sqrt(sq)
@@ -352,11 +370,19 @@ class DsgdRandomParticipation:
             momentum are left unchanged.
         """
         estimate, sample, metrics = self.gradient_estimate(rng, generator)
+        params = dict(self.model.named_parameters())
         with torch.no_grad():
-            for n, p in self.model.named_parameters():
-                v = self.velocity[n]
-                v.mul_(self.momentum).add_(estimate[n])
-                p.sub_(self.learning_rate * v)
+            v_flat = flat_view(list(self.velocity.values()))
+            e_flat = flat_view([estimate[n] for n in self.velocity])
+            if v_flat is not None and e_flat is not None:
+                # v <- ĝ + μ v in one operation on the flat buffers.
+                torch.add(e_flat, v_flat, alpha=self.momentum, out=v_flat)
+            else:
+                for n in params:
+                    v = self.velocity[n]
+                    torch.add(estimate[n], v, alpha=self.momentum, out=v)
+            for n, p in params.items():
+                p.add_(self.velocity[n], alpha=-self.learning_rate)
         metrics.update(
             participants=float(sample.num_clients), records=float(sample.num_records)
         )
@@ -414,7 +440,15 @@ class DsgdRandomParticipation:
                 "state's parameters do not match the model's: "
                 f"{sorted(state['velocity'])[:5]} vs {sorted(self.velocity)[:5]}"
             )
+        velocity = flat_zeros(self._params(), ())
+        for k, v in velocity.items():
+            saved = state["velocity"][k]
+            if tuple(saved.shape) != tuple(v.shape):
+                raise InvalidParameterError(
+                    f"state's velocity {k!r} has shape {tuple(saved.shape)}; the "
+                    f"model's parameter has {tuple(v.shape)}"
+                )
         self.model.load_state_dict(state["model"])
-        self.velocity = {
-            k: v.to(device=self.device).clone() for k, v in state["velocity"].items()
-        }
+        for k, v in velocity.items():
+            v.copy_(state["velocity"][k])
+        self.velocity = velocity
