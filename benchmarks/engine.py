@@ -19,6 +19,12 @@ background load; the minimum and median round times are reported. Peak RSS
 fresh subprocess, next to the RSS after building the data set and model; on
 CUDA also ``torch.cuda.max_memory_allocated``.
 
+The OpenMP wait policy moves the ratio: ``OMP_WAIT_POLICY=PASSIVE`` (worker
+threads sleep between operations; kind to a shared machine) slows the
+non-private round more than the DP round, the default (threads spin) the
+reverse, and one thread sits between. The script prints the policy in effect;
+quote it with the figures.
+
 Usage::
 
     python benchmarks/engine.py [--rounds 40] [--device cpu|cuda] [--threads N]
@@ -142,8 +148,10 @@ def main() -> None:
     dev = args.device
     if dev.startswith("cuda"):
         dev += f" ({torch.cuda.get_device_name()})"
+    policy = os.environ.get("OMP_WAIT_POLICY", "unset (OpenMP default)")
     print(
         f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}, "
+        f"OMP_WAIT_POLICY {policy}, "
         f"{args.clients:,} clients x {args.records} records, p={args.p}, q={args.q}, "
         f"sigma={args.noise_multiplier}, rounds {args.rounds} (+{args.warmup} warm-up)"
     )
