@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.nn.grad import conv2d_weight
 
 from dpfl.accounting._checks import check_count, check_positive
 from dpfl.errors import InvalidParameterError, NonFiniteUpdateError
@@ -453,7 +454,7 @@ def _conv2d_per_sample_weight_grad(
     padding = cast(tuple[int, int], conv.padding)
     dilation = cast(tuple[int, int], conv.dilation)
     if cin == 1 and b > _STRIDED_CIN1_MAX_BATCH:
-        gw = torch.nn.grad.conv2d_weight(
+        gw = conv2d_weight(
             a.reshape(1, b * cin, *a.shape[2:]),
             (b * cout, cin, kh, kw),
             g.reshape(1, b * cout, *g.shape[2:]),
@@ -1063,8 +1064,9 @@ class _CohortForward:
 
     def __exit__(self, *exc: object) -> None:
         for name, module in self.layers.items():
-            if self._saved[name] is not None:
-                module.forward = self._saved[name]  # type: ignore[method-assign]
+            saved = self._saved[name]
+            if saved is not None:
+                module.forward = saved  # type: ignore[method-assign]
             elif "forward" in vars(module):
                 del module.forward
 
