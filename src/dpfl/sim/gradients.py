@@ -862,10 +862,10 @@ def _client_inputs(
 
 
 #: A per-client convolution with fewer input channels than this, whose input
-#: needs no gradient (a first layer), runs as im2col + one batched matrix
-#: product per example: oneDNN's grouped convolution is slow for so few
-#: channels per group (1 -> 8 channels, 500 images of 28 x 28: ≈ 14 ms grouped
-#: against ≈ 5 ms, the cost of one shared-weight convolution of the batch).
+#: needs no gradient (a first layer), runs as im2col + one matrix product per
+#: client: oneDNN's grouped convolution is slow for so few channels per group
+#: (1 -> 8 channels, 500 images of 28 x 28: ≈ 14 ms grouped against ≈ 4 ms,
+#: about the cost of one shared-weight convolution of the batch).
 _COHORT_IM2COL_MAX_CIN = 4
 
 
