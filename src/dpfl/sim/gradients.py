@@ -1102,6 +1102,7 @@ def _cohort_sums(
     xb: torch.Tensor,
     yb: torch.Tensor,
     mask: torch.Tensor,
+    *,
     loss_fn: LossFn,
 ) -> Params:
     """Per-client unclipped gradient sums, all clients in one pass.
@@ -1141,6 +1142,7 @@ def _batched_ghost(
     xb: torch.Tensor,
     yb: torch.Tensor,
     mask: torch.Tensor,
+    *,
     clip: float | None,
     loss_fn: LossFn,
 ) -> Params:
@@ -1313,27 +1315,16 @@ def batched_client_grads(
             )
         if ghost_supported(model) and complete:
             try:
-                ghost_pieces = [
-                    _batched_ghost(
-                        model,
-                        {k: v[s : s + chunk] for k, v in params.items()},
-                        xb[s : s + chunk],
-                        yb[s : s + chunk],
-                        mask[s : s + chunk],
-                        clip,
-                        loss_fn,
-                    )
-                    if clip is not None
-                    else _cohort_sums(
-                        model,
-                        {k: v[s : s + chunk] for k, v in params.items()},
-                        xb[s : s + chunk],
-                        yb[s : s + chunk],
-                        mask[s : s + chunk],
-                        loss_fn,
-                    )
-                    for s in range(0, n, chunk)
-                ]
+
+                def kernel(sl: slice) -> Params:
+                    # Unclipped: one backward pass to the weights; else ghost.
+                    p = {k: v[sl] for k, v in params.items()}
+                    args = (model, p, xb[sl], yb[sl], mask[sl])
+                    if clip is None:
+                        return _cohort_sums(*args, loss_fn=loss_fn)
+                    return _batched_ghost(*args, clip=clip, loss_fn=loss_fn)
+
+                ghost_pieces = [kernel(slice(s, s + chunk)) for s in range(0, n, chunk)]
             except _GhostUnsupported as exc:
                 if method == "ghost":
                     raise InvalidParameterError(
