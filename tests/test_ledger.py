@@ -162,3 +162,33 @@ def test_ledger_class_names_the_guards():
     assert ledger_class("moments-accountant") is MomentsAccountantLedger
     with pytest.raises(InvalidParameterError, match="guard must be one of"):
         ledger_class("rdp")
+
+
+def test_guard_prices_log_many_compositions_near_the_end_of_the_budget(monkeypatch):
+    # A run calibrated to spend its budget in about T rounds used to price one
+    # composition per round once past the last power of two below T (44 for
+    # the T = 100 demo); the guard now bisects once it knows a count that
+    # fails. Budget midway between the guard's own eps after 100 and 110
+    # rounds (a gap far wider than its 2% bracket): it allows 100-109 rounds,
+    # refuses the next, and prices at most 2*log2(128) + 2 compositions.
+    event = PoissonSampled(0.05, Gaussian(1.2))
+    ledger = PrivacyLedger(Budget(1.0, 1e-5))  # for its tolerance only
+    e100 = ledger._epsilon_of(event, 100)
+    e110 = ledger._epsilon_of(event, 110)
+    assert e110 > e100 * 1.03
+    ledger = PrivacyLedger(Budget(0.5 * (e100 + e110), 1e-5))
+    calls = []
+    original = PrivacyLedger._epsilon_of
+
+    def counting(self, ev_, count):
+        calls.append(count)
+        return original(self, ev_, count)
+
+    monkeypatch.setattr(PrivacyLedger, "_epsilon_of", counting)
+    with pytest.raises(BudgetExceededError):
+        for _ in range(200):
+            ledger.check(event)
+            ledger.record(event)
+    assert 100 <= ledger.rounds < 110
+    assert len(calls) <= 2 * 7 + 2, calls
+    assert max(calls) <= 128  # never much longer than the run

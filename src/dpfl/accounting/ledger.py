@@ -292,23 +292,32 @@ class PrivacyLedger:
     def _fits(self, event: ev.Event, count: int) -> bool:
         """Whether ``count`` rounds of ``event`` fit the budget (amortised).
 
-        Looks ahead to the next power of two, so a run of T rounds prices
-        O(log T) compositions, none much longer than the run itself.
+        Looks ahead to the next power of two; once a count is known not to
+        fit, bisects between the largest count known to fit and it, which pins
+        the last round the budget allows. A run of T rounds thus prices
+        O(log T) compositions in all (not one per round near the end of a run
+        calibrated to spend the budget), none much longer than the run.
+        Certifying every count up to one whose upper bound fits is sound: the
+        true ε grows with the number of rounds.
         """
         fits_up_to, fails_from = self._known.get(event, (0, math.inf))
         if count <= fits_up_to:
             return True
         if count >= fails_from:
             return False
+        budget = self.budget.epsilon  # type: ignore[union-attr]
         ahead = 1 << (count - 1).bit_length()  # next power of two >= count
-        for t in (ahead, count) if ahead < fails_from else (count,):
-            if self._epsilon_of(event, t) <= self.budget.epsilon:  # type: ignore[union-attr]
+        while fits_up_to < count < fails_from:
+            if math.isinf(fails_from):
+                t = ahead
+            else:
+                t = (fits_up_to + int(fails_from)) // 2 if fits_up_to else count
+                t = max(t, 1)
+            if self._epsilon_of(event, t) <= budget:
                 fits_up_to = max(fits_up_to, t)
             else:
                 fails_from = min(fails_from, t)
             self._known[event] = (fits_up_to, fails_from)
-            if count <= fits_up_to or count >= fails_from:
-                break
         return count <= fits_up_to
 
     def _epsilon_of(self, event: ev.Event, count: int) -> float:
