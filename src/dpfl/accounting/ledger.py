@@ -312,7 +312,6 @@ class PrivacyLedger:
                 t = ahead
             else:
                 t = (fits_up_to + int(fails_from)) // 2 if fits_up_to else count
-                t = max(t, 1)
             if self._epsilon_of(event, t) <= budget:
                 fits_up_to = max(fits_up_to, t)
             else:

@@ -106,6 +106,43 @@ def _check_generator(generator: object) -> None:
         )
 
 
+def _noise_buffers(
+    like: Mapping[str, torch.Tensor], device: torch.device
+) -> list[torch.Tensor]:
+    """Uninitialised storage for noise shaped like ``like``, on ``device``.
+
+    One flat buffer (one call into the generator) when every template has the
+    same floating dtype, else one buffer per template (float32 for integer
+    templates).
+    """
+    dtypes = [
+        t.dtype if t.is_floating_point() else torch.float32 for t in like.values()
+    ]
+    if len(set(dtypes)) == 1:
+        numel = sum(t.numel() for t in like.values())
+        return [torch.empty(numel, device=device, dtype=dtypes[0])]
+    return [
+        torch.empty(t.shape, device=device, dtype=dtype)
+        for t, dtype in zip(like.values(), dtypes)
+    ]
+
+
+def _noise_views(
+    buffers: list[torch.Tensor],
+    shapes: Mapping[str, tuple[int, ...]],
+    devices: Mapping[str, torch.device],
+) -> Params:
+    """The buffers of :func:`_noise_buffers` as named tensors on their devices."""
+    if len(buffers) == 1:  # one flat draw, in the templates' order
+        parts = buffers[0].reshape(-1).split([math.prod(s) for s in shapes.values()])
+    else:
+        parts = tuple(buffers)
+    return {
+        name: z.view(shape).to(device=devices[name])
+        for (name, shape), z in zip(shapes.items(), parts, strict=True)
+    }
+
+
 def _standard_normal_like(
     params: Mapping[str, torch.Tensor], generator: torch.Generator
 ) -> Params:
@@ -114,32 +151,14 @@ def _standard_normal_like(
     When every template has the same floating dtype the noise is one flat draw
     (one call into the generator) split into views, else one draw per tensor.
     """
-    dtypes = {
-        t.dtype if t.is_floating_point() else torch.float32 for t in params.values()
-    }
-    if len(dtypes) == 1:
-        dtype = dtypes.pop()
-        flat = torch.randn(
-            sum(t.numel() for t in params.values()),
-            generator=generator,
-            device=generator.device,
-            dtype=dtype,
-        )
-        out: Params = {}
-        offset = 0
-        for name, t in params.items():
-            n = t.numel()
-            out[name] = flat[offset : offset + n].view(t.shape).to(device=t.device)
-            offset += n
-        return out
-    out = {}
-    for name, t in params.items():
-        dtype = t.dtype if t.is_floating_point() else torch.float32
-        z = torch.randn(
-            t.shape, generator=generator, device=generator.device, dtype=dtype
-        )
-        out[name] = z.to(device=t.device)
-    return out
+    buffers = _noise_buffers(params, generator.device)
+    for buf in buffers:
+        buf.normal_(generator=generator)
+    return _noise_views(
+        buffers,
+        {name: tuple(t.shape) for name, t in params.items()},
+        {name: t.device for name, t in params.items()},
+    )
 
 
 class Privatizer:
@@ -327,24 +346,8 @@ class PendingNoise:
         # Buffers are allocated here, in the caller's thread (memory from a
         # worker thread's malloc arena is returned to the system when freed
         # and faults back in page by page every round); the worker only fills.
-        # One flat buffer when the dtypes agree (views are made only if the
-        # sum is not one flat buffer too), as in _standard_normal_like.
         self._devices = {name: t.device for name, t in like.items()}
-        dtypes = {
-            t.dtype if t.is_floating_point() else torch.float32 for t in like.values()
-        }
-        if len(dtypes) == 1:
-            numel = sum(t.numel() for t in like.values())
-            buffers = [torch.empty(numel, device=generator.device, dtype=dtypes.pop())]
-        else:
-            buffers = [
-                torch.empty(
-                    shape,
-                    device=generator.device,
-                    dtype=t.dtype if t.is_floating_point() else torch.float32,
-                )
-                for shape, t in zip(self._shapes.values(), like.values())
-            ]
+        buffers = _noise_buffers(like, generator.device)
         std = scale * std
 
         def draw() -> list[torch.Tensor]:
@@ -410,18 +413,9 @@ class PendingNoise:
         ):
             torch.add(self._noise[0], flat, alpha=self.scale, out=flat)
             return total
-        if len(self._noise) == 1:  # one flat draw, in the templates' order
-            sizes = [math.prod(shape) for shape in self._shapes.values()]
-            parts = self._noise[0].split(sizes)
-        else:
-            parts = tuple(self._noise)
-        noise = {
-            name: z.view(shape)
-            for (name, shape), z in zip(self._shapes.items(), parts, strict=True)
-        }
+        noise = _noise_views(self._noise, self._shapes, self._devices)
         for name, v in total.items():
-            z = noise[name].to(device=self._devices[name])
-            torch.add(z, v, alpha=self.scale, out=v)
+            torch.add(noise[name], v, alpha=self.scale, out=v)
         return total
 
 
