@@ -118,6 +118,34 @@ def test_event_and_non_private_baseline():
         assert ledger.rounds == 0
 
 
+@pytest.mark.parametrize("max_batch", [None, 4])
+@pytest.mark.parametrize("frozen", [False, True])
+def test_unclipped_baseline_estimate_is_the_scaled_gradient_sum(max_batch, frozen):
+    # Reference: one plain backward of the summed loss over the sampled records
+    # on a copy of the model, times 1/(pqn). Chunks (max_batch) and a frozen
+    # weight (which the baseline still differentiates, through functional_call)
+    # must not change it beyond float rounding (atol 1e-6).
+    ds = _digits(20)
+    kw = {**PRIVATE, "noise_multiplier": None, "clip": None, "max_batch": max_batch}
+    alg = build_algorithm("dsgd-rp", model=_mlp(ds), dataset=ds, **kw)
+    ref_model = _mlp(ds)
+    if frozen:
+        next(alg.model.parameters()).requires_grad_(False)
+    rng, gen = round_generators(0, 0)
+    estimate, sample, _ = alg.gradient_estimate(rng, gen)
+    x, y = ds.take(sample.records)
+    loss = torch.nn.functional.cross_entropy(
+        ref_model(torch.as_tensor(x)), torch.as_tensor(y), reduction="sum"
+    )
+    loss.backward()
+    n = int(ds.client_sizes().sum())
+    pq = PRIVATE["participation_probability"] * PRIVATE["record_probability"]
+    scale = 1.0 / (pq * n)
+    assert sample.num_records > 4
+    for name, p in ref_model.named_parameters():
+        torch.testing.assert_close(estimate[name], p.grad * scale, atol=1e-6, rtol=0)
+
+
 # ------------------------------------------------------------------ determinism
 def _run(seed, rounds, **kw):
     ds = _digits()
