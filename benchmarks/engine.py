@@ -2,22 +2,31 @@
 
 23,264 clients x 30 procedural 28x28 images (``synthetic_images``, 62 classes),
 p = 0.001, q = 0.1 (about 23 participants and 70 records a round), the paper
-CNN (random-participation App. B). Two variants on the *same* sampled records
-(round t of both uses ``round_generators(seed, t)``):
+CNN (random-participation App. B). Three variants on the *same* sampled
+records (round t of each uses ``round_generators(seed, t)``):
 
 ``dp``
     ``Trainer.step()`` of ``dsgd-rp``: sample, build the records, clipped
     per-sample gradient sum, Gaussian noise, 1/(pNqd) scaling, momentum step,
     ledger record (no budget, so no pricing cost in the loop).
 ``non-private``
-    the same sampling and records, then a plain mean-loss backward and a
-    ``torch.optim.SGD`` momentum step.
+    the same sampling and records, then a plain PyTorch mean-loss backward
+    and a ``torch.optim.SGD`` momentum step: the baseline of the target.
+``dpfl baseline``
+    ``Trainer.step()`` of ``dsgd-rp`` without noise or clipping (the
+    non-private run of ``dpfl demo``), for reference: what dpfl's own
+    machinery (sampling, 1/(pNqd) scaling, momentum, ledger) adds.
 
-Rounds are interleaved (dp, non-private, dp, ...) so both see the same
-background load; the minimum and median round times are reported. Peak RSS
-(``ru_maxrss``; torch CPU allocations count in it) is measured per variant in a
-fresh subprocess, next to the RSS after building the data set and model; on
-CUDA also ``torch.cuda.max_memory_allocated``.
+Rounds are interleaved (dp, non-private, dpfl baseline, dp, ...) so all see
+the same background load, and the paired per-round ratio dp / non-private on
+the same records is the headline figure. The machine's speed drifts by tens
+of percent over seconds on a shared host, and the ratio drifts with it, so
+the timing runs ``--repeats`` times, each in a fresh process, one after the
+other; each repeat's paired median is printed and their median is the
+figure to quote. Peak RSS (``ru_maxrss``; torch CPU allocations count in it)
+is measured per variant in a fresh subprocess, next to the RSS after
+building the data set and model; on CUDA also
+``torch.cuda.max_memory_allocated``.
 
 The OpenMP wait policy moves the ratio: ``OMP_WAIT_POLICY=PASSIVE`` (worker
 threads sleep between operations; kind to a shared machine) slows the
@@ -27,7 +36,8 @@ quote it with the figures.
 
 Usage::
 
-    python benchmarks/engine.py [--rounds 40] [--device cpu|cuda] [--threads N]
+    python benchmarks/engine.py [--rounds 60] [--repeats 5] [--device cpu|cuda]
+        [--threads N]
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import json
 import os
 import resource
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -58,6 +69,9 @@ def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+VARIANTS = ("dp", "non-private", "dpfl baseline")
+
+
 def setup(args: argparse.Namespace):
     ds = synthetic_images(
         num_clients=args.clients,
@@ -69,24 +83,36 @@ def setup(args: argparse.Namespace):
     dp_model = PaperCNN(num_classes=62)
     np_model = PaperCNN(num_classes=62).to(args.device)
     np_model.load_state_dict(dp_model.state_dict())
-    alg = build_algorithm(
-        "dsgd-rp",
-        model=dp_model,
+    base_model = PaperCNN(num_classes=62)
+    base_model.load_state_dict(dp_model.state_dict())
+    common = dict(
         dataset=ds,
         device=args.device,
         participation_probability=args.p,
         record_probability=args.q,
-        noise_multiplier=args.noise_multiplier,
-        clip=1.0,
         learning_rate=0.002,
         momentum=0.9,
     )
+    alg = build_algorithm(
+        "dsgd-rp",
+        model=dp_model,
+        noise_multiplier=args.noise_multiplier,
+        clip=1.0,
+        **common,
+    )
+    base = build_algorithm(
+        "dsgd-rp", model=base_model, noise_multiplier=None, clip=None, **common
+    )
     trainer = Trainer(alg, ledger=PrivacyLedger(), seed=SEED)
+    base_trainer = Trainer(base, ledger=PrivacyLedger(), seed=SEED)
     opt = torch.optim.SGD(np_model.parameters(), lr=0.002, momentum=0.9)
     sampler = alg.sampler
 
     def dp_round() -> int:
         return int(trainer.step().metrics["records"])
+
+    def base_round() -> int:
+        return int(base_trainer.step().metrics["records"])
 
     counter = {"t": 0}
 
@@ -103,7 +129,9 @@ def setup(args: argparse.Namespace):
             opt.step()
         return len(y)
 
-    return ds, {"dp": dp_round, "non-private": non_private_round}
+    calls = {"dp": dp_round, "non-private": non_private_round}
+    calls["dpfl baseline"] = base_round
+    return ds, calls
 
 
 def sync(device: str) -> None:
@@ -124,43 +152,12 @@ def measure_memory(args: argparse.Namespace) -> dict:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--clients", type=int, default=23_264)
-    parser.add_argument("--records", type=int, default=30)
-    parser.add_argument("--p", type=float, default=0.001)
-    parser.add_argument("--q", type=float, default=0.1)
-    # Sound σ for per-round (0.015, 1e-6) in scenario 1 (SPEC.md §0.3 table).
-    parser.add_argument("--noise-multiplier", type=float, default=2.4903)
-    parser.add_argument("--memory-of", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.memory_of:
-        print(json.dumps(measure_memory(args)))
-        return
-
-    print("command:", shlex.join([sys.executable, *sys.argv]))
-    dev = args.device
-    if dev.startswith("cuda"):
-        dev += f" ({torch.cuda.get_device_name()})"
-    policy = os.environ.get("OMP_WAIT_POLICY", "unset (OpenMP default)")
-    print(
-        f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}, "
-        f"OMP_WAIT_POLICY {policy}, "
-        f"{args.clients:,} clients x {args.records} records, p={args.p}, q={args.q}, "
-        f"sigma={args.noise_multiplier}, rounds {args.rounds} (+{args.warmup} warm-up)"
-    )
+def measure_times(args: argparse.Namespace) -> dict:
+    """One repeat: warm-up, then ``args.rounds`` interleaved rounds of each variant."""
     t0 = time.perf_counter()
     ds, calls = setup(args)
-    print(
-        f"setup {time.perf_counter() - t0:.2f} s; data set holds "
-        f"{ds.nbytes() / 2**20:.1f} MiB; RSS after setup {rss_mib():.0f} MiB"
-    )
+    setup_s = time.perf_counter() - t0
+    rss_setup = rss_mib()
     for _ in range(args.warmup):
         for call in calls.values():
             call()
@@ -176,44 +173,123 @@ def main() -> None:
             times[name].append(time.perf_counter() - start)
             if name == "dp":
                 records.append(n)
+    return {
+        "times": times,
+        "records": records,
+        "setup_s": setup_s,
+        "data_mib": ds.nbytes() / 2**20,
+        "rss_setup_mib": rss_setup,
+        "load": [load_before, os.getloadavg()[0]],
+    }
+
+
+def quantiles(xs: list[float]) -> tuple[float, float, float]:
+    xs = sorted(xs)
+    return tuple(xs[int(f * (len(xs) - 1))] for f in (0.25, 0.5, 0.75))  # type: ignore[return-value]
+
+
+def forwarded(args: argparse.Namespace) -> list[str]:
+    """The workload options, for a subprocess to rebuild the same setup."""
+    cmd = ["--rounds", str(args.rounds), "--warmup", str(args.warmup)]
+    cmd += ["--device", args.device]
+    cmd += ["--clients", str(args.clients), "--records", str(args.records)]
+    cmd += ["--p", str(args.p), "--q", str(args.q)]
+    cmd += ["--noise-multiplier", str(args.noise_multiplier)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    return cmd
+
+
+def run_child(args: argparse.Namespace, *extra: str) -> dict:
+    cmd = [sys.executable, __file__, *forwarded(args), *extra]
+    return json.loads(subprocess.run(cmd, capture_output=True, check=True).stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--clients", type=int, default=23_264)
+    parser.add_argument("--records", type=int, default=30)
+    parser.add_argument("--p", type=float, default=0.001)
+    parser.add_argument("--q", type=float, default=0.1)
+    # Sound σ for per-round (0.015, 1e-6) in scenario 1 (SPEC.md §0.3 table).
+    parser.add_argument("--noise-multiplier", type=float, default=2.4903)
+    parser.add_argument("--memory-of", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--timing-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_of:
+        print(json.dumps(measure_memory(args)))
+        return
+    if args.timing_worker:
+        print(json.dumps(measure_times(args)))
+        return
+    if args.rounds < 1 or args.repeats < 1:
+        parser.error("--rounds and --repeats must be at least 1")
+
+    print("command:", shlex.join([sys.executable, *sys.argv]))
+    dev = args.device
+    if dev.startswith("cuda"):
+        dev += f" ({torch.cuda.get_device_name()})"
+    policy = os.environ.get("OMP_WAIT_POLICY", "unset (OpenMP default)")
     print(
-        f"records per round: mean {sum(records) / len(records):.1f}, "
-        f"min {min(records)}, max {max(records)}; 1-min load average "
-        f"{load_before:.2f} before timing, {os.getloadavg()[0]:.2f} after "
-        f"({os.cpu_count()} cores; a busy machine flatters the ratio)"
+        f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}, "
+        f"OMP_WAIT_POLICY {policy}, "
+        f"{args.clients:,} clients x {args.records} records, p={args.p}, q={args.q}, "
+        f"sigma={args.noise_multiplier}, {args.repeats} repeats x {args.rounds} "
+        f"rounds (+{args.warmup} warm-up) per variant, each repeat a fresh process"
     )
-    base_min = min(times["non-private"])
-    base_med = sorted(times["non-private"])[len(times["non-private"]) // 2]
-    header = f"{'variant':<13}{'min ms':>9}{'median ms':>11}{'rounds/s':>10}"
-    header += f"{'ratio min':>11}{'ratio med':>11}{'RSS setup':>11}{'peak RSS':>10}"
+    runs = []
+    for i in range(args.repeats):
+        run = run_child(args, "--timing-worker")
+        runs.append(run)
+        t = run["times"]
+        med = {k: quantiles(v)[1] * 1e3 for k, v in t.items()}
+        paired = [d / n for d, n in zip(t["dp"], t["non-private"])]
+        q1, q2, q3 = quantiles(paired)
+        run["paired_median"] = q2
+        recs = run["records"]
+        print(
+            f"repeat {i + 1}: median ms "
+            + ", ".join(f"{k} {v:.1f}" for k, v in med.items())
+            + f"; paired dp/non-private median {q2:.2f} (quartiles {q1:.2f}-{q3:.2f})"
+            f"; records/round mean {sum(recs) / len(recs):.1f}; 1-min load "
+            f"{run['load'][0]:.2f} -> {run['load'][1]:.2f}",
+            flush=True,
+        )
+    first = runs[0]
+    print(
+        f"setup {first['setup_s']:.2f} s; data set holds {first['data_mib']:.1f} MiB; "
+        f"RSS after setup {first['rss_setup_mib']:.0f} MiB ({os.cpu_count()} cores; "
+        "a busy machine flatters the ratio)"
+    )
+    pooled = {k: [x for r in runs for x in r["times"][k]] for k in VARIANTS}
+    base_med = quantiles(pooled["non-private"])[1]
+    header = f"{'variant':<15}{'median ms':>10}{'rounds/s':>10}{'vs non-private':>16}"
+    header += f"{'RSS setup':>11}{'peak RSS':>10}"
     if args.device.startswith("cuda"):
         header += f"{'cuda peak':>11}"
     print(header)
-    for name, ts in times.items():
-        cmd = [sys.executable, __file__, "--memory-of", name]
-        cmd += ["--rounds", str(args.rounds), "--device", args.device]
-        cmd += ["--clients", str(args.clients), "--records", str(args.records)]
-        cmd += ["--p", str(args.p), "--q", str(args.q)]
-        cmd += ["--noise-multiplier", str(args.noise_multiplier)]
-        if args.threads:
-            cmd += ["--threads", str(args.threads)]
-        mem = json.loads(subprocess.run(cmd, capture_output=True, check=True).stdout)
-        ts = sorted(ts)
-        med = ts[len(ts) // 2]
+    for name in VARIANTS:
+        mem = run_child(args, "--memory-of", name)
+        med = quantiles(pooled[name])[1]
         line = (
-            f"{name:<13}{ts[0] * 1e3:>9.1f}{med * 1e3:>11.1f}{1 / med:>10.1f}"
-            f"{ts[0] / base_min:>11.2f}{med / base_med:>11.2f}"
+            f"{name:<15}{med * 1e3:>10.1f}{1 / med:>10.1f}{med / base_med:>16.2f}"
             f"{mem['rss_before_mib']:>9.0f}Mi{mem['peak_rss_mib']:>8.0f}Mi"
         )
         if "cuda_peak_mib" in mem:
             line += f"{mem['cuda_peak_mib']:>9.0f}Mi"
         print(line)
-    paired = sorted(d / n for d, n in zip(times["dp"], times["non-private"]))
-    q1, q2, q3 = (paired[int(f * (len(paired) - 1))] for f in (0.25, 0.5, 0.75))
+    per_repeat = sorted(r["paired_median"] for r in runs)
     print(
-        "ratio min/med = min/median dp time over min/median non-private time; "
-        f"paired per-round ratio dp/non-private (same records): median {q2:.2f} "
-        f"(quartiles {q1:.2f}-{q3:.2f})"
+        "paired per-round ratio dp/non-private (same records), median of the "
+        f"{len(runs)} repeats' medians: {statistics.median(per_repeat):.2f} "
+        f"(repeats {per_repeat[0]:.2f}-{per_repeat[-1]:.2f})"
     )
     print("targets: peak RSS <= 2 GiB; dp round <= 1.3 x the non-private round")
 
