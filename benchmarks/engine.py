@@ -2,7 +2,7 @@
 
 23,264 clients x 30 procedural 28x28 images (``synthetic_images``, 62 classes),
 p = 0.001, q = 0.1 (about 23 participants and 70 records a round), the paper
-CNN (random-participation App. B). Three variants on the *same* sampled
+CNN (random-participation App. B). Four variants on the *same* sampled
 records (round t of each uses ``round_generators(seed, t)``):
 
 ``dp``
@@ -12,12 +12,15 @@ records (round t of each uses ``round_generators(seed, t)``):
 ``non-private``
     the same sampling and records, then a plain PyTorch mean-loss backward
     and a ``torch.optim.SGD`` momentum step: the baseline of the target.
+``dpfl clip only``
+    ``Trainer.step()`` of ``dsgd-rp`` with clipping but no noise: with the
+    next variant, it splits the DP round's extra time into clipping and noise.
 ``dpfl baseline``
     ``Trainer.step()`` of ``dsgd-rp`` without noise or clipping (the
     non-private run of ``dpfl demo``), for reference: what dpfl's own
     machinery (sampling, 1/(pNqd) scaling, momentum, ledger) adds.
 
-Rounds are interleaved (dp, non-private, dpfl baseline, dp, ...) so all see
+Rounds are interleaved (dp, non-private, clip only, baseline, dp, ...) so all see
 the same background load, and the paired per-round ratio dp / non-private on
 the same records is the headline figure. The machine's speed drifts by tens
 of percent over seconds on a shared host, and the ratio drifts with it, so
@@ -69,7 +72,7 @@ def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-VARIANTS = ("dp", "non-private", "dpfl baseline")
+VARIANTS = ("dp", "non-private", "dpfl clip only", "dpfl baseline")
 
 
 def setup(args: argparse.Namespace):
@@ -100,16 +103,25 @@ def setup(args: argparse.Namespace):
         clip=1.0,
         **common,
     )
+    clip_model = PaperCNN(num_classes=62)
+    clip_model.load_state_dict(dp_model.state_dict())
+    clip_only = build_algorithm(
+        "dsgd-rp", model=clip_model, noise_multiplier=None, clip=1.0, **common
+    )
     base = build_algorithm(
         "dsgd-rp", model=base_model, noise_multiplier=None, clip=None, **common
     )
     trainer = Trainer(alg, ledger=PrivacyLedger(), seed=SEED)
+    clip_trainer = Trainer(clip_only, ledger=PrivacyLedger(), seed=SEED)
     base_trainer = Trainer(base, ledger=PrivacyLedger(), seed=SEED)
     opt = torch.optim.SGD(np_model.parameters(), lr=0.002, momentum=0.9)
     sampler = alg.sampler
 
     def dp_round() -> int:
         return int(trainer.step().metrics["records"])
+
+    def clip_round() -> int:
+        return int(clip_trainer.step().metrics["records"])
 
     def base_round() -> int:
         return int(base_trainer.step().metrics["records"])
@@ -130,6 +142,7 @@ def setup(args: argparse.Namespace):
         return len(y)
 
     calls = {"dp": dp_round, "non-private": non_private_round}
+    calls["dpfl clip only"] = clip_round
     calls["dpfl baseline"] = base_round
     return ds, calls
 
@@ -270,7 +283,7 @@ def main() -> None:
     )
     pooled = {k: [x for r in runs for x in r["times"][k]] for k in VARIANTS}
     base_med = quantiles(pooled["non-private"])[1]
-    header = f"{'variant':<15}{'median ms':>10}{'rounds/s':>10}{'vs non-private':>16}"
+    header = f"{'variant':<16}{'median ms':>10}{'rounds/s':>10}{'vs non-private':>16}"
     header += f"{'RSS setup':>11}{'peak RSS':>10}"
     if args.device.startswith("cuda"):
         header += f"{'cuda peak':>11}"
@@ -279,7 +292,7 @@ def main() -> None:
         mem = run_child(args, "--memory-of", name)
         med = quantiles(pooled[name])[1]
         line = (
-            f"{name:<15}{med * 1e3:>10.1f}{1 / med:>10.1f}{med / base_med:>16.2f}"
+            f"{name:<16}{med * 1e3:>10.1f}{1 / med:>10.1f}{med / base_med:>16.2f}"
             f"{mem['rss_before_mib']:>9.0f}Mi{mem['peak_rss_mib']:>8.0f}Mi"
         )
         if "cuda_peak_mib" in mem:
