@@ -266,7 +266,8 @@ class DsgdRandomParticipation:
             return sums, metrics
         # Non-private, unclipped: one ordinary backward per chunk of the summed
         # loss. With the model's own trainable weights the model is called
-        # directly (functional_call's weight swapping cost ~10% of a round).
+        # directly (functional_call's weight swapping cost ~10% of a round at
+        # the paper's scenario-1 scale).
         own = dict(self.model.named_parameters())
         direct = all(
             own[n].requires_grad and own[n].data_ptr() == p.data_ptr()
