@@ -1,9 +1,11 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dpfl.accounting import events as ev
-from dpfl.accounting.accountant import Accountant
+from dpfl.accounting.accountant import Accountant, canonical
 from dpfl.accounting.events import Gaussian, PoissonSampled
 from dpfl.accounting.ledger import Budget, PrivacyLedger
 from dpfl.errors import BudgetExceededError, DpflError, InvalidParameterError
@@ -79,6 +81,13 @@ def test_per_client_spend_counts_the_worst_clients_rounds():
     worst = Accountant().compose(release, 3).epsilon(1e-5)  # client 2 joined 3 rounds
     assert ledger.epsilon(1e-5) == worst
     assert ledger.client_epsilon(1, 1e-5) == Accountant().compose(release).epsilon(1e-5)
+    # A client named twice in one round took part once: client 1 below joined
+    # one round and client 2 two, so the worst client is 2 (counting names
+    # picked client 1 and priced one round).
+    ledger = PrivacyLedger()
+    for parts in ([1, 2, 1], [2]):
+        ledger.record(release, participants=parts)
+    assert ledger.epsilon(1e-5) == Accountant().compose(release, 2).epsilon(1e-5)
     # An event that already prices client sampling holds for everyone every round.
     sampled = ClientPoisson(0.5, Gaussian(4.0))
     ledger = PrivacyLedger()
@@ -155,6 +164,37 @@ def test_moments_accountant_guard_survives_save_and_load(tmp_path):
         MomentsAccountantLedger.load(tmp_path / "plain.json")
 
 
+@pytest.mark.parametrize("switch_at", [None, 100])
+def test_moments_accountant_guard_stops_where_the_full_history_does(switch_at):
+    # The guard reads the history incrementally and prices a homogeneous run
+    # as T + 1 rounds of one (K, m, σ). Reference: moments_delta over the
+    # explicit list of every round, recomputed each round. Both must refuse
+    # the same round, with σ fixed or switching from 1.0 to 1.2 at round 100
+    # (then the guard composes the whole heterogeneous history).
+    from dpfl.accounting.ledger import MomentsAccountantLedger
+
+    k, m, eps, q = 100, 10, 8.0, 1e-3
+
+    def event_at(t):
+        sigma = 1.0 if switch_at is None or t < switch_at else 1.2
+        return ev.FixedCohort(m, k, ev.Gaussian(sigma))
+
+    ledger = MomentsAccountantLedger(Budget(eps, q))
+    history = []
+    expected_stop = None
+    for t in range(1000):
+        if ledger.moments_delta(eps, [*history, event_at(t)]) > q:
+            expected_stop = t
+            break
+        history.append(event_at(t))
+    assert expected_stop is not None and expected_stop > (switch_at or 0) + 5
+    for t in range(expected_stop):
+        ledger.record(event_at(t))
+    with pytest.raises(BudgetExceededError, match="moments accountant"):
+        ledger.check(event_at(expected_stop))
+    assert ledger.rounds == expected_stop
+
+
 def test_ledger_class_names_the_guards():
     from dpfl.accounting.ledger import MomentsAccountantLedger, ledger_class
 
@@ -192,3 +232,67 @@ def test_guard_prices_log_many_compositions_near_the_end_of_the_budget(monkeypat
     assert 100 <= ledger.rounds < 110
     assert len(calls) <= 2 * 7 + 2, calls
     assert max(calls) <= 128  # never much longer than the run
+
+
+def _reference_guarded_count(ledger, event):
+    # The guard's rule spelled out from scratch over the whole history (the
+    # O(T)-per-round code the incremental summary replaced).
+    history = [canonical(e) for e in ledger._guarded_history()]
+    event = canonical(event)
+    return len(history) if all(e == event for e in history) else None
+
+
+_GUARD_EVENTS = [
+    Gaussian(1.0),
+    ev.SelfComposed(Gaussian(1.0), 1),  # canonicalises like Gaussian(1.0)
+    Gaussian(2.0),
+    ev.ClientPoisson(0.1, ev.RecordPoisson(0.5, 4, Gaussian(1.0))),  # all pay
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(range(len(_GUARD_EVENTS))),
+            st.none() | st.lists(st.integers(0, 4), max_size=4),
+        ),
+        max_size=12,
+    )
+)
+def test_incremental_guard_summary_matches_the_history_rule(history):
+    # Random histories mixing events that price client sampling (everyone pays
+    # every round), per-client events, two spellings of one event, rounds that
+    # name no participants, empty cohorts and a client named twice in a round.
+    # Before and after every round the summary counts exactly what the
+    # full-history rule counts.
+    ledger = PrivacyLedger()
+    for i, participants in [(None, None), *history]:
+        if i is not None:
+            ledger.record(_GUARD_EVENTS[i], participants=participants)
+        summary = ledger._summary.update(ledger._entries)
+        for e in _GUARD_EVENTS:
+            assert summary.rounds_of(canonical(e)) == _reference_guarded_count(
+                ledger, e
+            )
+
+
+def test_guard_reads_each_recorded_round_once(monkeypatch):
+    # 2,000 guarded rounds canonicalise O(1) events per round in all (the
+    # summary reads only new entries), not the whole history every round
+    # (about 2 million calls before). Counted, not timed.
+    import dpfl.accounting.ledger as ledger_module
+
+    calls = {"n": 0}
+    real = ledger_module.canonical
+
+    def counting(event):
+        calls["n"] += 1
+        return real(event)
+
+    monkeypatch.setattr(ledger_module, "canonical", counting)
+    ledger = PrivacyLedger(Budget(epsilon=1000.0, delta=1e-5))
+    for _ in range(2_000):
+        ledger.check(EVENT)  # as the Trainer does before each round
+        ledger.record(EVENT)
+    assert calls["n"] <= 4 * 2_000

@@ -107,6 +107,52 @@ def _prices_client_sampling(event: ev.Event) -> bool:
     return isinstance(event, ev.ClientPoisson | ev.FixedCohort | ev.TwoStage)
 
 
+@dataclasses.dataclass
+class _GuardSummary:
+    """What the budget guard needs of the recorded rounds, kept incrementally.
+
+    :meth:`update` reads only the entries appended since its last call, so the
+    guard costs O(1) amortised per round instead of a pass over the history.
+    """
+
+    seen: int = 0
+    first: ev.Event | None = None  # canonical event of the first round
+    homogeneous: bool = True  # every round's canonical event equals ``first``
+    every_round_counts: bool = False  # a round names no one or prices sampling
+    counts: Counter[int] = dataclasses.field(default_factory=Counter)
+
+    def update(self, entries: Sequence[LedgerEntry]) -> _GuardSummary:
+        if len(entries) < self.seen:  # the history was replaced: start over
+            return _GuardSummary().update(entries)
+        for entry in entries[self.seen :]:
+            event = canonical(entry.event)
+            if self.first is None:
+                self.first = event
+            elif event != self.first:
+                self.homogeneous = False
+            if entry.participants is None or _prices_client_sampling(entry.event):
+                self.every_round_counts = True
+            else:
+                self.counts.update(set(entry.participants))
+        self.seen = len(entries)
+        return self
+
+    def rounds_of(self, event: ev.Event) -> int | None:
+        """Rounds of (canonical) ``event`` the guard counts, or ``None``.
+
+        As :meth:`PrivacyLedger._guarded_history` counts them; ``None`` when
+        that history holds another event (the guard then composes it in full).
+        """
+        if self.first is None:
+            return 0
+        same = self.homogeneous and self.first == event
+        if self.every_round_counts:
+            return self.seen if same else None
+        if not self.counts:
+            return 0  # no client has taken part: nothing to guard
+        return max(self.counts.values()) if same else None
+
+
 class PrivacyLedger:
     """Per-run record of privacy events, with a budget guard.
 
@@ -142,6 +188,7 @@ class PrivacyLedger:
         # per event: (largest count known to fit, smallest count known not to)
         self._known: dict[ev.Event, tuple[int, float]] = {}
         self._persisted = 0  # entries already on disk (snapshot + journal)
+        self._summary = _GuardSummary()
 
     # -- recording ------------------------------------------------------------
     @property
@@ -250,14 +297,16 @@ class PrivacyLedger:
         """
         if self.budget is None or math.isinf(self.budget.epsilon):
             return
-        history = [canonical(e) for e in self._guarded_history()]
         event = canonical(event)
-        if all(e == event for e in history):
+        self._summary = self._summary.update(self._entries)
+        count = self._summary.rounds_of(event)
+        if count is not None:
             # Homogeneous run (the common case): find once how many rounds of
-            # this event the budget allows, then compare counts.
-            if self._fits(event, len(history) + 1):
+            # this event the budget allows, then compare counts (O(1) a round).
+            if self._fits(event, count + 1):
                 return
         else:
+            history = self._guarded_history()
             bound = self.accountant([*history, event]).epsilon(self.budget.delta)
             if bound.upper <= self.budget.epsilon:
                 return
@@ -278,7 +327,8 @@ class PrivacyLedger:
             # An event that prices the sampling of clients (ClientPoisson,
             # FixedCohort, TwoStage) holds for every client in every round.
             return self._events()
-        counts = Counter(k for e in self._entries for k in e.participants or ())
+        # Rounds per client (a client named twice in one round took part once).
+        counts = Counter(k for e in self._entries for k in set(e.participants or ()))
         if not counts:
             return []
         worst = max(counts, key=lambda k: counts[k])
@@ -497,6 +547,9 @@ class MomentsAccountantLedger(PrivacyLedger):
         tolerance: float = 0.02,
     ) -> None:
         super().__init__(budget, analysis=analysis, path=path, tolerance=tolerance)
+        self._rounds_read = 0  # entries whose (K, m, σ) the guard has read
+        self._first_round: tuple[int, int, float] | None = None
+        self._mixed = False  # rounds with different (K, m, σ) were recorded
 
     @staticmethod
     def _round(event: ev.Event) -> tuple[int, int, float]:
@@ -564,14 +617,34 @@ class MomentsAccountantLedger(PrivacyLedger):
         """
         if self.budget is None or math.isinf(self.budget.epsilon):
             return
-        history = [e.event for e in self._entries]
-        delta = self.moments_delta(self.budget.epsilon, [*history, event])
+        # The history's (K, m, σ), read incrementally: while every round is
+        # the same (the common case) δ of T + 1 rounds needs no pass over it.
+        for entry in self._entries[self._rounds_read :]:
+            kind = self._round(entry.event)
+            if self._first_round is None:
+                self._first_round = kind
+            self._mixed = self._mixed or kind != self._first_round
+            self._rounds_read += 1
+        nxt = self._round(event)
+        if not self._mixed and self._first_round in (None, nxt):
+            k, m, z = nxt
+            delta = rdp.dp_fedavg_delta(
+                epsilon=self.budget.epsilon,
+                clients=k,
+                cohort_sizes=m,
+                noise_multipliers=z,
+                rounds=self.rounds + 1,
+                analysis="paper",
+            )
+        else:
+            history = [e.event for e in self._entries]
+            delta = self.moments_delta(self.budget.epsilon, [*history, event])
         if delta > self.budget.delta:
             raise BudgetExceededError(
-                f"round {len(history) + 1} would give delta={delta:.4g} > "
+                f"round {self.rounds + 1} would give delta={delta:.4g} > "
                 f"Q={self.budget.delta} at epsilon={self.budget.epsilon} "
                 "(moments accountant, Poisson reading of the cohort); stopped "
-                f"before it ({len(history)} rounds spent)"
+                f"before it ({self.rounds} rounds spent)"
             )
 
 

@@ -120,6 +120,9 @@ def _schedule(
     t = lengths.pop()
     if t < 1:
         raise InvalidParameterError(f"the schedule must have >= 1 round; got {t}")
+    if not cohort_seq and not noise_seq:  # one (m, σ) for every round: check it once
+        one = _schedule(k, [cohort_sizes], [noise_multipliers], None)[1]  # type: ignore[list-item]
+        return k, one * t
     ms = list(cohort_sizes) if cohort_seq else [cohort_sizes] * t  # type: ignore[arg-type,list-item]
     zs = list(noise_multipliers) if noise_seq else [noise_multipliers] * t  # type: ignore[arg-type,list-item]
     out = []
