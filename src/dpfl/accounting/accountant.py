@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, TypeAlias
 
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
@@ -30,7 +30,7 @@ from dpfl.errors import InvalidParameterError, UnsupportedEventError
 
 __all__ = ["Accountant", "describe", "price", "terms"]
 
-PLD = pld_lib.PrivacyLossDistribution
+PLD: TypeAlias = pld_lib.PrivacyLossDistribution
 PldPair = tuple[PLD, PLD]
 
 #: The analyses an Accountant understands; schemes map them to their own meaning.

@@ -52,6 +52,7 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
@@ -271,7 +272,7 @@ def _solve_bracketed(
         z[act], lo[act], hi[act] = z_new, la, ha
         dx_old[act] = np.where(newton, dx_new, ha - la)
         act = act[~done]
-    return z
+    return np.asarray(z)
 
 
 def _sign_blocks(sgn: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -399,7 +400,7 @@ def _hockey_rows(
     diff: np.ndarray,
     eps: np.ndarray,
     sigma: float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Row-wise ``(delta, P(S), Q(S), P(not S))`` for ``S = {P > e^eps Q}``.
 
     Every argument has shape ``(n, K)`` except ``eps`` (shape ``(n,)``).
@@ -465,7 +466,7 @@ def _interval_mass_rows(
     with np.errstate(invalid="ignore"):
         up = special.ndtr(-za) - special.ndtr(-zb)
         dn = special.ndtr(zb) - special.ndtr(za)
-    return np.maximum(np.where(za > 0, up, dn), 0.0)
+    return np.asarray(np.maximum(np.where(za > 0, up, dn), 0.0))
 
 
 def mixture_hockey_stick(
@@ -874,7 +875,7 @@ def pld_bounds_from_label_mixture(
     result: dict[bool, PrivacyLossDistribution] = {}
     for i, pess in enumerate(which):
         result[pess] = PrivacyLossDistribution(per_dir[0][i], per_dir[1][i])
-    return result.get(True), result.get(False)  # type: ignore[return-value]
+    return result.get(True), result.get(False)
 
 
 def pld_from_delta_curve(
@@ -922,7 +923,7 @@ def pld_from_delta_curve(
     h = check_positive("value_discretization", value_discretization)
     check_positive("relative_spacing", relative_spacing)
 
-    def make(fn: Callable[[np.ndarray], np.ndarray], rng: tuple[float, float]):
+    def make(fn: Callable[[np.ndarray], np.ndarray], rng: tuple[float, float]) -> Any:
         lo, hi = float(rng[0]), float(rng[1])
         if not hi > lo:
             raise InvalidParameterError(f"eps_range must be increasing; got {rng!r}")

@@ -36,7 +36,7 @@ import collections
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from dp_accounting import dp_event
@@ -121,10 +121,12 @@ def _schedule(
     if t < 1:
         raise InvalidParameterError(f"the schedule must have >= 1 round; got {t}")
     if not cohort_seq and not noise_seq:  # one (m, σ) for every round: check it once
-        one = _schedule(k, [cohort_sizes], [noise_multipliers], None)[1]  # type: ignore[list-item]
+        one = _schedule(
+            k, [cast(int, cohort_sizes)], [cast(float, noise_multipliers)], None
+        )[1]
         return k, one * t
-    ms = list(cohort_sizes) if cohort_seq else [cohort_sizes] * t  # type: ignore[arg-type,list-item]
-    zs = list(noise_multipliers) if noise_seq else [noise_multipliers] * t  # type: ignore[arg-type,list-item]
+    ms = list(cohort_sizes) if cohort_seq else [cohort_sizes] * t  # type: ignore[arg-type]
+    zs = list(noise_multipliers) if noise_seq else [noise_multipliers] * t  # type: ignore[arg-type]
     out = []
     for i, (m, z) in enumerate(zip(ms, zs)):
         mm = check_count(f"cohort_sizes[{i}]", m, minimum=1)
@@ -736,7 +738,7 @@ def locks_observer_view(
         )
         joint_acc.compose(joint_event, t)
         joint = float(joint_acc.get_epsilon(dlt))
-        out = {
+        out: dict[str, Any] = {
             "epsilon": joint,
             "epsilon_rdp": float(rdp_acc.get_epsilon(dlt)),
             "epsilon_pld": float(pld_acc.get_epsilon(dlt)),
