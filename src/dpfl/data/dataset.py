@@ -235,7 +235,7 @@ class FederatedDataset:
             raise InvalidParameterError(
                 "test_features and test_labels must be given together"
             )
-        if self.test_features is not None:
+        if self.test_features is not None and self.test_labels is not None:
             n_test = _feature_len(self.test_features)
             test_shape = np.shape(self.test_labels)
             if test_shape != (n_test,):

@@ -95,7 +95,7 @@ for _split, _n in _EMNIST_CLASSES.items():
 #: Accepted ``kind`` values of :func:`load_mnist`.
 IDX_KINDS = tuple(_IDX_SPECS)
 
-_IDX_DTYPES = {
+_IDX_DTYPES: dict[int, np.dtype[Any]] = {
     0x08: np.dtype(np.uint8),
     0x09: np.dtype(np.int8),
     0x0B: np.dtype(">i2"),
@@ -475,7 +475,10 @@ def load_adult(root: str | os.PathLike[str] | None = None) -> Dataset:
         raise DpflError(f"{train_path}: no records")
     tr = np.asarray(train_rows, dtype=object)
     te = np.asarray(test_rows, dtype=object).reshape(-1, 14)
-    num_tr, num_te, cat_tr, cat_te = [], [], [], []
+    num_tr: list[np.ndarray] = []
+    num_te: list[np.ndarray] = []
+    cat_tr: list[np.ndarray] = []
+    cat_te: list[np.ndarray] = []
     for j, (_, typ) in enumerate(_ADULT_COLUMNS):
         if typ == "num":
             a = tr[:, j].astype(np.float64)

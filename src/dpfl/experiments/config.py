@@ -369,7 +369,8 @@ def _plain(changes: Mapping[str, Any]) -> dict[str, Any]:
     def plain(v: Any) -> Any:
         if isinstance(v, AlgorithmConfig):
             return v.to_dict()
-        return dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+        is_instance = dataclasses.is_dataclass(v) and not isinstance(v, type)
+        return dataclasses.asdict(v) if is_instance else v
 
     return {k: plain(v) for k, v in changes.items()}
 
@@ -409,7 +410,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key} must be a mapping; got {value!r}")
         return {str(k): v for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key} must be a mapping (a section); got {value!r}")
         return _build(tp, value, key + ".")

@@ -189,12 +189,12 @@ def demo(
         if (cfg.run_dir / CONFIG).exists():
             shutil.rmtree(cfg.run_dir)  # an earlier demo's run: replaced
         t0 = time.perf_counter()
-        result = run(cfg, progress=progress)
+        outcome = run(cfg, progress=progress)
         timings[name] = time.perf_counter() - t0
-        sigmas[name] = float(result.config.privacy.noise_multiplier or 0.0)
-        acc[name] = float(result.metrics.get("test_accuracy", float("nan")))
+        sigmas[name] = float(outcome.config.privacy.noise_multiplier or 0.0)
+        acc[name] = float(outcome.metrics.get("test_accuracy", float("nan")))
         late[name] = _late_accuracy(cfg.run_dir, cfg.rounds)
-        eps[name] = result.epsilon
+        eps[name] = outcome.epsilon
         log.info(
             "%-10s sigma=%.4f  accuracy=%.3f  epsilon=%s  (%.0f s)",
             name,

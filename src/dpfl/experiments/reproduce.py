@@ -125,7 +125,7 @@ def _random_participation() -> list[Table]:
         ],
     )
     sigma = 2.3715
-    kw = {
+    kw: dict[str, Any] = {
         "participation_probability": 0.001,
         "record_probability": 0.1,
         "records_per_client": 30,
@@ -180,7 +180,7 @@ def _federated_fdp() -> list[Table]:
 
     rows = []
     for p, sigma, b, k, r, printed in _FDP_ROWS:
-        kw = {
+        kw: dict[str, Any] = {
             "noise_multiplier": sigma,
             "batch_size": b,
             "records_per_client": 600,

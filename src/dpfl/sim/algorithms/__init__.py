@@ -70,12 +70,8 @@ def algorithm_parameters(name: str) -> dict[str, Any]:
         If the name is unknown.
     """
     cls = _lookup(name)
-    sig = inspect.signature(cls.__init__)
-    return {
-        p.name: p.default
-        for p in sig.parameters.values()
-        if p.name != "self" and p.name not in _COMMON
-    }
+    sig = inspect.signature(cls)  # the constructor's parameters, without self
+    return {p.name: p.default for p in sig.parameters.values() if p.name not in _COMMON}
 
 
 def _lookup(name: str) -> type:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -244,10 +244,9 @@ class DsgdRandomParticipation:
         metrics: dict[str, float] = {}
         if sample.num_records == 0:
             return {n: torch.zeros_like(p) for n, p in params.items()}, metrics
-        rows = sample.records
-        if rows is None:  # the sampler was built with client_indices; never None
-            rows = sample.resolve(self.dataset.client_indices).records
-        x_np, y_np = self.dataset.take(rows)
+        if sample.records is None:  # the sampler was built with client_indices
+            sample = sample.resolve(self.dataset.client_indices)
+        x_np, y_np = self.dataset.take(cast(np.ndarray, sample.records))
         x = torch.as_tensor(np.ascontiguousarray(x_np))
         y = torch.as_tensor(np.ascontiguousarray(y_np))
         if self.clip is not None:

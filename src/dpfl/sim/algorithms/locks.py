@@ -644,7 +644,7 @@ class Locks:
             )
         else:
             worst = -1
-        kw = {
+        kw: dict[str, Any] = {
             "norm_noise_multiplier": self.sigma_n,
             "update_noise_multiplier": self.sigma_g,
             "norm_rounds": n1.get(worst, 0),

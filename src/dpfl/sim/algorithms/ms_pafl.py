@@ -645,7 +645,7 @@ class MsPafl:
                 self.split.merge(w_pub, self.private_parts[k])
             )
             x_np, y_np = ds.client_test(k) if per_client else (None, None)
-            if per_client and len(y_np) == 0:
+            if y_np is not None and len(y_np) == 0:
                 continue
             loss, acc = self._score(params, x_np, y_np)
             losses.append(loss)

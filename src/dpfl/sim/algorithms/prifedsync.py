@@ -710,6 +710,8 @@ class PriFedSync:
         ds = self.dataset
         if ds.client_test_indices is not None:
             x, y = ds.client_test(k)
+        elif ds.test_features is None or ds.test_labels is None:
+            raise DpflError("the data set has no test set")  # evaluate() checks
         else:
             x, y = ds.test_features, ds.test_labels
         return (
@@ -834,7 +836,7 @@ class PriFedSync:
         least = int(np.argmax(counts))
         r_max = int(counts[least])
         eps = ledger.client_epsilon(least, d)
-        common = {
+        common: dict[str, Any] = {
             "noise_multiplier": float(self.noise_multiplier),
             "batch_size": self.batch_size,
             "records_per_client": self.min_client_size,
