@@ -298,8 +298,7 @@ class PrivacyLedger:
         if self.budget is None or math.isinf(self.budget.epsilon):
             return
         event = canonical(event)
-        self._summary = self._summary.update(self._entries)
-        count = self._summary.rounds_of(event)
+        count = self._history_summary().rounds_of(event)
         if count is not None:
             # Homogeneous run (the common case): find once how many rounds of
             # this event the budget allows, then compare counts (O(1) a round).
@@ -316,6 +315,11 @@ class PrivacyLedger:
             f"{self.analysis!r} analysis; stopped before it ({self.rounds} rounds "
             "spent)"
         )
+
+    def _history_summary(self) -> _GuardSummary:
+        """The guard's summary of the recorded rounds, brought up to date."""
+        self._summary = self._summary.update(self._entries)
+        return self._summary
 
     def _guarded_history(self) -> list[ev.Event]:
         """Events the guard must count: every round, or the worst client's rounds."""
@@ -547,9 +551,6 @@ class MomentsAccountantLedger(PrivacyLedger):
         tolerance: float = 0.02,
     ) -> None:
         super().__init__(budget, analysis=analysis, path=path, tolerance=tolerance)
-        self._rounds_read = 0  # entries whose (K, m, σ) the guard has read
-        self._first_round: tuple[int, int, float] | None = None
-        self._mixed = False  # rounds with different (K, m, σ) were recorded
 
     @staticmethod
     def _round(event: ev.Event) -> tuple[int, int, float]:
@@ -617,17 +618,11 @@ class MomentsAccountantLedger(PrivacyLedger):
         """
         if self.budget is None or math.isinf(self.budget.epsilon):
             return
-        # The history's (K, m, σ), read incrementally: while every round is
-        # the same (the common case) δ of T + 1 rounds needs no pass over it.
-        for entry in self._entries[self._rounds_read :]:
-            kind = self._round(entry.event)
-            if self._first_round is None:
-                self._first_round = kind
-            self._mixed = self._mixed or kind != self._first_round
-            self._rounds_read += 1
-        nxt = self._round(event)
-        if not self._mixed and self._first_round in (None, nxt):
-            k, m, z = nxt
+        k, m, z = self._round(event)
+        summary = self._history_summary()
+        if summary.homogeneous and summary.first in (None, canonical(event)):
+            # Every round so far is this one (the common case): δ of T + 1
+            # identical rounds, without a pass over the history.
             delta = rdp.dp_fedavg_delta(
                 epsilon=self.budget.epsilon,
                 clients=k,
