@@ -267,14 +267,16 @@ def test_ghost_on_the_models_own_parameters_equals_copies_and_frozen_layers():
         (1, (3, 2), (2, 1), (1, 2), (1, 2), 5),
         (3, (2, 3), (1, 2), (0, 1), (2, 1), 4),
         (2, 1, 1, 0, 1, 3),
-        (1, 8, 2, 3, 1, 130),  # one input channel, large batch: grouped conv
+        (1, 3, 1, 0, 2, 4),
+        (1, 8, 2, 3, 1, 130),  # one input channel: a forward conv, no columns
     ],
 )
 def test_conv_per_sample_weight_grads_equal_per_example_autograd(
     cin, kernel, stride, padding, dilation, batch
 ):
-    # The im2col gather (cached index) and the grouped-convolution kernels of
-    # per-example Conv2d weight gradients against autograd on each example.
+    # The im2col gather (cached index) and the one-channel forward-convolution
+    # kernels of per-example Conv2d weight gradients against autograd on each
+    # example (strides, dilations and paddings that differ by axis).
     from dpfl.sim.gradients import _conv2d_per_sample_weight_grad
 
     torch.manual_seed(10)
