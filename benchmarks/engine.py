@@ -22,7 +22,10 @@ records (round t of each uses ``round_generators(seed, t)``):
 
 Rounds are interleaved (dp, non-private, clip only, baseline, dp, ...) so all see
 the same background load, and the paired per-round ratio dp / non-private on
-the same records is the headline figure. The machine's speed drifts by tens
+the same records is the headline figure. Each variant's round disturbs the
+caches for the next, so the fixed order favours some variants over others;
+``--order random`` shuffles the four variants anew each round (seeded) to
+average that out. The machine's speed drifts by tens
 of percent over seconds on a shared host, and the ratio drifts with it, so
 the timing runs ``--repeats`` times, each in a fresh process, one after the
 other; each repeat's paired median is printed and their median is the
@@ -40,7 +43,7 @@ quote it with the figures.
 Usage::
 
     python benchmarks/engine.py [--rounds 60] [--repeats 5] [--device cpu|cuda]
-        [--threads N]
+        [--threads N] [--order fixed|random]
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
 import shlex
 import statistics
@@ -177,8 +181,13 @@ def measure_times(args: argparse.Namespace) -> dict:
     times: dict[str, list[float]] = {k: [] for k in calls}
     records: list[int] = []
     load_before = os.getloadavg()[0]
+    order = list(calls)
+    shuffler = random.Random(SEED)
     for _ in range(args.rounds):
-        for name, call in calls.items():
+        if args.order == "random":
+            shuffler.shuffle(order)
+        for name in order:
+            call = calls[name]
             sync(args.device)
             start = time.perf_counter()
             n = call()
@@ -208,6 +217,7 @@ def forwarded(args: argparse.Namespace) -> list[str]:
     cmd += ["--clients", str(args.clients), "--records", str(args.records)]
     cmd += ["--p", str(args.p), "--q", str(args.q)]
     cmd += ["--noise-multiplier", str(args.noise_multiplier)]
+    cmd += ["--order", args.order]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     return cmd
@@ -225,6 +235,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--order", choices=("fixed", "random"), default="fixed")
     parser.add_argument("--clients", type=int, default=23_264)
     parser.add_argument("--records", type=int, default=30)
     parser.add_argument("--p", type=float, default=0.001)
@@ -255,7 +266,8 @@ def main() -> None:
         f"OMP_WAIT_POLICY {policy}, "
         f"{args.clients:,} clients x {args.records} records, p={args.p}, q={args.q}, "
         f"sigma={args.noise_multiplier}, {args.repeats} repeats x {args.rounds} "
-        f"rounds (+{args.warmup} warm-up) per variant, each repeat a fresh process"
+        f"rounds (+{args.warmup} warm-up) per variant, {args.order} order, "
+        "each repeat a fresh process"
     )
     runs = []
     for i in range(args.repeats):
