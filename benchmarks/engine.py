@@ -20,12 +20,15 @@ records (round t of each uses ``round_generators(seed, t)``):
     non-private run of ``dpfl demo``), for reference: what dpfl's own
     machinery (sampling, 1/(pNqd) scaling, momentum, ledger) adds.
 
-Rounds are interleaved (dp, non-private, clip only, baseline, dp, ...) so all see
+Rounds are interleaved (each round index runs all four variants) so all see
 the same background load, and the paired per-round ratio dp / non-private on
-the same records is the headline figure. Each variant's round disturbs the
-caches for the next, so the fixed order favours some variants over others;
-``--order random`` shuffles the four variants anew each round (seeded) to
-average that out. The machine's speed drifts by tens
+the same records is the headline figure. A round leaves the caches and the
+OpenMP workers in a state that speeds or slows the next, so the four are
+shuffled anew at every round index (seeded; ``--order random``, the default):
+in the fixed order dp, non-private, clip only, baseline (``--order fixed``)
+the DP round always follows the baseline and the noise then looks 4-5 times
+as costly as in random order (fixed 1.39-1.41 vs random 1.31-1.36 under
+libgomp's default spin). The machine's speed drifts by tens
 of percent over seconds on a shared host, and the ratio drifts with it, so
 the timing runs ``--repeats`` times, each in a fresh process, one after the
 other; each repeat's paired median is printed and their median is the
@@ -36,14 +39,19 @@ building the data set and model; on CUDA also
 
 The OpenMP wait policy moves the ratio: ``OMP_WAIT_POLICY=PASSIVE`` (worker
 threads sleep between operations; kind to a shared machine) slows the
-non-private round more than the DP round, the default (threads spin) the
-reverse, and one thread sits between. The script prints the policy in effect;
-quote it with the figures.
+non-private round more than the DP round, libgomp's default spin (300,000
+rounds) the reverse, and one thread sits between. The timed processes run
+with ``GOMP_SPINCOUNT`` as the ``dpfl`` command line sets it
+(``dpfl.cli.GOMP_SPINCOUNT``, 10,000: the non-private round is as fast as
+with the default spin, and the DP round's noise draw no longer competes with
+a spinning worker); ``--omp-spincount default`` leaves libgomp's default,
+and an ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` in the environment is kept.
+The script prints what was in effect; quote it with the figures.
 
 Usage::
 
     python benchmarks/engine.py [--rounds 60] [--repeats 5] [--device cpu|cuda]
-        [--threads N] [--order fixed|random]
+        [--threads N] [--order random|fixed] [--omp-spincount N|default]
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ import torch
 import torch.nn.functional as F
 
 from dpfl.accounting.ledger import PrivacyLedger
+from dpfl.cli import GOMP_SPINCOUNT
 from dpfl.data import synthetic_images
 from dpfl.models import PaperCNN
 from dpfl.sim.algorithms import build_algorithm
@@ -223,9 +232,25 @@ def forwarded(args: argparse.Namespace) -> list[str]:
     return cmd
 
 
+def child_env(args: argparse.Namespace) -> dict[str, str]:
+    """Environment of the timed processes (OpenMP spin, see the docstring)."""
+    env = dict(os.environ)
+    chosen = "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env
+    if args.omp_spincount != "default" and not chosen:
+        env["GOMP_SPINCOUNT"] = args.omp_spincount
+    return env
+
+
+def openmp_setting(env: dict[str, str]) -> str:
+    policy = env.get("OMP_WAIT_POLICY", "unset")
+    spin = env.get("GOMP_SPINCOUNT", "unset (libgomp default 300,000)")
+    return f"OMP_WAIT_POLICY {policy}, GOMP_SPINCOUNT {spin}"
+
+
 def run_child(args: argparse.Namespace, *extra: str) -> dict:
     cmd = [sys.executable, __file__, *forwarded(args), *extra]
-    return json.loads(subprocess.run(cmd, capture_output=True, check=True).stdout)
+    out = subprocess.run(cmd, capture_output=True, check=True, env=child_env(args))
+    return json.loads(out.stdout)
 
 
 def main() -> None:
@@ -235,7 +260,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--order", choices=("fixed", "random"), default="fixed")
+    parser.add_argument("--order", choices=("fixed", "random"), default="random")
+    parser.add_argument("--omp-spincount", default=GOMP_SPINCOUNT)
     parser.add_argument("--clients", type=int, default=23_264)
     parser.add_argument("--records", type=int, default=30)
     parser.add_argument("--p", type=float, default=0.001)
@@ -260,10 +286,9 @@ def main() -> None:
     dev = args.device
     if dev.startswith("cuda"):
         dev += f" ({torch.cuda.get_device_name()})"
-    policy = os.environ.get("OMP_WAIT_POLICY", "unset (OpenMP default)")
     print(
         f"torch {torch.__version__}, device {dev}, threads {torch.get_num_threads()}, "
-        f"OMP_WAIT_POLICY {policy}, "
+        f"{openmp_setting(child_env(args))}, "
         f"{args.clients:,} clients x {args.records} records, p={args.p}, q={args.q}, "
         f"sigma={args.noise_multiplier}, {args.repeats} repeats x {args.rounds} "
         f"rounds (+{args.warmup} warm-up) per variant, {args.order} order, "

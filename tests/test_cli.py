@@ -1,6 +1,7 @@
 """The command line: the calls the issue lists, JSON keys, and one-line errors."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -281,3 +282,36 @@ def test_plot_writes_a_figure(tmp_path, capsys):
     assert main(argv) == 0
     assert out.stat().st_size > 10_000  # a real PNG with two panels
     json.loads(capsys.readouterr().out)  # --json output stays pure JSON
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({}, "10000"),  # dpfl's default spin for its training commands
+        ({"GOMP_SPINCOUNT": "123"}, "123"),  # the user's spin is kept
+        ({"OMP_WAIT_POLICY": "PASSIVE"}, None),  # so is the user's policy
+    ],
+)
+def test_command_line_shortens_the_openmp_spin_unless_the_user_chose(env, want):
+    # GOMP_SPINCOUNT only acts if set before torch loads libgomp, so the check
+    # runs in a fresh interpreter, and torch must still be unloaded after main.
+    code = (
+        "import os, sys\n"
+        "from dpfl.cli import main\n"
+        "main(['account', 'gaussian', '--noise-multiplier', '2', "
+        "'--delta', '1e-5'])\n"
+        "print('torch' in sys.modules, os.environ.get('GOMP_SPINCOUNT'))\n"
+    )
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**base, **env},
+        check=True,
+    )
+    assert proc.stdout.splitlines()[-1] == f"False {want}"
