@@ -71,7 +71,7 @@ import torch
 import torch.nn.functional as F
 
 from dpfl.accounting.ledger import PrivacyLedger
-from dpfl.cli import GOMP_SPINCOUNT
+from dpfl.cli import GOMP_SPINCOUNT, openmp_defaults
 from dpfl.data import synthetic_images
 from dpfl.models import PaperCNN
 from dpfl.sim.algorithms import build_algorithm
@@ -235,9 +235,8 @@ def forwarded(args: argparse.Namespace) -> list[str]:
 def child_env(args: argparse.Namespace) -> dict[str, str]:
     """Environment of the timed processes (OpenMP spin, see the docstring)."""
     env = dict(os.environ)
-    chosen = "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env
-    if args.omp_spincount != "default" and not chosen:
-        env["GOMP_SPINCOUNT"] = args.omp_spincount
+    if args.omp_spincount != "default":
+        openmp_defaults(env, args.omp_spincount)
     return env
 
 

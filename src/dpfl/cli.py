@@ -16,7 +16,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, NoReturn
 
 from dpfl.accounting._quiet import quiet as _quiet
@@ -810,20 +810,28 @@ def build_parser() -> argparse.ArgumentParser:
 GOMP_SPINCOUNT = "10000"
 
 
-def _tune_openmp() -> None:
-    """Set ``GOMP_SPINCOUNT`` unless the user chose a wait policy or spin.
+def openmp_defaults(env: MutableMapping[str, str], spin: str = GOMP_SPINCOUNT) -> None:
+    """Set ``GOMP_SPINCOUNT`` in ``env`` unless it names a wait policy or spin.
 
-    Only effective before torch (and so libgomp) is loaded, which the
-    command line does lazily.
+    Only acts on a process that loads torch (and so libgomp) afterwards: the
+    command line does so lazily, and ``benchmarks/engine.py`` for its timed
+    subprocesses.
+
+    Parameters
+    ----------
+    env : mutable mapping of str to str
+        An environment (``os.environ`` or a child's copy); modified.
+    spin : str
+        The spin count to set.
     """
-    if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ:
-        return
-    os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
+    if "OMP_WAIT_POLICY" not in env:
+        env.setdefault("GOMP_SPINCOUNT", spin)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    _tune_openmp()
+    if "torch" not in sys.modules:  # else libgomp has read its settings
+        openmp_defaults(os.environ)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

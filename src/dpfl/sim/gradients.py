@@ -452,17 +452,18 @@ def _conv2d_per_sample_weight_grad(
     stride = cast(tuple[int, int], conv.stride)
     padding = cast(tuple[int, int], conv.padding)
     dilation = cast(tuple[int, int], conv.dilation)
-    ph, pw = padding
-    ap = F.pad(a, (pw, pw, ph, ph)) if ph or pw else a
-    if cin == 1:
+    if cin == 1:  # the convolution pads the input itself
         out = F.conv2d(
-            ap.reshape(1, b, ap.shape[2], ap.shape[3]),
+            a.reshape(1, b, a.shape[2], a.shape[3]),
             g.reshape(b * cout, 1, g.shape[2], g.shape[3]),
             stride=dilation,
+            padding=padding,
             dilation=stride,
             groups=b,
         )
         return out[:, :, :kh, :kw].reshape(b, cout, 1, kh, kw)
+    ph, pw = padding
+    ap = F.pad(a, (pw, pw, ph, ph)) if ph or pw else a
     ho, wo = g.shape[2], g.shape[3]
     index = _im2col_index(
         (cin, ap.shape[2], ap.shape[3]), (kh, kw), stride, dilation, (ho, wo), a.device
