@@ -151,7 +151,7 @@ def test_reported_epsilon_matches_accountant_and_rdp_module(
     # Execute
     trainer.run(3)
     sound = trainer.ledger.epsilon(1e-5)
-    paper = trainer.ledger.epsilon(1e-5, analysis="paper")
+    paper = trainer.ledger.epsilon(1e-5, analysis="paper-pld")
 
     # Assert 1: the ledger's ε is the Accountant's for events built here from
     # the schedule (same engine: equal to 1e-12).
@@ -160,10 +160,10 @@ def test_reported_epsilon_matches_accountant_and_rdp_module(
         acc.compose(ev.FixedCohort(m, 20, ev.Gaussian(sigma)))
     assert sound.upper == pytest.approx(acc.epsilon(1e-5).upper, rel=1e-12)
     # Assert 2: independent computations in dpfl.accounting.rdp (its own PLD
-    # construction at a fixed 1e-4 grid): "sound" = C_{m/K}(G_{2/σ}) symmetrised
-    # ("sound-pld"), "paper" = Poisson reading ("pld"). The Accountant refines
-    # to a 2 % bracket, so agree within 3 %.
-    for bound, analysis in ((sound, "sound-pld"), (paper, "pld")):
+    # construction at a fixed 1e-4 grid): "sound" = C_{m/K}(G_{2/σ}) symmetrised,
+    # "paper-pld" = the Poisson reading. The Accountant refines to a 2 %
+    # bracket, so agree within 3 %.
+    for bound, analysis in ((sound, "sound"), (paper, "paper-pld")):
         ref = rdp.dp_fedavg_epsilon(
             delta=1e-5,
             clients=20,
@@ -172,7 +172,8 @@ def test_reported_epsilon_matches_accountant_and_rdp_module(
             analysis=analysis,
         )
         assert bound.upper == pytest.approx(ref, rel=0.03)
-    # The sound (replace-one, WOR) bound is the larger one (SPEC §4.3 item 1).
+    # The sound (replace-one, WOR) bound is the larger one: the Poisson reading
+    # under-prices a fixed cohort.
     assert sound.upper > paper.upper
 
 
@@ -191,7 +192,7 @@ def test_median_clipping_stops_at_q_where_the_moments_accountant_says(
         max_rounds=100,
         analysis="paper",
     )
-    assert stop == 5  # rdp.py notes: first round with δ > Q; 4 rounds released
+    assert stop == 4  # Abadi et al.'s rule: first round with δ > Q
     alg = DpFedAvg(
         model=mlp(64, 10),
         dataset=digits_iid,
@@ -216,22 +217,29 @@ def test_median_clipping_stops_at_q_where_the_moments_accountant_says(
     assert released == stop - 1
     assert ledger.rounds == stop - 1
     assert alg.communication_cost == (stop - 1) * m
-    kw = {"epsilon": eps, "clients": k, "cohort_sizes": m, "noise_multipliers": sigma}
+    kw = {
+        "epsilon": eps,
+        "clients": k,
+        "cohort_sizes": m,
+        "noise_multipliers": sigma,
+        "analysis": "paper",
+    }
     assert rdp.dp_fedavg_delta(rounds=stop - 1, **kw) <= q
     assert rdp.dp_fedavg_delta(rounds=stop, **kw) > q
     # The refused round changed nothing.
     with pytest.raises(BudgetExceededError):
         trainer.step()
     assert torch.equal(before, flat_params(alg.model))
-    assert any("median" in c and "NOT charged" in c for c in alg.caveats)
+    assert "median" in alg.unproven and "not charged" in alg.unproven
 
 
 def test_ledger_paper_guard_stops_where_the_pld_poisson_reading_says(
     digits_iid: FederatedDataset,
 ) -> None:
-    # The Accountant's "paper" analysis prices FixedCohort as Poisson(m/K)
-    # with a tight PLD, i.e. rdp's "pld" analysis (not its RDP "paper"): at
-    # K=20, m=10, σ=0.7, ε=8, Q=1e-3 the PLD stops at round 5, RDP at 4.
+    # The Accountant's "paper-pld" analysis prices FixedCohort as Poisson(m/K)
+    # with a tight PLD, i.e. rdp's "paper-pld" (not its RDP "paper"): at
+    # K=20, m=10, σ=0.7, ε=8, Q=1e-3 the PLD stops at round 5, the RDP rules
+    # at 4.
     k, m, sigma, eps, q = 20, 10, 0.7, 8.0, 1e-3
     kw = {
         "epsilon": eps,
@@ -241,8 +249,8 @@ def test_ledger_paper_guard_stops_where_the_pld_poisson_reading_says(
         "noise_multipliers": sigma,
         "max_rounds": 50,
     }
-    stop_pld = rdp.dp_fedavg_stop_round(analysis="pld", **kw)
-    assert (stop_pld, rdp.dp_fedavg_stop_round(analysis="paper", **kw)) == (5, 4)
+    stop_pld = rdp.dp_fedavg_stop_round(analysis="paper-pld", **kw)
+    assert (stop_pld, rdp.dp_fedavg_stop_round(analysis="paper-rdp", **kw)) == (5, 4)
     alg = DpFedAvg(
         model=mlp(64, 10),
         dataset=digits_iid,
@@ -251,7 +259,7 @@ def test_ledger_paper_guard_stops_where_the_pld_poisson_reading_says(
         clipping="median",
     )
     trainer = Trainer(
-        alg, ledger=PrivacyLedger(Budget(eps, q), analysis="paper"), seed=0
+        alg, ledger=PrivacyLedger(Budget(eps, q), analysis="paper-pld"), seed=0
     )
     with pytest.raises(BudgetExceededError):
         trainer.run(50)

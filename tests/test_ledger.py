@@ -47,8 +47,9 @@ def test_heterogeneous_guard():
 def test_atomic_save_and_load_roundtrip(tmp_path):
     path = tmp_path / "run" / "ledger.json"
     ledger = PrivacyLedger(Budget(4.0, 1e-5), path=path)
-    ledger.record(EVENT, participants=[3, 7])
-    ledger.record(EVENT, participants=[7])
+    checkin = ev.CheckIn(0.5, Gaussian(4.0))  # charged per participant
+    ledger.record(checkin, participants=[3, 7])
+    ledger.record(checkin, participants=[7])
     ledger.save()
     assert not [
         p for p in path.parent.iterdir() if p.name.startswith(".")
@@ -70,24 +71,34 @@ def test_load_errors(tmp_path):
 
 
 def test_per_client_spend_counts_the_worst_clients_rounds():
-    # Check-in (sound) prices one participant's release, so a client pays only
+    # Check-in (sound) charges one participant's release, so a client pays only
     # for the rounds it joined: the run's epsilon is the most frequent client's.
+    # Witness: the Gaussian-DP closed form of n releases of sensitivity 2C
+    # (replace-one) at noise 4C, mu = 2 sqrt(n) / 4 (exact; rel 1e-12).
+    from dpfl.accounting import gaussian
     from dpfl.accounting.events import CheckIn, ClientPoisson
 
-    release = CheckIn(0.5, Gaussian(4.0, sensitivity=2.0))
+    release = CheckIn(0.5, Gaussian(4.0))
+
+    def joined(n):
+        return gaussian.gdp_epsilon(1e-5, mu=2.0 * n**0.5 / 4.0)
+
     ledger = PrivacyLedger()
     for parts in ([1, 2], [2], [2, 3], [3]):
         ledger.record(release, participants=parts)
-    worst = Accountant().compose(release, 3).epsilon(1e-5)  # client 2 joined 3 rounds
-    assert ledger.epsilon(1e-5) == worst
-    assert ledger.client_epsilon(1, 1e-5) == Accountant().compose(release).epsilon(1e-5)
+    assert ledger.epsilon(1e-5).upper == pytest.approx(joined(3), rel=1e-12)
+    assert ledger.worst_unit(1e-5)[0] == 2  # client 2 joined 3 rounds
+    assert ledger.client_epsilon(1, 1e-5).upper == pytest.approx(joined(1), rel=1e-12)
     # A client named twice in one round took part once: client 1 below joined
-    # one round and client 2 two, so the worst client is 2 (counting names
-    # picked client 1 and priced one round).
+    # one round and client 2 two, so the worst client is 2.
     ledger = PrivacyLedger()
     for parts in ([1, 2, 1], [2]):
         ledger.record(release, participants=parts)
-    assert ledger.epsilon(1e-5) == Accountant().compose(release, 2).epsilon(1e-5)
+    assert ledger.epsilon(1e-5).upper == pytest.approx(joined(2), rel=1e-12)
+    # Under the paper's reading every round is amplified and counts for all.
+    assert ledger.epsilon(1e-5, analysis="paper") == Accountant("paper").compose(
+        release, 2
+    ).epsilon(1e-5)
     # An event that already prices client sampling holds for everyone every round.
     sampled = ClientPoisson(0.5, Gaussian(4.0))
     ledger = PrivacyLedger()
@@ -140,7 +151,7 @@ def test_moments_accountant_guard_survives_save_and_load(tmp_path):
         analysis="paper",
     )
     event = ev.FixedCohort(m, k, ev.Gaussian(sigma))
-    plain = PrivacyLedger(Budget(eps, q), analysis="paper")
+    plain = PrivacyLedger(Budget(eps, q), analysis="paper-pld")
     assert plain.max_rounds(event, limit=100) > stop - 1  # PLD allows more
     path = tmp_path / "ledger.json"
     ledger = MomentsAccountantLedger(Budget(eps, q), path=path)
@@ -154,7 +165,7 @@ def test_moments_accountant_guard_survives_save_and_load(tmp_path):
     assert back.rounds == stop - 2 and back.to_json()["guard"] == "moments-accountant"
     back.check(event)  # round stop - 1 is allowed ...
     back.record(event)
-    with pytest.raises(BudgetExceededError, match="moments accountant"):
+    with pytest.raises(BudgetExceededError, match="moments-accountant stop rule"):
         back.check(event)  # ... round `stop` is refused
     # A plain ledger's file loads as a plain ledger; asking a subclass to load
     # it is an error that names the guard.
@@ -190,18 +201,19 @@ def test_moments_accountant_guard_stops_where_the_full_history_does(switch_at):
     assert expected_stop is not None and expected_stop > (switch_at or 0) + 5
     for t in range(expected_stop):
         ledger.record(event_at(t))
-    with pytest.raises(BudgetExceededError, match="moments accountant"):
+    with pytest.raises(BudgetExceededError, match="moments-accountant stop rule"):
         ledger.check(event_at(expected_stop))
     assert ledger.rounds == expected_stop
 
 
 def test_ledger_class_names_the_guards():
-    from dpfl.accounting.ledger import MomentsAccountantLedger, ledger_class
+    from dpfl.accounting.ledger import MomentsAccountantLedger, RdpLedger, ledger_class
 
     assert ledger_class("accountant") is PrivacyLedger
     assert ledger_class("moments-accountant") is MomentsAccountantLedger
+    assert ledger_class("rdp") is RdpLedger
     with pytest.raises(InvalidParameterError, match="guard must be one of"):
-        ledger_class("rdp")
+        ledger_class("bogus")
 
 
 def test_guard_prices_log_many_compositions_near_the_end_of_the_budget(monkeypatch):
@@ -234,12 +246,26 @@ def test_guard_prices_log_many_compositions_near_the_end_of_the_budget(monkeypat
     assert max(calls) <= 128  # never much longer than the run
 
 
-def _reference_guarded_count(ledger, event):
-    # The guard's rule spelled out from scratch over the whole history (the
-    # O(T)-per-round code the incremental summary replaced).
-    history = [canonical(e) for e in ledger._guarded_history()]
-    event = canonical(event)
-    return len(history) if all(e == event for e in history) else None
+def _reference_spend(ledger, analysis):
+    # Who pays what, recomputed from scratch over the whole history: rounds of
+    # per-participant schemes that name participants charge each of them its
+    # own cost; every other round is charged to everyone.
+    from collections import Counter
+
+    from dpfl.accounting import schemes
+
+    common, units = Counter(), {}
+    for entry in ledger.entries:
+        if entry.participants is not None and schemes.per_participant(
+            entry.event, analysis
+        ):
+            for unit, cost in schemes.charges(
+                entry.event, entry.participants, entry.extra
+            ).items():
+                units.setdefault(unit, Counter())[canonical(cost)] += 1
+        else:
+            common[canonical(entry.event)] += 1
+    return common, units
 
 
 _GUARD_EVENTS = [
@@ -247,6 +273,7 @@ _GUARD_EVENTS = [
     ev.SelfComposed(Gaussian(1.0), 1),  # canonicalises like Gaussian(1.0)
     Gaussian(2.0),
     ev.ClientPoisson(0.1, ev.RecordPoisson(0.5, 4, Gaussian(1.0))),  # all pay
+    ev.CheckIn(0.3, Gaussian(2.0)),  # per participant (sound), all (paper)
 ]
 
 
@@ -260,21 +287,21 @@ _GUARD_EVENTS = [
         max_size=12,
     )
 )
-def test_incremental_guard_summary_matches_the_history_rule(history):
+def test_incremental_spend_matches_the_history_rule(history):
     # Random histories mixing events that price client sampling (everyone pays
-    # every round), per-client events, two spellings of one event, rounds that
-    # name no participants, empty cohorts and a client named twice in a round.
-    # Before and after every round the summary counts exactly what the
-    # full-history rule counts.
+    # every round), per-participant events, two spellings of one event, rounds
+    # that name no participants, empty cohorts and a client named twice in a
+    # round. Before and after every round, under both analyses of check-in,
+    # the incremental summary holds exactly what the full-history rule does.
     ledger = PrivacyLedger()
     for i, participants in [(None, None), *history]:
         if i is not None:
             ledger.record(_GUARD_EVENTS[i], participants=participants)
-        summary = ledger._summary.update(ledger._entries)
-        for e in _GUARD_EVENTS:
-            assert summary.rounds_of(canonical(e)) == _reference_guarded_count(
-                ledger, e
-            )
+        for analysis in (None, "paper"):
+            spend = ledger._summary(analysis)
+            common, units = _reference_spend(ledger, analysis)
+            assert spend.common == common
+            assert {k: v for k, v in spend.units.items() if v} == units
 
 
 def test_guard_reads_each_recorded_round_once(monkeypatch):

@@ -5,8 +5,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from dp_accounting import dp_event
-from dp_accounting.pld import pld_privacy_accountant
 
 from dpfl.accounting import events as ev
 from dpfl.accounting import gaussian
@@ -20,8 +18,8 @@ from dpfl.sim.loop import Trainer, round_generators
 SETTINGS = dict(
     first_stage_probability=0.3,
     second_stage_size=4,
-    norm_noise_multiplier=5.0,
-    update_noise_multiplier=1.0,
+    noise_multiplier=1.0,
+    norm_noise_ratio=5.0,
     clip=1.0,
     local_steps=2,
     batch_size=8,
@@ -84,7 +82,6 @@ def test_seeded_run_records_two_stage_events_and_both_views():
         n1[list(entry.participants)] += 1
         n2[s2] += 1
     rep = alg.privacy_report(ledger, delta=1e-5)
-    assert rep["second_stage_recorded"]
     server = rep["server_view"]
     k = server["client"]
     # The worst client maximises the GDP mu = sqrt(N1/σn² + N2/σg²) (exact
@@ -99,16 +96,13 @@ def test_seeded_run_records_two_stage_events_and_both_views():
     assert server["epsilon_replace_one"] == pytest.approx(
         gaussian.gdp_epsilon(1e-5, mu=math.sqrt(n1[k] / 25 + 4 * n2[k])), rel=1e-9
     )
-    # Observer view: the ledger's ε (the accountant's) agrees with
-    # dp_accounting's PLD for the joint Gaussian (σn⁻²+σg⁻²)^(-1/2) Poisson-
-    # subsampled at q1 (SPEC §2.2; 2% = the accountant's bracket).
+    # The ledger's own figure for that client is the same exact composition.
+    assert server["epsilon_ledger"] == pytest.approx(server["epsilon"], rel=1e-9)
+    # Observer view: bounded by the server's (the noise is added by clients,
+    # so the aggregate reveals who took part: no amplification is claimed).
     obs = rep["observer_view"]
-    joint = 1 / math.sqrt(5.0**-2 + 1.0**-2)
-    ref = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
-    ref.compose(dp_event.PoissonSampledDpEvent(0.3, dp_event.GaussianDpEvent(joint)), 5)
-    assert obs["epsilon_ledger"] == pytest.approx(ref.get_epsilon(1e-5), rel=0.02)
-    # Amplification helps the observer: its ε is below the server's.
-    assert obs["epsilon_ledger"] < server["epsilon"] or n1.max() <= 1
+    assert obs["epsilon"] == pytest.approx(server["epsilon"], rel=1e-12)
+    assert obs["status"] == "proven" and "released models" in obs["adversary"]
 
 
 def test_trainer_records_both_stages_through_the_trainer():
@@ -125,7 +119,6 @@ def test_trainer_records_both_stages_through_the_trainer():
         second = entry.extra["second_stage"]
         assert set(second) <= set(entry.participants)  # S2 is a subset of S1
     out = alg.privacy_report(ledger, delta=1e-5)
-    assert out["second_stage_recorded"]
     # The server view's mu is the exact Gaussian composition of the recorded
     # counts: mu^2 = N1/σn² + N2/σg² for the worst client (integers N1, N2).
     mu2 = out["server_view"]["mu"] ** 2
@@ -160,7 +153,8 @@ def test_unbiased_estimator_monte_carlo(second_stage_size):
         **{
             **SETTINGS,
             "second_stage_size": second_stage_size,
-            "update_noise_multiplier": 0.2,
+            "noise_multiplier": 0.2,
+            "norm_noise_ratio": 25.0,
         },
     )
     gbar = _fixed_updates(alg, ds.num_clients)
@@ -188,7 +182,12 @@ def test_weighted_estimator_matches_the_omega_weighted_aggregate():
     alg = Locks(
         model=LogisticRegression(2, 2),
         dataset=ds,
-        **{**SETTINGS, "second_stage_size": 3, "update_noise_multiplier": 0.2},
+        **{
+            **SETTINGS,
+            "second_stage_size": 3,
+            "noise_multiplier": 0.2,
+            "norm_noise_ratio": 25.0,
+        },
     )
     gbar = _fixed_updates(alg, ds.num_clients)
     s1 = np.arange(ds.num_clients)
@@ -213,7 +212,7 @@ def test_noisy_norms_are_floored_and_have_std_sigma_n_c():
     alg = Locks(
         model=LogisticRegression(2, 2),
         dataset=ds,
-        **{**SETTINGS, "clip": 2.0, "norm_noise_multiplier": 0.5},
+        **{**SETTINGS, "clip": 2.0, "norm_noise_ratio": 0.5},
         norm_floor=0.1,
     )
     g = torch.zeros(4000, alg.dim, dtype=torch.float64)
@@ -259,8 +258,8 @@ def test_training_on_digits_improves_accuracy_and_is_seeded():
     kw = dict(
         first_stage_probability=0.5,
         second_stage_size=8,
-        norm_noise_multiplier=2.0,
-        update_noise_multiplier=0.05,
+        noise_multiplier=0.05,
+        norm_noise_ratio=40.0,
         local_steps=3,
         server_learning_rate=1.0,
     )
@@ -282,7 +281,8 @@ def test_validation():
     for bad in (
         dict(first_stage_probability=0.0),
         dict(second_stage_size=0),
-        dict(norm_noise_multiplier=0.0),
+        dict(norm_noise_ratio=0.0),
+        dict(noise_multiplier=0.0),
         dict(estimator="mean"),
         dict(server_schedule="adam"),
         dict(norm_floor=-1.0),

@@ -64,7 +64,8 @@ def test_seeded_run_emits_one_checkin_event_per_round_and_sound_epsilon():
     reports = Trainer(alg, ledger=ledger, seed=3).run(4)
 
     assert ledger.rounds == 4
-    expected = ev.CheckIn(0.5, ev.Gaussian(2.0, sensitivity=2.0))
+    # The check-in event prices its Gaussian under replace-one (sensitivity 2C).
+    expected = ev.CheckIn(0.5, ev.Gaussian(2.0))
     for rep, entry in zip(reports, ledger.entries):
         assert entry.event == expected
         assert entry.participants == tuple(int(k) for k in rep.participants)

@@ -11,6 +11,7 @@ from scipy import integrate, special, stats
 
 from dpfl.accounting import participation as rp
 from dpfl.accounting import pld
+from dpfl.accounting.calibrate import CertifiesEverySigma, solve_noise_multiplier
 from dpfl.errors import InvalidParameterError
 
 S1 = dict(
@@ -20,6 +21,21 @@ S2 = dict(
     records_per_client=1000, participation_probability=0.1, record_probability=0.001
 )
 TARGET = dict(epsilon=0.015, delta=1e-6)
+
+
+def _calibrate(analysis="wcs", epsilon=0.015, delta=1e-6, rounds=1, **scheme):
+    """The one calibrator on the per-round closed form (as `dpfl calibrate`)."""
+
+    def eps_of(sigma):
+        if rounds == 1:
+            return rp.round_epsilon(
+                delta, noise_multiplier=sigma, analysis=analysis, **scheme
+            )
+        return rp.epsilon(
+            delta, rounds=rounds, noise_multiplier=sigma, analysis=analysis, **scheme
+        ).upper
+
+    return solve_noise_multiplier(eps_of, epsilon=epsilon, tolerance=1e-4)
 
 
 # --- calibration against SPEC §0.3's table (tolerance 0.5%, SPEC.md §0.3) ---
@@ -36,7 +52,7 @@ TARGET = dict(epsilon=0.015, delta=1e-6)
     ],
 )
 def test_calibration_scenario_1(analysis, sigma):
-    got = rp.calibrate_noise_multiplier(analysis=analysis, **TARGET, **S1)
+    got = _calibrate(analysis, **TARGET, **S1)
     assert got == pytest.approx(sigma, rel=5e-3)
 
 
@@ -45,14 +61,14 @@ def test_calibration_scenario_1(analysis, sigma):
     [("sound", 0.8151), ("wcs", 0.87387), ("ols", 1.10354), ("cs", 0.56737)],
 )
 def test_calibration_scenario_2(analysis, sigma):
-    got = rp.calibrate_noise_multiplier(analysis=analysis, **TARGET, **S2)
+    got = _calibrate(analysis, **TARGET, **S2)
     assert got == pytest.approx(sigma, rel=5e-3)
 
 
 def test_paper_certifies_every_sigma_in_scenario_2():
     # SPEC §0.3: Theorem 4.1's delta stays below 3e-19 for every sigma.
-    with pytest.raises(rp.CertifiesEverySigma, match="every"):
-        rp.calibrate_noise_multiplier(analysis="paper", **TARGET, **S2)
+    with pytest.raises(CertifiesEverySigma, match="every"):
+        _calibrate("paper", **TARGET, **S2)
     for sigma in (0.05, 0.646, 1.0, 5.0):
         assert (
             rp.round_delta(0.015, noise_multiplier=sigma, analysis="paper", **S2)
@@ -61,7 +77,7 @@ def test_paper_certifies_every_sigma_in_scenario_2():
 
 
 def test_calibrated_sigma_meets_target():
-    sigma = rp.calibrate_noise_multiplier(**TARGET, **S1)
+    sigma = _calibrate(**TARGET, **S1)
     assert rp.round_delta(0.015, noise_multiplier=sigma, **S1) <= 1e-6
     assert rp.round_epsilon(1e-6, noise_multiplier=sigma, **S1) <= 0.015 + 1e-12
 
@@ -75,7 +91,7 @@ def test_d_zero_is_cs_exactly(eps):
     kw = dict(
         participation_probability=0.3, record_probability=0.4, noise_multiplier=1.3
     )
-    sound = rp.round_delta(eps, records_per_client=0, **kw)
+    sound = rp.round_delta(eps, records_per_client=0, analysis="sound", **kw)
     cs = rp.round_delta(eps, records_per_client=0, analysis="cs", **kw)
     assert sound == pytest.approx(cs, rel=1e-12, abs=1e-300)
 
@@ -87,7 +103,7 @@ def test_p_one_sound_equals_ols(eps):
     kw = dict(
         participation_probability=1.0, record_probability=0.1, noise_multiplier=2.0
     )
-    sound = rp.round_delta(eps, records_per_client=20, **kw)
+    sound = rp.round_delta(eps, records_per_client=20, analysis="sound", **kw)
     ols = rp.round_delta(eps, records_per_client=20, analysis="ols", **kw)
     assert sound <= ols * (1 + 1e-10)
     assert sound == pytest.approx(ols, rel=1e-10)
@@ -185,7 +201,7 @@ def test_sound_matches_spec_advanced_joint_convexity_form():
             integrate.quad(f, a, b, epsabs=1e-22, epsrel=1e-11)[0]
             for a, b in zip(edges[:-1], edges[1:])
         )
-    got = rp.round_delta(eps, noise_multiplier=sigma, **S1)
+    got = rp.round_delta(eps, noise_multiplier=sigma, analysis="sound", **S1)
     assert got == pytest.approx(pq * total, rel=1e-8)
 
 
@@ -277,7 +293,9 @@ def test_three_rounds_monte_carlo_sound():
             total += loss
         vals = -np.expm1(np.minimum(eps - total, 0.0))
         est.append((vals.mean(), vals.std() / math.sqrt(n)))
-    b = rp.delta(eps, rounds=rounds, noise_multiplier=SIGMA_SMALL, **SMALL)
+    b = rp.delta(
+        eps, rounds=rounds, noise_multiplier=SIGMA_SMALL, analysis="sound", **SMALL
+    )
     best = max(est)
     assert b.lower <= best[0] + 4 * best[1]
     assert b.upper >= best[0] - 4 * best[1]
@@ -312,7 +330,7 @@ def test_spec_composition_figures():
 def test_benchmark_scenario_1_ten_thousand_rounds():
     # the benchmark point: sound, sigma = 2.5, T = 10,000, delta = 1e-6; bounds
     # within 2% (measured: [0.38485, 0.38550], 0.5 s on 2 cores)
-    b = rp.epsilon(1e-6, rounds=10_000, noise_multiplier=2.5, **S1)
+    b = rp.epsilon(1e-6, rounds=10_000, noise_multiplier=2.5, analysis="sound", **S1)
     assert b.gap <= 0.02
     assert 0.38 < b.lower <= b.upper < 0.39
 
@@ -339,7 +357,7 @@ def test_sound_is_above_configuration_search(scheme, sigma):
     lb = rp.configuration_search_lower_bound(
         noise_multiplier=sigma, epsilon=0.015, angles=4, radii=2, refine=False, **scheme
     )
-    sound = rp.round_delta(0.015, noise_multiplier=sigma, **scheme)
+    sound = rp.round_delta(0.015, noise_multiplier=sigma, analysis="sound", **scheme)
     assert lb <= sound
     # the search beats CS (r = 0) and the collinear pair wherever they fall short
     assert lb >= rp.round_delta(0.015, noise_multiplier=sigma, analysis="cs", **scheme)
@@ -464,7 +482,7 @@ def test_round_epsilon_inverts_round_delta():
 
 def test_paper_warning_says_why():
     text = rp.PAPER_WARNING.lower()
-    assert "not a valid" in text and "collinear" in text and "sound" in text
+    assert "not a valid" in text and "collinear" in text and "wcs" in text
 
 
 @pytest.mark.parametrize(
@@ -500,18 +518,21 @@ def test_validation_of_targets():
     with pytest.raises(InvalidParameterError, match="rounds"):
         rp.epsilon(1e-6, rounds=0, **kw)
     with pytest.raises(InvalidParameterError, match="delta"):
-        rp.calibrate_noise_multiplier(epsilon=1.0, delta=0.0, **SMALL)
+        rp.epsilon(0.0, rounds=1, **kw)
 
 
 @pytest.mark.slow
 def test_calibrate_over_many_rounds():
     # composed calibration inverts epsilon(): at sigma = 2.5 the upper bound is
     # 0.38550 (measured above), so the target 0.3855 needs sigma ~ 2.5 (0.1%).
-    sigma = rp.calibrate_noise_multiplier(
-        epsilon=0.3855, delta=1e-6, rounds=10_000, tolerance=1e-3, **S1
-    )
+    sigma = _calibrate("sound", epsilon=0.3855, delta=1e-6, rounds=10_000, **S1)
     assert sigma == pytest.approx(2.5, rel=2e-3)
-    assert rp.epsilon(1e-6, rounds=10_000, noise_multiplier=sigma, **S1).upper <= 0.3855
+    assert (
+        rp.epsilon(
+            1e-6, rounds=10_000, noise_multiplier=sigma, analysis="sound", **S1
+        ).upper
+        <= 0.3855
+    )
 
 
 def test_sound_delta_grows_with_records_per_client():

@@ -63,15 +63,21 @@ def test_short_seeded_run_records_one_event_per_round_with_synced_clients():
     # Execute
     ledger, reports = _run(alg, 4)
     # Assert
-    expected = ev.SelfComposed(
-        ev.WithoutReplacement(
-            4, int(ds.client_sizes().min()), ev.Gaussian(2.0, sensitivity=2.0)
+    # A client syncs w.p. p' = p / (1 - (1-p)^m) (Ω is re-drawn while empty),
+    # visibly, then runs K noisy steps on uniform batches (replace-one, so the
+    # noise std 2Cσ faces sensitivity 2C: the WOR event doubles it).
+    p, m = alg.sync_probability, ds.num_clients
+    expected = ev.CheckIn(
+        p / (1 - (1 - p) ** m),
+        ev.SelfComposed(
+            ev.WithoutReplacement(4, int(ds.client_sizes().min()), ev.Gaussian(2.0)),
+            3,
         ),
-        3,
     )
     assert ledger.rounds == 4
     for entry, report in zip(ledger.entries, reports, strict=True):
-        assert entry.event == expected
+        assert entry.event.event == expected.event
+        assert entry.event.probability == pytest.approx(expected.probability)
         assert report.participants.size >= 1  # Ω is re-drawn while empty
         assert entry.participants == tuple(report.participants.tolist())
         assert np.all(np.diff(report.participants) > 0)
@@ -112,7 +118,7 @@ def test_reported_epsilon_equals_the_accountants_and_the_exact_fdp_value():
     # Execute
     summary = alg.privacy_summary(ledger, delta=DELTA)
     # Assert: the same computation as the accountant's, exactly.
-    acc = Accountant().compose(alg.event(), count=r_max).epsilon(DELTA)
+    acc = Accountant().compose(alg.event().event, count=r_max).epsilon(DELTA)
     assert summary["epsilon"] == acc.upper
     assert summary["max_client_rounds"] == r_max
     # The least-private client is the max over clients of client_epsilon: the

@@ -33,12 +33,15 @@ def _gdp_delta_mp(eps: float, mu: float) -> float:
 # --- DP-FedAvg: SPEC §4.2 example --------------------------------------------
 @pytest.mark.parametrize(
     "analysis, sigma",
-    [("paper", 1.081), ("pld", 0.983), ("sound", 3.396)],
+    [("paper-rdp", 1.081), ("paper-pld", 0.983), ("sound-rdp", 3.396)],
 )
 def test_geyer_example_brackets_spec_sigma(analysis, sigma):
-    # SPEC §4.2: K = 100, m = 50, 11 rounds, ε = 8, δ = 1e-3 needs σ >= 1.081
-    # (RDP), 0.983 (PLD), 3.396 (WOR/replace-one RDP).  Tolerance ±0.5% on σ:
-    # ε(δ) must exceed 8 at 0.995 σ and be below 8 at 1.005 σ.
+    # Geyer et al.'s example, K = 100, m = 50, 11 rounds, ε = 8, δ = 1e-3, needs
+    # σ >= 1.081 (Poisson reading, RDP with the improved conversion), 0.983
+    # (Poisson reading, PLD), 3.396 (WOR/replace-one RDP), values computed
+    # independently with dp_accounting's RdpAccountant / PLDAccountant.
+    # Tolerance ±0.5% on σ: ε(δ) must exceed 8 at 0.995 σ and be below 8 at
+    # 1.005 σ.
     def eps_at(z):
         return rdp.dp_fedavg_epsilon(
             delta=1e-3, noise_multipliers=z, analysis=analysis, **GEYER
@@ -48,29 +51,44 @@ def test_geyer_example_brackets_spec_sigma(analysis, sigma):
     assert eps_at(1.005 * sigma) < 8.0
 
 
-def test_calibrate_paper_and_sound():
-    # Same example through the calibrator; tolerance 1e-3 absolute on σ (the
-    # SPEC prints 3 decimals), and the returned σ certifies the target.
-    for analysis, sigma in (("paper", 1.081), ("sound", 3.396)):
-        z = rdp.calibrate_dp_fedavg(
-            epsilon=8, delta=1e-3, clients=100, cohort=50, rounds=11, analysis=analysis
+def _abadi_delta(epsilon, q, sigma, rounds, moments=32):
+    """Abadi et al.'s moments accountant, computed here from its closed form.
+
+    For an integer moment λ the log moment of the Poisson-subsampled Gaussian
+    is α(λ) = log Σ_k C(λ+1, k) (1-q)^(λ+1-k) q^k exp((k² - k)/(2σ²))
+    (Mironov, Talwar & Zhang 2019, Sec. 3.3), in 40-digit mpmath; T rounds
+    add up, and δ = min over λ = 1..32 of exp(T α(λ) − λ ε) (Abadi et al.
+    2016, Thm 2).
+    """
+    mpmath.mp.dps = 40
+    best = mpmath.mpf(1)
+    for lam in range(1, moments + 1):
+        a = lam + 1
+        total = mpmath.fsum(
+            mpmath.binomial(a, k)
+            * (1 - mpmath.mpf(q)) ** (a - k)
+            * mpmath.mpf(q) ** k
+            * mpmath.exp(mpmath.mpf(k * k - k) / (2 * mpmath.mpf(sigma) ** 2))
+            for k in range(a + 1)
         )
-        assert z == pytest.approx(sigma, abs=1e-3)
-        assert (
-            rdp.dp_fedavg_epsilon(
-                delta=1e-3, noise_multipliers=z, analysis=analysis, **GEYER
-            )
-            <= 8.0
-        )
+        best = min(best, mpmath.exp(rounds * mpmath.log(total) - lam * epsilon))
+    return float(best)
 
 
-@pytest.mark.slow
-def test_calibrate_pld():
-    # PLD calibration (about 10 s): σ = 0.9835 (SPEC 0.983), abs 1e-3.
-    z = rdp.calibrate_dp_fedavg(
-        epsilon=8, delta=1e-3, clients=100, cohort=50, rounds=11, analysis="pld"
-    )
-    assert z == pytest.approx(0.9835, abs=1e-3)
+def test_paper_is_abadi_rule_and_stops_geyer_example_at_round_9():
+    # The paper's stop rule (Geyer et al. 2017, Alg. 1) uses Abadi et al.'s
+    # conversion: at σ = 1.081, K = 100, m = 50, ε = 8, Q = 1e-3 it stops at
+    # round 9 (δ after 9 rounds passes Q), where the improved RDP conversion
+    # ("paper-rdp") stops at 12. Witness: the closed-form moments above;
+    # tolerance 1e-6 relative on δ.
+    kw = dict(clients=100, cohort_sizes=50, noise_multipliers=1.081)
+    for t in (8, 9):
+        got = rdp.dp_fedavg_delta(epsilon=8.0, rounds=t, analysis="paper", **kw)
+        assert got == pytest.approx(_abadi_delta(8.0, 0.5, 1.081, t), rel=1e-6)
+    assert _abadi_delta(8.0, 0.5, 1.081, 8) <= 1e-3 < _abadi_delta(8.0, 0.5, 1.081, 9)
+    stop = dict(epsilon=8.0, threshold=1e-3, max_rounds=50, **kw)
+    assert rdp.dp_fedavg_stop_round(analysis="paper", **stop) == 9
+    assert rdp.dp_fedavg_stop_round(analysis="paper-rdp", **stop) == 12
 
 
 def test_sound_pld_is_tighter_than_sound_rdp_but_above_poisson():
@@ -78,9 +96,9 @@ def test_sound_pld_is_tighter_than_sound_rdp_but_above_poisson():
     # for ε = 8 while WBK19 RDP needs σ = 3.396; both valid for WOR/replace-one.
     # Ordering check (inequalities): pld (Poisson) <= sound-pld <= sound (RDP).
     kw = dict(delta=1e-3, noise_multipliers=2.05, **GEYER)
-    poisson = rdp.dp_fedavg_epsilon(analysis="pld", **kw)
-    exact_wor = rdp.dp_fedavg_epsilon(analysis="sound-pld", **kw)
-    rdp_wor = rdp.dp_fedavg_epsilon(analysis="sound", **kw)
+    poisson = rdp.dp_fedavg_epsilon(analysis="paper-pld", **kw)
+    exact_wor = rdp.dp_fedavg_epsilon(analysis="sound", **kw)
+    rdp_wor = rdp.dp_fedavg_epsilon(analysis="sound-rdp", **kw)
     assert poisson < exact_wor < rdp_wor
     assert exact_wor < 8.0 < rdp_wor
 
@@ -94,7 +112,7 @@ def test_sound_pld_full_cohort_is_gaussian():
         cohort_sizes=20,
         noise_multipliers=4.0,
         rounds=9,
-        analysis="sound-pld",
+        analysis="sound",
     )
     mu = 2 * 3 / 4.0
     assert _gdp_delta_mp(eps, mu) <= 1e-5 * (1 + 1e-6)
@@ -115,7 +133,11 @@ def test_heterogeneous_schedule_is_sum_of_round_rdp():
         total += acc.rdp
     expected = rdp_privacy_accountant.compute_delta(orders, total, 4.0)[0]
     got = rdp.dp_fedavg_delta(
-        epsilon=4.0, clients=100, cohort_sizes=ms, noise_multipliers=zs
+        epsilon=4.0,
+        clients=100,
+        cohort_sizes=ms,
+        noise_multipliers=zs,
+        analysis="paper-rdp",
     )
     assert got == pytest.approx(expected, rel=1e-12)
     # Sound analysis: same with WOR / replace-one at multiplier σ/2.
@@ -136,13 +158,13 @@ def test_heterogeneous_schedule_is_sum_of_round_rdp():
         clients=100,
         cohort_sizes=ms,
         noise_multipliers=zs,
-        analysis="sound",
+        analysis="sound-rdp",
     )
     assert got == pytest.approx(expected, rel=1e-12)
 
 
 def test_homogeneous_sequence_equals_scalar_schedule():
-    for analysis in ("paper", "pld"):
+    for analysis in ("paper", "paper-rdp", "paper-pld"):
         a = rdp.dp_fedavg_delta(
             epsilon=2.0,
             clients=100,
@@ -184,7 +206,14 @@ def test_schedule_validation():
 
 
 def test_stop_round_matches_delta_and_is_monotone_in_sigma():
-    kw = dict(epsilon=8.0, threshold=1e-3, clients=100, cohort_sizes=50, max_rounds=400)
+    kw = dict(
+        epsilon=8.0,
+        threshold=1e-3,
+        clients=100,
+        cohort_sizes=50,
+        max_rounds=400,
+        analysis="paper-rdp",
+    )
     stops = [
         rdp.dp_fedavg_stop_round(noise_multipliers=z, **kw)
         for z in (0.8, 1.0, 1.2, 1.5, 2.0)
@@ -193,12 +222,9 @@ def test_stop_round_matches_delta_and_is_monotone_in_sigma():
     assert stops == sorted(stops) and stops[0] < stops[-1]
     # Definition: δ after t-1 rounds <= Q < δ after t rounds.
     t = stops[1]
-    before = rdp.dp_fedavg_delta(
-        epsilon=8.0, clients=100, cohort_sizes=50, noise_multipliers=1.0, rounds=t - 1
-    )
-    after = rdp.dp_fedavg_delta(
-        epsilon=8.0, clients=100, cohort_sizes=50, noise_multipliers=1.0, rounds=t
-    )
+    one = dict(clients=100, cohort_sizes=50, noise_multipliers=1.0)
+    before = rdp.dp_fedavg_delta(epsilon=8.0, rounds=t - 1, analysis="paper-rdp", **one)
+    after = rdp.dp_fedavg_delta(epsilon=8.0, rounds=t, analysis="paper-rdp", **one)
     assert before <= 1e-3 < after
     # Enough noise: never stops within max_rounds.
     assert (
@@ -210,13 +236,16 @@ def test_stop_round_matches_delta_and_is_monotone_in_sigma():
 def test_stop_round_pld_matches_delta():
     kw = dict(clients=100, cohort_sizes=50, noise_multipliers=1.2)
     t = rdp.dp_fedavg_stop_round(
-        epsilon=8.0, threshold=1e-3, max_rounds=60, analysis="pld", **kw
+        epsilon=8.0, threshold=1e-3, max_rounds=60, analysis="paper-pld", **kw
     )
     assert t is not None
-    assert rdp.dp_fedavg_delta(epsilon=8.0, rounds=t - 1, analysis="pld", **kw) <= 1e-3
-    assert rdp.dp_fedavg_delta(epsilon=8.0, rounds=t, analysis="pld", **kw) > 1e-3
+    pld = dict(epsilon=8.0, analysis="paper-pld", **kw)
+    assert rdp.dp_fedavg_delta(rounds=t - 1, **pld) <= 1e-3
+    assert rdp.dp_fedavg_delta(rounds=t, **pld) > 1e-3
     # The tight PLD lets training run at least as long as RDP does.
-    t_rdp = rdp.dp_fedavg_stop_round(epsilon=8.0, threshold=1e-3, max_rounds=60, **kw)
+    t_rdp = rdp.dp_fedavg_stop_round(
+        epsilon=8.0, threshold=1e-3, max_rounds=60, analysis="paper-rdp", **kw
+    )
     assert t >= t_rdp
 
 
@@ -299,41 +328,6 @@ def test_locks_server_view_exact_composition():
         )
 
 
-def test_locks_observer_view_orderings_and_no_sampling_limit():
-    out = rdp.locks_observer_view(
-        q1=0.1,
-        max_p2=0.5,
-        norm_noise_multiplier=5.0,
-        update_noise_multiplier=1.0,
-        rounds=100,
-        delta=1e-5,
-    )
-    # Tight PLD <= RDP for the same events; the joint (correlation-free) bound
-    # is larger than the separately-subsampled one.
-    assert out["epsilon_pld"] <= out["epsilon_rdp"]
-    assert out["epsilon_pld_joint"] >= out["epsilon_pld"]
-    assert out["epsilon"] == out["epsilon_pld_joint"]
-    # q1 = max_p2 = 1: no amplification, the joint bound equals the server view
-    # with N1 = N2 = T (exact μ-GDP); PLD discretisation tolerance 1e-2 relative.
-    full = rdp.locks_observer_view(
-        q1=1.0,
-        max_p2=1.0,
-        norm_noise_multiplier=5.0,
-        update_noise_multiplier=2.0,
-        rounds=10,
-        delta=1e-5,
-    )
-    server = rdp.locks_server_view(
-        norm_noise_multiplier=5.0,
-        update_noise_multiplier=2.0,
-        norm_rounds=10,
-        update_rounds=10,
-        delta=1e-5,
-    )
-    assert full["epsilon_pld_joint"] == pytest.approx(server["epsilon"], rel=1e-2)
-    assert full["epsilon_pld_joint"] >= server["epsilon"] * (1 - 1e-9)
-
-
 def test_rdp_module_does_not_import_torch():
     code = (
         "import sys, dpfl.accounting.rdp, dpfl.accounting.checkin, "
@@ -344,8 +338,9 @@ def test_rdp_module_does_not_import_torch():
 
 def test_geyer_table1_k100_eleven_rounds():
     # Geyer Table 1 (K = 100, Q = 1e-3, ε = 8): CR = 11, CC = 550 -> m = 50.  At
-    # the σ that the SPEC §4.2 example calibrates (1.081, RDP), the accountant
-    # stops training before round 12, i.e. after exactly 11 rounds.
+    # σ = 1.081 (the σ for which the Poisson-reading RDP with the improved
+    # conversion allows 11 rounds), that rule stops before round 12, i.e. after
+    # exactly 11 rounds; Abadi et al.'s own rule needs σ = 1.1932 for the same.
     t = rdp.dp_fedavg_stop_round(
         epsilon=8.0,
         threshold=1e-3,
@@ -353,5 +348,16 @@ def test_geyer_table1_k100_eleven_rounds():
         cohort_sizes=50,
         noise_multipliers=1.081,
         max_rounds=50,
+        analysis="paper-rdp",
+    )
+    assert t == 12
+    t = rdp.dp_fedavg_stop_round(
+        epsilon=8.0,
+        threshold=1e-3,
+        clients=100,
+        cohort_sizes=50,
+        noise_multipliers=1.1933,
+        max_rounds=50,
+        analysis="paper",
     )
     assert t == 12

@@ -14,20 +14,22 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("tqdm")
 
+from dpfl.accounting import events as ev  # noqa: E402
 from dpfl.accounting.accountant import Accountant  # noqa: E402
 from dpfl.accounting.ledger import PrivacyLedger  # noqa: E402
 from dpfl.errors import DpflError  # noqa: E402
 from dpfl.experiments import config_from_dict, resume, run  # noqa: E402
-from dpfl.experiments.runner import (  # noqa: E402
-    calibrate_noise,
-    read_metrics,
-    run_event,
-)
+from dpfl.experiments.runner import read_metrics  # noqa: E402
 from dpfl.plotting import plot_epsilon_curves, plot_runs  # noqa: E402
 
 # A tiny task: 20 clients x 10 digits, p = q = 0.5, an MLP with 8 hidden units.
 SIGMA = 1.0
 P, Q, D = 0.5, 0.5, 10
+
+
+def run_event(sigma):
+    """The round the tiny task's sampler realises (random participation)."""
+    return ev.ClientPoisson(P, ev.RecordPoisson(Q, D, ev.Gaussian(sigma)))
 
 
 def tiny(tmp_path, name="tiny", **top):
@@ -117,13 +119,13 @@ def test_tiny_run_writes_all_files(tmp_path):
     assert evals == [3, 6]
     assert all(0 <= r["test_accuracy"] <= 1 for r in rows if "test_accuracy" in r)
     # every round charged the event the sampler realises
-    event = run_event(cfg, records_per_client=D, noise_multiplier=SIGMA)
+    event = run_event(SIGMA)
     ledger = PrivacyLedger.load(d / "ledger.json")
     assert ledger.rounds == 6 and all(e.event == event for e in ledger.entries)
     # epsilon reported = the accountant's upper bound for 6 such rounds
     # (same code path; the independent check of the value is the accounting
     # tests' job). Tolerance: exact equality of the same computation.
-    expected = Accountant("sound").compose(event, 6).epsilon(1e-5).upper
+    expected = Accountant("wcs").compose(event, 6).epsilon(1e-5).upper
     assert res.epsilon == pytest.approx(expected, rel=1e-12)
     assert rows[-1]["epsilon"] == pytest.approx(expected, rel=1e-12)
     # a second fresh run in the same folder is refused (would lose the spend)
@@ -184,10 +186,9 @@ def test_kill_between_checkpoints_keeps_spend(tmp_path, monkeypatch):
 def test_budget_stop(tmp_path):
     # Pick a budget strictly between the accountant's upper epsilon after 3 and
     # after 4 rounds: the guard must allow 3 rounds and refuse the 4th.
-    cfg = tiny(tmp_path)
-    event = run_event(cfg, records_per_client=D, noise_multiplier=SIGMA)
-    e3 = Accountant("sound").compose(event, 3).epsilon(1e-5).upper
-    e4 = Accountant("sound").compose(event, 4).epsilon(1e-5).upper
+    event = run_event(SIGMA)
+    e3 = Accountant("wcs", tolerance=0.02).compose(event, 3).epsilon(1e-5).upper
+    e4 = Accountant("wcs", tolerance=0.02).compose(event, 4).epsilon(1e-5).upper
     assert e4 > 1.05 * e3  # a clear gap, far above the 2% bracket tolerance
     budget = 0.5 * (e3 + e4)
     cfg = tiny(tmp_path, "budget", privacy={"epsilon": budget})
@@ -212,15 +213,20 @@ def test_nonprivate_run_charges_nothing(tmp_path):
     assert all(r["epsilon"] is None for r in read_metrics(cfg.run_dir))
 
 
-def test_calibrate_noise_meets_budget_tightly(tmp_path):
-    # sigma from calibrate_noise must meet the budget under the guard's own
-    # computation, and 1% less noise must not (tolerance 0.2% in sigma).
+def test_calibrated_run_meets_budget_tightly(tmp_path):
+    # With no noise multiplier the run calibrates one: the resolved sigma must
+    # meet the budget under the guard's own computation (the default analysis,
+    # wcs, at the ledger's 2% bracket), 1% less noise must not (the calibrator
+    # stops at 0.2% in sigma), and the run completes all its rounds.
     cfg = tiny(tmp_path, rounds=5, privacy={"epsilon": 2.0, "noise_multiplier": None})
-    sigma = calibrate_noise(cfg, records_per_client=D)
+    res = run(cfg, progress=False)
+    sigma = res.config.privacy.noise_multiplier
+    assert res.config.privacy.analysis == "wcs"
+    assert res.stopped == "completed" and res.epsilon <= 2.0
 
     def eps(s):
-        event = run_event(cfg, records_per_client=D, noise_multiplier=s)
-        return Accountant("sound").compose(event, 5).epsilon(1e-5).upper
+        acc = Accountant("wcs", tolerance=0.02)
+        return acc.compose(run_event(s), 5).epsilon(1e-5).upper
 
     assert eps(sigma) <= 2.0 < eps(0.99 * sigma)
     # independent code path: dpfl.accounting.participation.epsilon (its own
@@ -235,6 +241,7 @@ def test_calibrate_noise_meets_budget_tightly(tmp_path):
         record_probability=Q,
         records_per_client=D,
         noise_multiplier=sigma,
+        analysis="wcs",
     )
     assert b.upper == pytest.approx(2.0, rel=0.03)
 
@@ -358,8 +365,8 @@ def test_dp_fedavg_moments_accountant_guard_stops_and_resumes(tmp_path, monkeypa
                 "privacy": {
                     "epsilon": eps,
                     "delta": q,
-                    "analysis": "paper",
                     "guard": "moments-accountant",
+                    "allow_unproven": True,
                     "noise_multiplier": sigma,
                 },
             }
@@ -380,6 +387,6 @@ def test_moments_accountant_guard_config_errors(tmp_path):
     from dpfl.experiments.config import ConfigError
 
     with pytest.raises(ConfigError, match="needs algorithm.name 'dp-fedavg'"):
-        tiny(tmp_path, privacy={"guard": "moments-accountant", "analysis": "paper"})
+        tiny(tmp_path, privacy={"guard": "moments-accountant"})
     with pytest.raises(ConfigError, match="guard"):
-        tiny(tmp_path, privacy={"guard": "rdp"})
+        tiny(tmp_path, privacy={"guard": "nope"})

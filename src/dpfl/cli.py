@@ -12,6 +12,7 @@ Errors in the input exit with status 2 and one line naming the parameter.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -60,11 +61,25 @@ class Report:
 
     def to_table(self) -> str:
         lines = [self.title, ""]
+        # terms shared by every row are printed once, above the table
+        shared = {
+            key
+            for key in ("unit", "neighbouring", "adversary")
+            if key in self.result
+            and all(r.get(key, self.result[key]) == self.result[key] for r in self.rows)
+        }
         for key in ("unit", "neighbouring", "adversary"):
-            if key in self.result:
+            if key in shared:
                 lines.append(f"  {key:<13}{self.result[key]}")
         if self.rows:
-            cols = list(dict.fromkeys(k for r in self.rows for k in r))
+            cols = [
+                c
+                for c in dict.fromkeys(k for r in self.rows for k in r)
+                if c not in shared
+            ]
+            cols.sort(
+                key=lambda c: (c != "analysis", c in ("neighbouring", "adversary"))
+            )
             cells = [[_fmt(r.get(c, "")) for c in cols] for r in self.rows]
             widths = [
                 max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)
@@ -103,10 +118,34 @@ def _fmt(v: Any) -> str:
 # ---------------------------------------------------------------------------
 # Schemes
 # ---------------------------------------------------------------------------
-def _add_target(p: argparse.ArgumentParser, *, need_epsilon: bool = False) -> None:
-    g = p.add_mutually_exclusive_group(required=need_epsilon)
-    g.add_argument("--delta", type=float, help="report epsilon at this delta")
+def _add_budget(
+    p: argparse.ArgumentParser,
+    calibrate: bool,
+    *,
+    default_delta: float,
+    delta_only: bool = False,
+) -> None:
+    """Target flags: calibrate needs both; account reports ε at δ or δ at ε."""
+    if calibrate:
+        p.add_argument("--epsilon", type=float, required=True, help="target epsilon")
+        p.add_argument("--delta", type=float, required=True, help="target delta")
+        return
+    if delta_only:
+        p.add_argument(
+            "--delta",
+            type=float,
+            default=default_delta,
+            help=f"report epsilon at this delta (default {default_delta:g})",
+        )
+        return
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--delta",
+        type=float,
+        help=f"report epsilon at this delta (default {default_delta:g})",
+    )
     g.add_argument("--epsilon", type=float, help="report delta at this epsilon")
+    p.set_defaults(default_delta=default_delta)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -114,129 +153,231 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE", help="write epsilon-delta/rounds curves")
 
 
+# -- shared pieces --------------------------------------------------------------
+def _terms(event: Any, analysis: str | None) -> dict[str, Any]:
+    """The guarantee's terms and the analysis's status, for JSON and tables."""
+    from dpfl.accounting import schemes
+
+    d = schemes.describe(event, analysis)
+    return {
+        k: d[k] for k in ("unit", "neighbouring", "adversary", "analysis", "status")
+    }
+
+
+def _formula(key: str) -> dict[str, Any]:
+    """Status row fields of a paper formula (see ``schemes.FORMULAS``)."""
+    from dpfl.accounting import schemes
+
+    a = schemes.FORMULAS[key]
+    out: dict[str, Any] = {"analysis": a.name, "status": a.status}
+    if a.adversary:
+        out["adversary"] = a.adversary
+    return out
+
+
+def _basis_notes(event: Any, names: Sequence[str]) -> list[str]:
+    """One note per analysis shown: its status and what it rests on."""
+    from dpfl.accounting import schemes
+
+    scheme = schemes.scheme_of(event)
+    out = []
+    for name in names:
+        a = scheme.analysis(name)
+        out.append(f"{a.name} ({a.status}): {a.basis}")
+    return out
+
+
+def _accountant_epsilon(
+    event: Any, rounds: int, delta: float, analysis: str | None
+) -> dict[str, float]:
+    from dpfl.accounting.accountant import Accountant
+
+    b = Accountant(analysis).compose(event, rounds).epsilon(delta)
+    return {"epsilon": b.upper, "epsilon_lower": b.lower, "delta": delta}
+
+
+def _accountant_delta(
+    event: Any, rounds: int, epsilon: float, analysis: str | None
+) -> dict[str, float]:
+    from dpfl.accounting.accountant import Accountant
+
+    b = Accountant(analysis).compose(event, rounds).delta(epsilon)
+    return {"delta": b.upper, "delta_lower": b.lower, "epsilon": epsilon}
+
+
+def _solve(
+    epsilon_of: Callable[[float], float], target: float, what: str
+) -> tuple[float | None, dict[str, Any], str | None]:
+    """σ for a target, or (None, flag, note) when the analysis certifies any σ."""
+    from dpfl.accounting.calibrate import CertifiesEverySigma, solve_noise_multiplier
+
+    try:
+        return solve_noise_multiplier(epsilon_of, epsilon=target, what=what), {}, None
+    except CertifiesEverySigma as exc:
+        return None, {"certifies_every_sigma": True}, str(exc)
+
+
+def _pick(rows: list[dict[str, Any]], analysis: str) -> dict[str, Any]:
+    for row in rows:
+        if row["analysis"] == analysis:
+            return {k: v for k, v in row.items() if k != "analysis"}
+    raise DpflError(f"no analysis {analysis!r} among {[r['analysis'] for r in rows]}")
+
+
 # -- random participation ------------------------------------------------------
-_RP_TERMS = {
-    "sound": "sees each round's noisy aggregate, not who took part (trusted server)",
-    "paper": "sees each round's noisy aggregate, not who took part (trusted server)",
-    "wcs": "sees each round's noisy aggregate and who took part",
-    "ols": "sees each round's noisy aggregate; every client takes part (p = 1)",
-    "cs": "central-shuffling reference (not an achievable scheme)",
-}
-
-
 def _rp_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
+    from dpfl.accounting import participation as rp
+
     p.add_argument(
         "--p", type=float, required=True, help="client participation probability"
     )
     p.add_argument("--q", type=float, required=True, help="record sampling probability")
-    p.add_argument("--records-per-client", type=int, required=True, help="d")
-    p.add_argument("--rounds", type=int, default=1)
     p.add_argument(
-        "--analysis", default="sound", choices=("sound", "wcs", "paper", "ols", "cs")
+        "--records-per-client", type=int, required=True, help="d, records per client"
     )
-    if calibrate:
-        p.add_argument("--epsilon", type=float, required=True)
-        p.add_argument("--delta", type=float, required=True)
-    else:
-        p.add_argument("--noise-multiplier", type=float, required=True)
-        _add_target(p)
+    p.add_argument("--rounds", type=int, default=1, help="rounds T (default 1)")
+    if not calibrate:
+        p.add_argument(
+            "--noise-multiplier",
+            type=float,
+            required=True,
+            help="noise std on the sum of gradients clipped to C, divided by C",
+        )
+    p.add_argument(
+        "--analysis",
+        default=rp.ANALYSES[0],
+        choices=rp.ANALYSES,
+        help=f"the analysis --json reports (default {rp.ANALYSES[0]}, the tightest "
+        "proven)",
+    )
+    _add_budget(p, calibrate, default_delta=1e-6)
     _add_common(p)
 
 
-def _rp_kw(a: argparse.Namespace) -> dict[str, Any]:
+def _rp_event(a: argparse.Namespace, sigma: float) -> Any:
+    from dpfl.accounting import events as ev
+
+    return ev.ClientPoisson(
+        a.p, ev.RecordPoisson(a.q, a.records_per_client, ev.Gaussian(sigma))
+    )
+
+
+def _rp_kw(a: argparse.Namespace, sigma: float, analysis: str) -> dict[str, Any]:
     return {
         "participation_probability": a.p,
         "record_probability": a.q,
         "records_per_client": a.records_per_client,
-    }
-
-
-def _rp_terms(analysis: str) -> dict[str, str]:
-    return {
-        "unit": "record",
-        "neighbouring": "add/remove",
-        "adversary": _RP_TERMS[analysis],
+        "noise_multiplier": sigma,
         "analysis": analysis,
     }
 
 
-def _rp_value(a: argparse.Namespace, analysis: str, rounds: int) -> dict[str, Any]:
+def _rp_epsilon(
+    a: argparse.Namespace, sigma: float, analysis: str, delta: float
+) -> float:
     from dpfl.accounting import participation as rp
 
-    kw = {**_rp_kw(a), "noise_multiplier": a.noise_multiplier, "analysis": analysis}
-    if a.epsilon is not None:
-        if rounds == 1:
-            return {"delta": rp.round_delta(a.epsilon, **kw)}
-        b = rp.delta(a.epsilon, rounds=rounds, **kw)
-        return {"delta": b.upper, "delta_lower": b.lower}
-    delta = 1e-6 if a.delta is None else a.delta
-    if rounds == 1:
-        return {"epsilon": rp.round_epsilon(delta, **kw), "delta": delta}
-    b = rp.epsilon(delta, rounds=rounds, **kw)
-    return {"epsilon": b.upper, "epsilon_lower": b.lower, "delta": delta}
+    kw = _rp_kw(a, sigma, analysis)
+    if a.rounds == 1:
+        return rp.round_epsilon(delta, **kw)
+    return rp.epsilon(delta, rounds=a.rounds, **kw).upper
+
+
+def _rp_sigma_epsilon(a: argparse.Namespace, analysis: str, sigma: float) -> float:
+    return _rp_epsilon(a, sigma, analysis, a.delta)
 
 
 def account_random_participation(a: argparse.Namespace) -> Report:
     from dpfl.accounting import participation as rp
 
-    analyses = [a.analysis] if a.json else list(rp.ANALYSES)
     rows = []
-    result: dict[str, Any] = {}
-    for name in analyses:
-        value = _rp_value(a, name, a.rounds)
-        rows.append({"analysis": name, **value})
-        if name == a.analysis:
-            result = {**value, "rounds": a.rounds, **_rp_terms(name)}
-    notes = [rp.PAPER_WARNING] if "paper" in analyses else []
+    for name in [a.analysis] if a.json else list(rp.ANALYSES):
+        kw = _rp_kw(a, a.noise_multiplier, name)
+        if a.epsilon is not None:
+            if a.rounds == 1:
+                value = {"delta": rp.round_delta(a.epsilon, **kw), "epsilon": a.epsilon}
+            else:
+                b = rp.delta(a.epsilon, rounds=a.rounds, **kw)
+                value = {"delta": b.upper, "delta_lower": b.lower, "epsilon": a.epsilon}
+        elif a.rounds == 1:
+            value = {"epsilon": rp.round_epsilon(a.delta, **kw), "delta": a.delta}
+        else:
+            b = rp.epsilon(a.delta, rounds=a.rounds, **kw)
+            value = {"epsilon": b.upper, "epsilon_lower": b.lower, "delta": a.delta}
+        event = _rp_event(a, a.noise_multiplier)
+        rows.append({**value, **_terms(event, name)})
+    event = _rp_event(a, a.noise_multiplier)
+    result = {**_pick(rows, a.analysis), "analysis": a.analysis, "rounds": a.rounds}
     title = (
         f"Random participation: p={a.p}, q={a.q}, d={a.records_per_client}, "
         f"noise multiplier={a.noise_multiplier}, rounds={a.rounds}"
     )
 
     def plot(path: str) -> None:
-        _plot_rp(a, path)
+        _plot_curves(
+            path,
+            [a.analysis] if a.json else ["wcs", "sound", "ols"],
+            lambda name, delta, rounds: _rp_epsilon(
+                _with(a, rounds=rounds), a.noise_multiplier, name, delta
+            ),
+            delta=a.delta,
+            rounds=a.rounds,
+            title=f"random participation, sigma={a.noise_multiplier}",
+        )
 
-    return Report(title, result, rows, notes, plot)
+    return Report(
+        title, result, rows, _basis_notes(event, [r["analysis"] for r in rows]), plot
+    )
 
 
 def calibrate_random_participation(a: argparse.Namespace) -> Report:
     from dpfl.accounting import participation as rp
 
-    analyses = [a.analysis] if a.json else list(rp.ANALYSES)
     rows = []
-    result: dict[str, Any] = {}
     notes: list[str] = []
-    for name in analyses:
-        try:
-            sigma: float | None = rp.calibrate_noise_multiplier(
-                epsilon=a.epsilon,
-                delta=a.delta,
-                rounds=a.rounds,
-                analysis=name,
-                **_rp_kw(a),
-            )
-            extra: dict[str, Any] = {}
-        except rp.CertifiesEverySigma as exc:
-            sigma, extra = None, {"certifies_every_sigma": True}
-            notes.append(str(exc))
-        shown = "any > 0 (not a valid bound)" if sigma is None else sigma
-        rows.append({"analysis": name, "noise_multiplier": shown, **extra})
-        if name == a.analysis:
-            result = {
-                "noise_multiplier": sigma,
+    event = _rp_event(a, 1.0)
+    for name in [a.analysis] if a.json else list(rp.ANALYSES):
+        sigma, extra, note = _solve(
+            functools.partial(_rp_sigma_epsilon, a, name),
+            a.epsilon,
+            f"(epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} round(s) under "
+            f"{name!r}",
+        )
+        if note:
+            notes.append(note)
+        rows.append(
+            {
+                "noise_multiplier": "any > 0 (not a valid bound)"
+                if sigma is None
+                else sigma,
                 **extra,
-                "epsilon": a.epsilon,
-                "delta": a.delta,
-                "rounds": a.rounds,
-                **_rp_terms(name),
+                **_terms(event, name),
             }
-    if "paper" in analyses:
-        notes.append(rp.PAPER_WARNING)
+        )
+        if name == a.analysis:
+            rows[-1]["noise_multiplier_value"] = sigma
+    chosen = _pick(rows, a.analysis)
+    chosen["noise_multiplier"] = chosen.pop("noise_multiplier_value", None)
+    for row in rows:
+        row.pop("noise_multiplier_value", None)
+    result = {
+        **chosen,
+        "analysis": a.analysis,
+        "epsilon": a.epsilon,
+        "delta": a.delta,
+        "rounds": a.rounds,
+    }
     title = (
         f"Noise for (epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} round(s) "
         f"of random participation: p={a.p}, q={a.q}, d={a.records_per_client}"
     )
-    return Report(title, result, rows, notes)
+    return Report(
+        title, result, rows, notes + _basis_notes(event, [r["analysis"] for r in rows])
+    )
+
+
+def _with(a: argparse.Namespace, **changes: Any) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(a), **changes})
 
 
 def _plot_curves(
@@ -265,154 +406,229 @@ def _plot_curves(
     )
 
 
-def _plot_rp(a: argparse.Namespace, path: str) -> None:
-    from dpfl.accounting import participation as rp
-
-    def eps(analysis: str, delta: float, rounds: int) -> float:
-        kw = {**_rp_kw(a), "noise_multiplier": a.noise_multiplier}
-        if rounds == 1:
-            return rp.round_epsilon(delta, analysis=analysis, **kw)
-        return rp.epsilon(delta, rounds=rounds, analysis=analysis, **kw).upper
-
-    analyses = [a.analysis] if a.json else ["sound", "wcs", "ols"]
-    _plot_curves(
-        path,
-        analyses,
-        eps,
-        delta=a.delta or 1e-6,
-        rounds=a.rounds,
-        title=f"random participation, sigma={a.noise_multiplier}",
-    )
-
-
 # -- PriFedSync (federated f-DP) -------------------------------------------------
 def _pfs_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
+    if not calibrate:
+        p.add_argument(
+            "--noise-multiplier",
+            type=float,
+            required=True,
+            help="the paper's sigma (noise std 2*C*sigma on the clipped sum)",
+        )
+    p.add_argument("--batch-size", type=int, required=True, help="B")
+    p.add_argument("--records-per-client", type=int, required=True, help="n")
+    p.add_argument("--local-steps", type=int, required=True, help="K noisy steps")
+    p.add_argument("--rounds", type=int, required=True, help="R rounds")
     p.add_argument(
-        "--noise-multiplier", type=float, required=True, help="the paper's sigma"
+        "--sync-probability",
+        type=float,
+        default=1.0,
+        help="p, chance a client syncs in a round (visible to the server); "
+        "default 1 (every round counts, as the paper's tables)",
     )
-    p.add_argument("--batch-size", type=int, required=True)
-    p.add_argument("--records-per-client", type=int, required=True)
-    p.add_argument("--local-steps", type=int, required=True)
-    p.add_argument("--rounds", type=int, required=True)
     p.add_argument("--num-clients", type=int, help="m, for the strong guarantee")
-    p.add_argument("--analysis", default="exact", choices=("exact", "clt"))
+    p.add_argument(
+        "--analysis",
+        default="exact",
+        choices=("exact", "clt"),
+        help="exact (default, proven) or clt (the paper's approximation)",
+    )
     p.add_argument(
         "--guarantee", default="weak", choices=("weak", "strong"), help="federated f-DP"
     )
-    p.add_argument("--delta", type=float, help="delta for the (epsilon, delta) view")
+    _add_budget(p, calibrate, default_delta=1e-5, delta_only=not calibrate)
     _add_common(p)
+
+
+def _pfs_event(a: argparse.Namespace, sigma: float) -> Any:
+    from dpfl.accounting import events as ev
+
+    step = ev.WithoutReplacement(
+        a.batch_size, a.records_per_client, ev.Gaussian(2.0 * sigma)
+    )
+    return ev.CheckIn(a.sync_probability, ev.SelfComposed(step, a.local_steps))
+
+
+def _pfs_clt(a: argparse.Namespace, sigma: float) -> float:
+    from dpfl.accounting import fdp
+
+    return fdp.clt_mu(
+        noise_multiplier=sigma,
+        batch_size=a.batch_size,
+        records_per_client=a.records_per_client,
+        local_steps=a.local_steps,
+        rounds=a.rounds,
+    )
+
+
+def _pfs_notes(a: argparse.Namespace, mu: float) -> list[str]:
+    notes = [
+        "exact: each synced round is K steps of C_{B/n}(G_{1/sigma}) (replace-one), "
+        "composed over the rounds as a PLD; a client that does not sync pays "
+        "nothing, and the server sees who syncs. The weak and strong federated "
+        "guarantees (another client / all other clients as adversary) are both "
+        "implied: those parties see less than the server."
+    ]
+    if a.guarantee == "strong" and a.num_clients:
+        notes.append(
+            f"the paper's strong guarantee sqrt(m-1)*mu = "
+            f"{math.sqrt(a.num_clients - 1) * mu:.4g} is valid but loose: the strong "
+            "guarantee equals the weak one."
+        )
+    return notes
 
 
 def account_prifedsync(a: argparse.Namespace) -> Report:
-    from dpfl.accounting import fdp, gaussian
+    from dpfl.accounting import gaussian
 
-    kw = {
-        "noise_multiplier": a.noise_multiplier,
-        "batch_size": a.batch_size,
-        "records_per_client": a.records_per_client,
-        "local_steps": a.local_steps,
-        "rounds": a.rounds,
-    }
-    who = (
-        "another client, from the helper models it receives (weak federated f-DP)"
-        if a.guarantee == "weak"
-        else "all other clients jointly (strong federated f-DP)"
-    )
-    terms = {"unit": "record", "neighbouring": "replace-one", "adversary": who}
-    mu = fdp.clt_mu(**kw)
-    rows: list[dict[str, Any]] = []
-    notes = [
-        "clt: the CLT mu is an approximation, not a bound (SPEC 3.6 item 3); "
-        "exact: C_{B/n}(G_{1/sigma}) composed K*R times via PLD (certified)."
-    ]
-    clt_row: dict[str, Any] = {"analysis": "clt", "mu": mu}
-    if a.delta is not None:
-        clt_row["epsilon"] = gaussian.gdp_epsilon(a.delta, mu=mu)
-    exact_row: dict[str, Any] = {"analysis": "exact"}
+    event = _pfs_event(a, a.noise_multiplier)
+    mu = _pfs_clt(a, a.noise_multiplier)
+    clt_row: dict[str, Any] = {"mu": mu, "delta": a.delta, **_formula("prifedsync/clt")}
+    clt_row["epsilon"] = gaussian.gdp_epsilon(a.delta, mu=mu)
+    rows = [clt_row]
     if a.analysis == "exact" or not a.json:
-        delta = 1e-5 if a.delta is None else a.delta
-        b = fdp.exact_epsilon(delta, **kw)
-        exact_row.update(
-            epsilon=b.upper,
-            epsilon_lower=b.lower,
-            delta=delta,
-            mu_effective=fdp.mu_effective(epsilon=b.upper, delta=delta),
+        from dpfl.accounting import fdp
+
+        value = _accountant_epsilon(event, a.rounds, a.delta, None)
+        value["mu_effective"] = fdp.mu_effective(
+            epsilon=value["epsilon"], delta=a.delta
         )
-    rows = [clt_row, exact_row]
-    if a.guarantee == "strong" and a.num_clients:
-        paper_mu = math.sqrt(a.num_clients - 1) * mu
-        rows.append({"analysis": "paper strong sqrt(m-1)*mu", "mu": paper_mu})
-        notes.append(
-            "strong: the paper's sqrt(m-1)*mu_max is valid but loose; the sound strong "
-            "guarantee equals the weak one (SPEC 3.6 item 5)."
-        )
-    chosen = clt_row if a.analysis == "clt" else exact_row
-    result = {**{k: v for k, v in chosen.items() if k != "analysis"}, **terms}
-    result["analysis"] = a.analysis
+        rows.insert(0, {**value, **_terms(event, None), "analysis": "exact"})
+    terms = _terms(event, None)
+    result = {**terms, **_pick(rows, a.analysis), "analysis": a.analysis}
     title = (
         f"PriFedSync: sigma={a.noise_multiplier}, B={a.batch_size}, "
-        f"n={a.records_per_client}, K={a.local_steps}, R={a.rounds}"
+        f"n={a.records_per_client}, K={a.local_steps}, R={a.rounds}, "
+        f"p={a.sync_probability}"
     )
+    notes = _pfs_notes(a, mu) + [f"clt (invalid): {_formula_basis('prifedsync/clt')}"]
     return Report(title, result, rows, notes)
 
 
+def _formula_basis(key: str) -> str:
+    from dpfl.accounting import schemes
+
+    return schemes.FORMULAS[key].basis
+
+
+def calibrate_prifedsync(a: argparse.Namespace) -> Report:
+    from dpfl.accounting import gaussian
+
+    what = f"(epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} rounds"
+    rows = []
+    for name in [a.analysis] if a.json else ["exact", "clt"]:
+        if name == "exact":
+            sigma, extra, _ = _solve(
+                lambda s: _accountant_epsilon(
+                    _pfs_event(a, s), a.rounds, a.delta, None
+                )["epsilon"],
+                a.epsilon,
+                what,
+            )
+            row = {
+                "noise_multiplier": sigma,
+                **extra,
+                **_terms(_pfs_event(a, 1.0), None),
+            }
+            row["analysis"] = "exact"
+        else:
+            sigma, extra, _ = _solve(
+                lambda s: gaussian.gdp_epsilon(a.delta, mu=_pfs_clt(a, s)),
+                a.epsilon,
+                what,
+            )
+            row = {"noise_multiplier": sigma, **extra, **_formula("prifedsync/clt")}
+        rows.append(row)
+    result = {
+        **_terms(_pfs_event(a, 1.0), None),
+        **_pick(rows, a.analysis),
+        "analysis": a.analysis,
+        "epsilon": a.epsilon,
+        "delta": a.delta,
+        "rounds": a.rounds,
+    }
+    title = (
+        f"PriFedSync noise for (epsilon={a.epsilon}, delta={a.delta}): "
+        f"B={a.batch_size}, "
+        f"n={a.records_per_client}, K={a.local_steps}, R={a.rounds}, "
+        f"p={a.sync_probability}"
+    )
+    return Report(title, result, rows, _pfs_notes(a, 0.0)[:1])
+
+
 # -- client-level DP-FedAvg ---------------------------------------------------------
-_FEDAVG_TERMS = {
-    "paper": ("add/remove", "moments accountant, cohort read as Poisson m/K (Geyer)"),
-    "pld": ("add/remove", "PLD, cohort read as Poisson m/K"),
-    "sound": ("replace-one", "fixed-size cohort (WOR), RDP"),
-    "sound-pld": (
-        "replace-one",
-        "fixed-size cohort (WOR), PLD of C_{m/K}(G_{2/sigma})",
-    ),
-}
-
-
 def _fedavg_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
+    from dpfl.accounting import rdp
+
     p.add_argument("--clients", type=int, required=True, help="K")
     p.add_argument("--cohort", type=int, required=True, help="m clients per round")
-    p.add_argument("--rounds", type=int, required=True)
-    p.add_argument("--analysis", default="sound", choices=tuple(_FEDAVG_TERMS))
-    if calibrate:
-        p.add_argument("--epsilon", type=float, required=True)
-        p.add_argument("--delta", type=float, required=True)
-    else:
-        p.add_argument("--noise-multiplier", type=float, required=True)
+    p.add_argument("--rounds", type=int, required=True, help="rounds T")
+    p.add_argument(
+        "--analysis",
+        default=rdp.ANALYSES[0],
+        choices=rdp.ANALYSES,
+        help=f"the analysis --json reports (default {rdp.ANALYSES[0]}, the tightest "
+        "proven)",
+    )
+    if not calibrate:
+        p.add_argument(
+            "--noise-multiplier",
+            type=float,
+            required=True,
+            help="noise std on the sum of clipped updates, divided by the clip",
+        )
         p.add_argument("--threshold", type=float, help="Q: report the stop round")
-        _add_target(p)
+    _add_budget(p, calibrate, default_delta=1e-5)
     _add_common(p)
 
 
-def _fedavg_terms(analysis: str) -> dict[str, str]:
-    rel, how = _FEDAVG_TERMS[analysis]
-    return {
-        "unit": "client",
-        "neighbouring": rel,
-        "adversary": "sees every released global model",
-        "analysis": analysis,
-        "method": how,
-    }
+def _fedavg_event(a: argparse.Namespace, sigma: float) -> Any:
+    from dpfl.accounting import events as ev
+
+    return ev.FixedCohort(a.cohort, a.clients, ev.Gaussian(sigma))
+
+
+def _fedavg_epsilon(
+    a: argparse.Namespace, sigma: float, name: str, delta: float, rounds: int
+) -> float:
+    from dpfl.accounting import rdp
+
+    return rdp.dp_fedavg_epsilon(
+        delta=delta,
+        clients=a.clients,
+        cohort_sizes=a.cohort,
+        noise_multipliers=sigma,
+        rounds=rounds,
+        analysis=name,
+    )
+
+
+def _fedavg_sigma_epsilon(a: argparse.Namespace, analysis: str, sigma: float) -> float:
+    return _fedavg_epsilon(a, sigma, analysis, a.delta, a.rounds)
 
 
 def account_dp_fedavg(a: argparse.Namespace) -> Report:
     from dpfl.accounting import rdp
 
-    kw = {
-        "clients": a.clients,
-        "cohort_sizes": a.cohort,
-        "noise_multipliers": a.noise_multiplier,
-        "rounds": a.rounds,
-    }
+    event = _fedavg_event(a, a.noise_multiplier)
     rows = []
-    result: dict[str, Any] = {}
-    for name in [a.analysis] if a.json else list(_FEDAVG_TERMS):
-        row: dict[str, Any] = {"analysis": name}
+    for name in [a.analysis] if a.json else list(rdp.ANALYSES):
+        row: dict[str, Any] = {}
         if a.epsilon is not None:
-            row["delta"] = rdp.dp_fedavg_delta(epsilon=a.epsilon, analysis=name, **kw)
+            row["delta"] = rdp.dp_fedavg_delta(
+                epsilon=a.epsilon,
+                clients=a.clients,
+                cohort_sizes=a.cohort,
+                noise_multipliers=a.noise_multiplier,
+                rounds=a.rounds,
+                analysis=name,
+            )
+            row["epsilon"] = a.epsilon
         else:
-            delta = 1e-5 if a.delta is None else a.delta
-            row["epsilon"] = rdp.dp_fedavg_epsilon(delta=delta, analysis=name, **kw)
-            row["delta"] = delta
+            row["epsilon"] = _fedavg_epsilon(
+                a, a.noise_multiplier, name, a.delta, a.rounds
+            )
+            row["delta"] = a.delta
         if a.threshold is not None and a.epsilon is not None:
             row["stop_round"] = rdp.dp_fedavg_stop_round(
                 epsilon=a.epsilon,
@@ -420,110 +636,163 @@ def account_dp_fedavg(a: argparse.Namespace) -> Report:
                 clients=a.clients,
                 cohort_sizes=a.cohort,
                 noise_multipliers=a.noise_multiplier,
-                max_rounds=max(a.rounds, 10_000),
+                max_rounds=max(a.rounds, 1_000),
                 analysis=name,
             )
-        rows.append(row)
-        if name == a.analysis:
-            result = {**{k: v for k, v in row.items() if k != "analysis"}}
-            result.update(_fedavg_terms(name), rounds=a.rounds)
-    notes = [
-        "paper/pld read the fixed-size cohort as Poisson sampling: not a valid bound "
-        "for fixed cohorts (SPEC 4.3 item 1); sound/sound-pld account it as sampled "
-        "without replacement under replace-one."
-    ]
+        rows.append({**row, **_terms(event, name)})
+    result = {**_pick(rows, a.analysis), "analysis": a.analysis, "rounds": a.rounds}
     title = (
         f"Client-level DP-FedAvg: K={a.clients}, m={a.cohort}, "
         f"noise multiplier={a.noise_multiplier}, rounds={a.rounds}"
     )
 
-    def eps(analysis: str, delta: float, rounds: int) -> float:
-        return rdp.dp_fedavg_epsilon(
-            delta=delta,
-            clients=a.clients,
-            cohort_sizes=a.cohort,
-            noise_multipliers=a.noise_multiplier,
-            rounds=rounds,
-            analysis=analysis,
-        )
-
     def plot(path: str) -> None:
         _plot_curves(
             path,
-            [a.analysis] if a.json else list(_FEDAVG_TERMS),
-            eps,
-            delta=a.delta or 1e-5,
+            [a.analysis] if a.json else list(rdp.ANALYSES),
+            lambda name, delta, rounds: _fedavg_epsilon(
+                a, a.noise_multiplier, name, delta, rounds
+            ),
+            delta=a.delta,
             rounds=a.rounds,
             title=f"DP-FedAvg, K={a.clients}, m={a.cohort}",
         )
 
-    return Report(title, result, rows, notes, plot)
+    return Report(
+        title, result, rows, _basis_notes(event, [r["analysis"] for r in rows]), plot
+    )
 
 
 def calibrate_dp_fedavg(a: argparse.Namespace) -> Report:
     from dpfl.accounting import rdp
 
+    event = _fedavg_event(a, 1.0)
     rows = []
-    result: dict[str, Any] = {}
-    for name in [a.analysis] if a.json else list(_FEDAVG_TERMS):
-        sigma = rdp.calibrate_dp_fedavg(
-            epsilon=a.epsilon,
-            delta=a.delta,
-            clients=a.clients,
-            cohort=a.cohort,
-            rounds=a.rounds,
-            analysis=name,
+    for name in [a.analysis] if a.json else list(rdp.ANALYSES):
+        sigma, extra, _ = _solve(
+            functools.partial(_fedavg_sigma_epsilon, a, name),
+            a.epsilon,
+            f"(epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} rounds under "
+            f"{name!r}",
         )
-        rows.append({"analysis": name, "noise_multiplier": sigma})
-        if name == a.analysis:
-            result = {"noise_multiplier": sigma, "epsilon": a.epsilon, "delta": a.delta}
-            result.update(_fedavg_terms(name), rounds=a.rounds)
+        rows.append({"noise_multiplier": sigma, **extra, **_terms(event, name)})
+    result = {
+        **_pick(rows, a.analysis),
+        "analysis": a.analysis,
+        "epsilon": a.epsilon,
+        "delta": a.delta,
+        "rounds": a.rounds,
+    }
     title = (
         f"Noise for client-level (epsilon={a.epsilon}, delta={a.delta}) after "
         f"{a.rounds} rounds of DP-FedAvg: K={a.clients}, m={a.cohort}"
     )
-    return Report(title, result, rows)
+    return Report(
+        title, result, rows, _basis_notes(event, [r["analysis"] for r in rows])
+    )
 
 
 # -- MS-PAFL ------------------------------------------------------------------------
 def _mspafl_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
-    p.add_argument("--clients", type=int, default=100, help="K")
-    p.add_argument("--probability", type=float, default=0.5, help="check-in p")
-    p.add_argument("--local-epsilon", type=float, default=0.5, help="per-round LDP eps")
-    p.add_argument("--local-delta", type=float, default=1e-5)
-    p.add_argument("--batch-size", type=int, default=32, help="b")
-    p.add_argument("--dataset-size", type=int, default=325, help="n_k")
-    p.add_argument("--local-steps", type=int, default=1, help="E")
+    p.add_argument("--clients", type=int, default=100, help="K (default 100)")
+    p.add_argument(
+        "--probability", type=float, default=0.5, help="check-in p (default 0.5)"
+    )
+    if not calibrate:
+        g = p.add_mutually_exclusive_group()
+        g.add_argument(
+            "--local-epsilon",
+            type=float,
+            help="per-round local epsilon of one upload (sets the noise by the "
+            "analytic Gaussian with sensitivity 2C; default 0.5)",
+        )
+        g.add_argument(
+            "--noise-multiplier", type=float, help="noise std / C of one upload"
+        )
+        p.add_argument(
+            "--local-delta", type=float, default=1e-5, help="local delta (1e-5)"
+        )
+        p.add_argument(
+            "--rounds-joined",
+            type=int,
+            help="N: also report a client that joined N rounds of a run (a "
+            "statement about that run, not a bound before it)",
+        )
+    p.add_argument("--batch-size", type=int, default=32, help="b (default 32)")
+    p.add_argument("--dataset-size", type=int, default=325, help="n_k (default 325)")
+    p.add_argument("--local-steps", type=int, default=1, help="E (default 1)")
     p.add_argument("--replacement", action="store_true", help="WR subsampling")
-    p.add_argument("--xi", type=float, default=0.5)
-    p.add_argument("--rounds", type=int, default=50)
-    p.add_argument("--delta-slack", type=float, default=1e-5)
+    p.add_argument("--xi", type=float, default=0.5, help="Hoeffding xi (0.5)")
+    p.add_argument("--rounds", type=int, default=50, help="R (default 50)")
     p.add_argument(
         "--analysis",
         default="sound",
-        choices=("sound", "central", "local", "global"),
+        choices=("sound", "paper", "central", "local", "global"),
+        help="the analysis --json reports (default sound, the proven one)",
     )
+    _add_budget(p, calibrate, default_delta=1e-5, delta_only=not calibrate)
     _add_common(p)
+
+
+def _mspafl_event(a: argparse.Namespace, sigma: float) -> Any:
+    from dpfl.accounting import events as ev
+
+    return ev.CheckIn(a.probability, ev.Gaussian(sigma))
 
 
 def account_ms_pafl(a: argparse.Namespace) -> Report:
     from dpfl.accounting import checkin, gaussian
 
-    sigma = gaussian.calibrate_analytic(
-        epsilon=a.local_epsilon, delta=a.local_delta, sensitivity=2.0
-    )
+    if a.noise_multiplier is not None:
+        sigma = a.noise_multiplier
+        local_eps = gaussian.epsilon_for_delta(
+            a.local_delta, noise_multiplier=sigma, sensitivity=2.0
+        )
+    else:
+        local_eps = 0.5 if a.local_epsilon is None else a.local_epsilon
+        sigma = gaussian.calibrate_analytic(
+            epsilon=local_eps, delta=a.local_delta, sensitivity=2.0
+        )
+    event = _mspafl_event(a, sigma)
     gamma = checkin.subsampling_ratio(
         batch_size=a.batch_size,
         dataset_size=a.dataset_size,
         replacement=a.replacement,
         local_steps=a.local_steps,
     )
-    joined = max(1, round(a.probability * a.rounds))
-    sound = checkin.sound_client(
-        noise_multiplier=sigma, clip=1.0, rounds_joined=joined, delta=a.delta_slack
+    rows: list[dict[str, Any]] = [
+        {
+            **_accountant_epsilon(event, a.rounds, a.delta, "sound"),
+            **_terms(event, "sound"),
+            "scope": f"{a.rounds} rounds, each w.p. p (visible) the full release",
+        }
+    ]
+    if a.rounds_joined is not None:
+        realised = checkin.sound_client(
+            noise_multiplier=sigma,
+            clip=1.0,
+            rounds_joined=a.rounds_joined,
+            delta=a.delta,
+        )
+        rows.append(
+            {
+                "epsilon": realised["epsilon"],
+                "delta": a.delta,
+                **_terms(event, "sound"),
+                "analysis": "sound (realised)",
+                "scope": f"a run in which the client joined {a.rounds_joined} rounds "
+                "(a statement about that run)",
+            }
+        )
+    rows.append(
+        {
+            **_accountant_epsilon(event, a.rounds, a.delta, "paper"),
+            **_terms(event, "paper"),
+            "scope": f"{a.rounds} rounds, each Poisson(p)-amplified",
+        }
     )
     eps_c, delta_c = checkin.central_round(
-        epsilon=a.local_epsilon,
+        epsilon=local_eps,
         delta=a.local_delta,
         clients=a.clients,
         probability=a.probability,
@@ -531,7 +800,7 @@ def account_ms_pafl(a: argparse.Namespace) -> Report:
         xi=a.xi,
     )
     eps_h, delta_h = checkin.central_round(
-        epsilon=a.local_epsilon,
+        epsilon=local_eps,
         delta=a.local_delta,
         clients=a.clients,
         probability=a.probability,
@@ -545,194 +814,270 @@ def account_ms_pafl(a: argparse.Namespace) -> Report:
         gamma=gamma,
         noise_multiplier=sigma,
         clip=1.0,
-        delta=a.delta_slack,
+        delta=a.delta,
     )
     glob = checkin.global_total(
-        eps_max=eps_c, delta_max=delta_c, rounds=a.rounds, delta_slack=a.delta_slack
+        eps_max=eps_c, delta_max=delta_c, rounds=a.rounds, delta_slack=a.delta
     )
-    rows = [
+    rows += [
         {
-            "analysis": "sound",
-            "epsilon": sound["epsilon"],
-            "delta": a.delta_slack,
-            "scope": f"client vs parameter server, {joined} joined rounds",
-        },
-        {
-            "analysis": "central (Thm 2, exact tail)",
             "epsilon": eps_c,
             "delta": delta_c,
+            **_formula("ms-pafl/central"),
             "scope": "one round, global model",
         },
         {
-            "analysis": "central (Thm 2, Hoeffding)",
             "epsilon": eps_h,
             "delta": delta_h,
-            "scope": "one round, global model (paper)",
+            **_formula("ms-pafl/central-hoeffding"),
+            "scope": "one round, global model",
         },
         {
-            "analysis": "local (Thm 3)",
             "epsilon": local["epsilon"],
-            "delta": a.delta_slack,
-            "scope": "local total (paper; validity "
-            + ("holds" if local["valid"] else "fails")
+            "delta": a.delta,
+            **_formula("ms-pafl/local"),
+            "scope": "local total ("
+            + (
+                "validity conditions hold"
+                if local["valid"]
+                else "its validity conditions fail"
+            )
             + ")",
         },
         {
-            "analysis": "global (Thm 4)",
             "epsilon": glob[0],
             "delta": glob[1],
+            **_formula("ms-pafl/global"),
             "scope": f"{a.rounds} rounds, global model",
         },
     ]
-    pick = {"sound": 0, "central": 1, "local": 3, "global": 4}[a.analysis]
-    chosen = rows[pick]
-    adversary = (
-        "the parameter server (sees every noisy public submodel and who checked in)"
-        if a.analysis == "sound"
-        else "parties that see the global public model only (not who checked in)"
-    )
     result = {
-        "epsilon": chosen["epsilon"],
-        "delta": chosen["delta"],
-        "noise_multiplier": sigma,
-        "gamma": gamma,
-        "unit": "record (and client: the public part is output-clipped)",
-        "neighbouring": "replace-one",
-        "adversary": adversary,
+        **_terms(event, "sound" if a.analysis == "sound" else "paper"),
+        **_pick(rows, a.analysis),
         "analysis": a.analysis,
+        "noise_multiplier": sigma,
+        "local_epsilon": local_eps,
+        "gamma": gamma,
     }
-    notes = [
-        "The paper's gamma amplification ignores the hidden private submodel, which "
-        "is trained on earlier subsamples (SPEC 1.3 item 2); sound uses no "
-        "amplification and the realised number of joined rounds.",
+    notes = _basis_notes(event, ["sound", "paper"]) + [
+        f"{k.split('/')[1]} (invalid): {_formula_basis(k)}"
+        for k in ("ms-pafl/central", "ms-pafl/local", "ms-pafl/global")
     ]
     title = (
-        f"MS-PAFL: K={a.clients}, p={a.probability}, local (eps, delta)=("
-        f"{a.local_epsilon}, {a.local_delta}), b={a.batch_size}, n={a.dataset_size}, "
-        f"R={a.rounds}"
+        f"MS-PAFL: K={a.clients}, p={a.probability}, noise multiplier={sigma:.4g} "
+        f"(local epsilon {local_eps:.4g} at {a.local_delta}), b={a.batch_size}, "
+        f"n={a.dataset_size}, R={a.rounds}"
     )
     return Report(title, result, rows, notes)
+
+
+def _mspafl_sigma_epsilon(a: argparse.Namespace, analysis: str, sigma: float) -> float:
+    event = _mspafl_event(a, sigma)
+    return float(_accountant_epsilon(event, a.rounds, a.delta, analysis)["epsilon"])
+
+
+def calibrate_ms_pafl(a: argparse.Namespace) -> Report:
+    event = _mspafl_event(a, 1.0)
+    rows = []
+    for name in [a.analysis] if a.json else ["sound", "paper"]:
+        if name not in ("sound", "paper"):
+            raise DpflError(
+                f"calibrate ms-pafl offers --analysis sound or paper; got {name!r}"
+            )
+        sigma, extra, _ = _solve(
+            functools.partial(_mspafl_sigma_epsilon, a, name),
+            a.epsilon,
+            f"(epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} rounds under "
+            f"{name!r}",
+        )
+        rows.append({"noise_multiplier": sigma, **extra, **_terms(event, name)})
+    result = {
+        **_pick(rows, a.analysis),
+        "analysis": a.analysis,
+        "epsilon": a.epsilon,
+        "delta": a.delta,
+        "rounds": a.rounds,
+    }
+    title = (
+        f"MS-PAFL noise for (epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} "
+        f"rounds: p={a.probability}"
+    )
+    return Report(
+        title, result, rows, _basis_notes(event, [r["analysis"] for r in rows])
+    )
 
 
 # -- LOCKS --------------------------------------------------------------------------
 def _locks_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
     p.add_argument("--q1", type=float, required=True, help="first-stage probability")
     p.add_argument(
-        "--max-p2", type=float, default=1.0, help="largest stage-2 probability"
+        "--max-p2",
+        type=float,
+        default=1.0,
+        help="largest second-stage probability (default 1, all a run can promise)",
     )
-    p.add_argument("--norm-noise-multiplier", type=float, required=True)
-    p.add_argument("--update-noise-multiplier", type=float, required=True)
-    p.add_argument("--rounds", type=int, required=True)
+    if not calibrate:
+        p.add_argument(
+            "--noise-multiplier",
+            type=float,
+            required=True,
+            help="sigma_g: noise std / C of each uploaded update",
+        )
+        p.add_argument(
+            "--norm-rounds",
+            type=int,
+            help="N1: also report a client that sent N1 noisy norms in a run (a "
+            "statement about that run)",
+        )
+        p.add_argument("--update-rounds", type=int, help="N2: ... and N2 noisy updates")
     p.add_argument(
-        "--norm-rounds", type=int, help="N1 for the server view (default q1*T)"
+        "--norm-noise-ratio",
+        type=float,
+        default=4.0,
+        help="sigma_n / sigma_g (default 4)",
     )
-    p.add_argument("--update-rounds", type=int, help="N2 for the server view")
-    p.add_argument("--delta", type=float, default=1e-5)
-    p.add_argument("--analysis", default="server", choices=("server", "observer"))
+    p.add_argument("--rounds", type=int, required=True, help="rounds T")
+    p.add_argument(
+        "--analysis",
+        default="server",
+        choices=("server", "observer"),
+        help="the adversary --json reports (default server, the stronger)",
+    )
+    _add_budget(p, calibrate, default_delta=1e-5, delta_only=not calibrate)
     _add_common(p)
+
+
+def _locks_event(a: argparse.Namespace, sigma: float) -> Any:
+    from dpfl.accounting import events as ev
+
+    return ev.TwoStage(
+        a.q1, 1, a.max_p2, ev.Gaussian(a.norm_noise_ratio * sigma), ev.Gaussian(sigma)
+    )
 
 
 def account_locks(a: argparse.Namespace) -> Report:
     from dpfl.accounting import rdp
 
-    n1 = a.norm_rounds if a.norm_rounds is not None else math.ceil(a.q1 * a.rounds)
-    n2 = (
-        a.update_rounds
-        if a.update_rounds is not None
-        else math.ceil(a.q1 * a.max_p2 * a.rounds)
+    event = _locks_event(a, a.noise_multiplier)
+    rows = []
+    for name in ("server", "observer"):
+        rows.append(
+            {
+                **_accountant_epsilon(event, a.rounds, a.delta, name),
+                **_terms(event, name),
+                "scope": f"{a.rounds} rounds: w.p. q1 a noisy norm, w.p. at most "
+                "q1*max_p2 also a noisy update (who took part is seen)",
+            }
+        )
+    if a.norm_rounds is not None:
+        n2 = a.update_rounds if a.update_rounds is not None else a.norm_rounds
+        realised = rdp.locks_server_view(
+            norm_noise_multiplier=a.norm_noise_ratio * a.noise_multiplier,
+            update_noise_multiplier=a.noise_multiplier,
+            norm_rounds=a.norm_rounds,
+            update_rounds=n2,
+            delta=a.delta,
+        )
+        rows.append(
+            {
+                "epsilon": realised["epsilon"],
+                "delta": a.delta,
+                "mu": realised["mu"],
+                **_terms(event, "server"),
+                "analysis": "server (realised)",
+                "scope": f"a run in which the client sent N1={a.norm_rounds} norms "
+                f"and N2={n2} updates (a statement about that run)",
+            }
+        )
+    elif a.update_rounds is not None:
+        raise DpflError("--update-rounds needs --norm-rounds (N2 <= N1)")
+    result = {**_pick(rows, a.analysis), "analysis": a.analysis}
+    title = (
+        f"LOCKS: q1={a.q1}, max p2={a.max_p2}, sigma_g={a.noise_multiplier}, "
+        f"sigma_n={a.norm_noise_ratio * a.noise_multiplier:g}, T={a.rounds}"
     )
-    server = rdp.locks_server_view(
-        norm_noise_multiplier=a.norm_noise_multiplier,
-        update_noise_multiplier=a.update_noise_multiplier,
-        norm_rounds=n1,
-        update_rounds=n2,
-        delta=a.delta,
-    )
-    observer = rdp.locks_observer_view(
-        q1=a.q1,
-        max_p2=a.max_p2,
-        norm_noise_multiplier=a.norm_noise_multiplier,
-        update_noise_multiplier=a.update_noise_multiplier,
-        rounds=a.rounds,
-        delta=a.delta,
+    return Report(title, result, rows, _basis_notes(event, ["server", "observer"]))
+
+
+def calibrate_locks(a: argparse.Namespace) -> Report:
+    event = _locks_event(a, 1.0)
+    sigma, extra, _ = _solve(
+        lambda s: _accountant_epsilon(_locks_event(a, s), a.rounds, a.delta, "server")[
+            "epsilon"
+        ],
+        a.epsilon,
+        f"(epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} rounds",
     )
     rows = [
         {
-            "analysis": "server",
-            "epsilon": server["epsilon"],
-            "mu": server.get("mu"),
-            "scope": f"server view, N1={n1}, N2={n2}",
-        },
-        {
-            "analysis": "observer",
-            "epsilon": observer["epsilon"],
-            "scope": "observer of the model only, amplified by q1",
-        },
+            "noise_multiplier": sigma,
+            "norm_noise_multiplier": None
+            if sigma is None
+            else a.norm_noise_ratio * sigma,
+            **extra,
+            **_terms(event, name),
+        }
+        for name in ("server", "observer")
     ]
-    for key in ("epsilon_pld", "epsilon_rdp"):
-        if key in observer:
-            rows.append(
-                {
-                    "analysis": f"observer ({key[8:]}, SPEC 2.2)",
-                    "epsilon": observer[key],
-                    "scope": "stages priced separately",
-                }
-            )
-    chosen = server if a.analysis == "server" else observer
     result = {
-        "epsilon": chosen["epsilon"],
-        "delta": a.delta,
-        "unit": "client",
-        "neighbouring": "add/remove",
-        "adversary": "the server (sees who sent what)"
-        if a.analysis == "server"
-        else "sees the released models only",
+        **_pick(rows, a.analysis),
         "analysis": a.analysis,
+        "epsilon": a.epsilon,
+        "delta": a.delta,
+        "rounds": a.rounds,
     }
     title = (
-        f"LOCKS: q1={a.q1}, sigma_n={a.norm_noise_multiplier}, "
-        f"sigma_g={a.update_noise_multiplier}, T={a.rounds}"
+        f"LOCKS noise for (epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} "
+        f"rounds: q1={a.q1}, max p2={a.max_p2}, sigma_n/sigma_g={a.norm_noise_ratio}"
     )
-    return Report(title, result, rows)
+    return Report(title, result, rows, _basis_notes(event, ["server", "observer"]))
 
 
 # -- Gaussian mechanism ---------------------------------------------------------------
 def _gauss_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
-    p.add_argument("--sensitivity", type=float, default=1.0)
-    if calibrate:
-        p.add_argument("--epsilon", type=float, required=True)
-        p.add_argument("--delta", type=float, required=True)
-    else:
+    p.add_argument(
+        "--sensitivity",
+        type=float,
+        default=1.0,
+        help="norm bound of one contribution in units of the clip (default 1)",
+    )
+    if not calibrate:
         p.add_argument("--noise-multiplier", type=float, required=True)
-        _add_target(p)
-    p.add_argument("--analysis", default="analytic", choices=("analytic", "classic"))
+    p.add_argument(
+        "--analysis",
+        default="exact",
+        choices=("exact", "classic"),
+        help="exact (analytic Gaussian, default) or classic (Dwork-Roth formula)",
+    )
+    _add_budget(p, calibrate, default_delta=1e-5)
     _add_common(p)
 
 
-def _gauss_terms(analysis: str) -> dict[str, str]:
-    return {
-        "unit": "record",
-        "neighbouring": "sensitivity-bounded change",
-        "adversary": "sees the noisy output",
-        "analysis": analysis,
-    }
-
-
 def account_gaussian(a: argparse.Namespace) -> Report:
+    from dpfl.accounting import events as ev
     from dpfl.accounting import gaussian
 
     kw = {"noise_multiplier": a.noise_multiplier, "sensitivity": a.sensitivity}
     if a.epsilon is not None:
-        value = {"delta": gaussian.delta_for_epsilon(a.epsilon, **kw)}
+        value = {
+            "delta": gaussian.delta_for_epsilon(a.epsilon, **kw),
+            "epsilon": a.epsilon,
+        }
     else:
-        delta = 1e-5 if a.delta is None else a.delta
-        value = {"epsilon": gaussian.epsilon_for_delta(delta, **kw), "delta": delta}
+        value = {"epsilon": gaussian.epsilon_for_delta(a.delta, **kw), "delta": a.delta}
     value["mu"] = gaussian.mu_from_noise(**kw)
-    result = {**value, **_gauss_terms("analytic")}
-    return Report("Gaussian mechanism", result, [{"analysis": "analytic", **value}])
+    event = ev.Gaussian(a.noise_multiplier, a.sensitivity)
+    result = {**value, **_terms(event, None)}
+    return Report(
+        "Gaussian mechanism",
+        result,
+        [{**value, **_terms(event, None)}],
+        _basis_notes(event, ["exact"]),
+    )
 
 
 def calibrate_gaussian(a: argparse.Namespace) -> Report:
+    from dpfl.accounting import events as ev
     from dpfl.accounting import gaussian
 
     exact = gaussian.calibrate_analytic(
@@ -741,14 +1086,24 @@ def calibrate_gaussian(a: argparse.Namespace) -> Report:
     classic, warning = gaussian.classic_sigma(
         epsilon=a.epsilon, delta=a.delta, sensitivity=a.sensitivity
     )
+    event = ev.Gaussian(exact, a.sensitivity)
     rows = [
-        {"analysis": "analytic", "noise_multiplier": exact},
-        {"analysis": "classic", "noise_multiplier": classic},
+        {"noise_multiplier": exact, **_terms(event, None)},
+        {
+            "noise_multiplier": classic,
+            **_terms(event, None),
+            **_formula("gaussian/classic"),
+        },
     ]
-    sigma = exact if a.analysis == "analytic" else classic
-    result = {"noise_multiplier": sigma, **_gauss_terms(a.analysis)}
+    result = {**_pick(rows, a.analysis), "analysis": a.analysis}
+    notes = _basis_notes(event, ["exact"]) + [
+        f"classic: {_formula_basis('gaussian/classic')}"
+    ]
     return Report(
-        "Gaussian mechanism calibration", result, rows, [warning] if warning else []
+        "Gaussian mechanism calibration",
+        result,
+        rows,
+        notes + ([warning] if warning else []),
     )
 
 
@@ -758,10 +1113,10 @@ SCHEMES: dict[str, tuple[Callable[..., None], Callable | None, Callable | None]]
         account_random_participation,
         calibrate_random_participation,
     ),
-    "prifedsync": (_pfs_args, account_prifedsync, None),
+    "prifedsync": (_pfs_args, account_prifedsync, calibrate_prifedsync),
     "dp-fedavg": (_fedavg_args, account_dp_fedavg, calibrate_dp_fedavg),
-    "ms-pafl": (_mspafl_args, account_ms_pafl, None),
-    "locks": (_locks_args, account_locks, None),
+    "ms-pafl": (_mspafl_args, account_ms_pafl, calibrate_ms_pafl),
+    "locks": (_locks_args, account_locks, calibrate_locks),
     "gaussian": (_gauss_args, account_gaussian, calibrate_gaussian),
 }
 
@@ -792,8 +1147,9 @@ def build_parser() -> argparse.ArgumentParser:
             sp.set_defaults(handler=handler)
     try:
         from dpfl.experiments.cli import add_subcommands
-    except ImportError:  # training extras not installed
-        pass
+    except ModuleNotFoundError as exc:  # training extras not installed
+        if exc.name not in ("torch", "tqdm", "sklearn", "yaml"):
+            raise
     else:
         add_subcommands(sub)
     return parser
@@ -834,6 +1190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         openmp_defaults(os.environ)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "default_delta", None) is not None and args.delta is None:
+        if args.epsilon is None:
+            args.delta = args.default_delta
     try:
         with _quiet():
             outcome = args.handler(args)

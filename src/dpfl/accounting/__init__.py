@@ -5,15 +5,19 @@ upper and lower bounds, and the :class:`PrivacyLedger` records a run's spend.
 Each paper's analyses live in their own module: :mod:`.participation`
 (random participation), :mod:`.fdp` (federated f-DP / PriFedSync),
 :mod:`.rdp` (client-level DP-FedAvg, LOCKS), :mod:`.checkin` (MS-PAFL),
-:mod:`.gaussian`, :mod:`.composition`, :mod:`.pld` and :mod:`.calibrate`.
+:mod:`.gaussian`, :mod:`.composition`, :mod:`.pld` and :mod:`.calibrate`;
+:mod:`.schemes` says what each event's guarantee means and which analyses
+price it, with their status.
 """
 
 from dpfl.accounting.accountant import Accountant, price
 from dpfl.accounting.bounds import Bound, Guarantee
 from dpfl.accounting.calibrate import (
+    CertifiesEverySigma,
     calibrate_noise_multiplier,
     calibrate_rounds,
     calibrate_sampling_rate,
+    solve_noise_multiplier,
 )
 from dpfl.accounting.events import (
     CheckIn,
@@ -35,12 +39,16 @@ from dpfl.accounting.ledger import (
     LedgerEntry,
     MomentsAccountantLedger,
     PrivacyLedger,
+    RdpLedger,
 )
+from dpfl.accounting.schemes import Analysis, Scheme, describe, scheme_of
 
 __all__ = [
     "Accountant",
+    "Analysis",
     "Bound",
     "Budget",
+    "CertifiesEverySigma",
     "CheckIn",
     "ClientPoisson",
     "Event",
@@ -51,15 +59,20 @@ __all__ = [
     "MomentsAccountantLedger",
     "PoissonSampled",
     "PrivacyLedger",
+    "RdpLedger",
     "RecordPoisson",
+    "Scheme",
     "SelfComposed",
     "TwoStage",
     "WithoutReplacement",
     "calibrate_noise_multiplier",
     "calibrate_rounds",
     "calibrate_sampling_rate",
+    "describe",
     "event_from_dict",
     "event_to_dict",
     "price",
     "scale_noise",
+    "scheme_of",
+    "solve_noise_multiplier",
 ]

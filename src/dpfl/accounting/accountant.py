@@ -22,19 +22,16 @@ from typing import Any, TypeAlias
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from dpfl.accounting import events as ev
-from dpfl.accounting import pld
+from dpfl.accounting import gaussian, pld, schemes
 from dpfl.accounting._checks import check_count, check_delta, check_nonnegative
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.accounting.bounds import Bound
 from dpfl.errors import InvalidParameterError, UnsupportedEventError
 
-__all__ = ["Accountant", "describe", "price", "terms"]
+__all__ = ["Accountant", "price"]
 
 PLD: TypeAlias = pld_lib.PrivacyLossDistribution
 PldPair = tuple[PLD, PLD]
-
-#: The analyses an Accountant understands; schemes map them to their own meaning.
-ANALYSES = ("sound", "wcs", "paper", "ols", "cs")
 
 
 @functools.singledispatch
@@ -46,7 +43,8 @@ def price(event: ev.Event, *, analysis: str, discretization: float) -> PldPair:
     event : Event
         The release to price.
     analysis : str
-        Which analysis of the event's scheme to use (``"sound"`` by default).
+        Which analysis of the event's scheme to use (a name the scheme offers,
+        see :mod:`dpfl.accounting.schemes`).
     discretization : float
         Value discretisation interval of the privacy-loss grid.
 
@@ -84,10 +82,8 @@ def canonical(event: ev.Event) -> ev.Event:
 
 @canonical.register
 def _(event: ev.TwoStage) -> ev.Event:
-    # The observer-view price depends on q1 and the two noise levels only.
-    return dataclasses.replace(
-        event, second_stage_size=1, max_second_stage_probability=1.0
-    )
+    # The price depends on q1, the largest p2 and the two noise levels only.
+    return dataclasses.replace(event, second_stage_size=1)
 
 
 @canonical.register
@@ -106,23 +102,15 @@ def _(event: ev.RecordPoisson) -> ev.Event:
     return event
 
 
-@functools.singledispatch
-def terms(event: ev.Event) -> dict[str, str]:
-    """Return ``{"unit", "neighbouring", "adversary"}`` for an event's scheme."""
-    return {
-        "unit": "record",
-        "neighbouring": "add/remove",
-        "adversary": "sees every released noisy output",
-    }
-
-
 class Accountant:
     """Compose events and report (ε, δ) as bounds.
 
     Parameters
     ----------
-    analysis : str
-        The analysis used for schemes that offer several (``"sound"`` default).
+    analysis : str or None
+        The analysis used for schemes that offer several; ``None`` (default)
+        prices each event with its scheme's default, the tightest proven
+        analysis (see :mod:`dpfl.accounting.schemes`).
     tolerance : float
         Target relative gap between the upper and lower bound (0.5% by
         default, so the certified upper bound is within 0.5% of the truth).
@@ -142,13 +130,13 @@ class Accountant:
 
     def __init__(
         self,
-        analysis: str = "sound",
+        analysis: str | None = None,
         *,
         tolerance: float = 0.005,
         discretization: float | None = None,
         max_support: int = 4_000_000,
     ) -> None:
-        self.analysis = analysis
+        self.analysis = schemes.check_analysis_name(analysis)
         self.tolerance = tolerance
         self.discretization = discretization
         self.max_support = max_support
@@ -182,7 +170,9 @@ class Accountant:
             key = canonical(e)
             counts[key] = counts.get(key, 0) + n
         parts = [
-            pld.compose_bounds(*_cached_price(e, self.analysis, h), n)
+            pld.compose_bounds(
+                *_cached_price(e, schemes.resolve_analysis(e, self.analysis), h), n
+            )
             for e, n in counts.items()
         ]
         up, lo = parts[0]
@@ -195,6 +185,12 @@ class Accountant:
     ) -> Bound:
         if not self._events:
             return Bound.exact(0.0)
+        mu = _gaussian_mu(self._events)
+        if mu is not None:
+            # Gaussians only: the composition is exactly mu-GDP (closed form).
+            if delta is not None:
+                return Bound.exact(gaussian.gdp_epsilon(delta, mu=mu))
+            return Bound.exact(gaussian.gdp_delta(float(epsilon), mu=mu))  # type: ignore[arg-type]
         result = pld.refine_bound(
             self._composed,
             count=1,
@@ -207,6 +203,19 @@ class Accountant:
             max_grid_points=self.max_support,
         )
         return result.bound
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The terms, analysis and status of each distinct composed event.
+
+        Returns
+        -------
+        list of dict
+            :func:`dpfl.accounting.schemes.describe` of each distinct event.
+        """
+        seen: dict[ev.Event, dict[str, Any]] = {}
+        for e, _ in self._events:
+            seen.setdefault(canonical(e), schemes.describe(e, self.analysis))
+        return list(seen.values())
 
     def epsilon(self, delta: float) -> Bound:
         """Smallest ε with the composition (ε, δ)-DP, as a bound."""
@@ -279,7 +288,7 @@ def _(event: ev.PoissonSampled, *, analysis: str, discretization: float) -> PldP
 def _(event: ev.ClientPoisson, *, analysis: str, discretization: float) -> PldPair:
     inner = event.event
     if isinstance(inner, ev.RecordPoisson):
-        # Random participation: one of the paper's analyses (sound by default).
+        # Random participation: one of the paper's analyses.
         from dpfl.accounting import participation
 
         sigma = _unit_gaussian(inner.event)
@@ -293,7 +302,7 @@ def _(event: ev.ClientPoisson, *, analysis: str, discretization: float) -> PldPa
             "record_probability": inner.sampling_probability,
             "records_per_client": inner.records_per_client,
             "noise_multiplier": sigma,
-            "analysis": analysis if analysis in participation.ANALYSES else "sound",
+            "analysis": analysis,
             "value_discretization": discretization,
         }
         return (
@@ -305,9 +314,14 @@ def _(event: ev.ClientPoisson, *, analysis: str, discretization: float) -> PldPa
 
 
 def _replace_one_subsampled(
-    rate: float, inner: ev.Event, discretization: float, *, sensitivity: float
+    rate: float, inner: ev.Event, discretization: float
 ) -> PldPair:
-    """C_rate(G_mu) symmetrised (sampling without replacement, replace-one)."""
+    """C_rate(G_mu) symmetrised: uniform subset without replacement, replace-one.
+
+    A replaced contribution moves the sum by up to twice its norm, so the
+    Gaussian's sensitivity doubles (the convention of
+    :mod:`dpfl.accounting.schemes`).
+    """
     from dpfl.accounting import fdp
 
     sigma = _unit_gaussian(inner)
@@ -317,7 +331,7 @@ def _replace_one_subsampled(
         )
     # fdp's noise multiplier is the one whose single step is G_{1/sigma}.
     kw: dict[str, Any] = {
-        "noise_multiplier": sigma / sensitivity,
+        "noise_multiplier": sigma / 2.0,
         "sampling_probability": rate,
         "value_discretization": discretization,
     }
@@ -329,56 +343,83 @@ def _replace_one_subsampled(
 
 @price.register
 def _(event: ev.WithoutReplacement, *, analysis: str, discretization: float) -> PldPair:
-    # The Gaussian's own sensitivity already says what one record can change
-    # (2 for replace-one of a clipped contribution).
     return _replace_one_subsampled(
-        event.sampling_probability, event.event, discretization, sensitivity=1.0
+        event.sampling_probability, event.event, discretization
     )
 
 
 @price.register
 def _(event: ev.FixedCohort, *, analysis: str, discretization: float) -> PldPair:
-    if analysis in ("paper", "pld"):
+    if analysis in ("sound-rdp", "paper", "paper-rdp"):
+        raise UnsupportedEventError(
+            f"the {analysis!r} analysis of a fixed cohort is a Renyi-DP "
+            "accountant, not a privacy-loss distribution: use "
+            "dpfl.accounting.rdp.dp_fedavg_epsilon, or a MomentsAccountantLedger "
+            "for the paper's stop rule"
+        )
+    if analysis == "paper-pld":
         # Geyer et al.'s reading: the cohort as Poisson sampling at rate m/K
-        # (add/remove). Not valid for fixed-size cohorts (SPEC §4.3 item 1).
+        # (add/remove); not valid for fixed-size cohorts.
         return _poisson_of_gaussian(
             event.sampling_probability, event.event, discretization
         )
-    # Sound: uniform without replacement, replace-one client (sensitivity 2).
     return _replace_one_subsampled(
-        event.sampling_probability, event.event, discretization, sensitivity=2.0
+        event.sampling_probability, event.event, discretization
     )
+
+
+def _public_mixture(
+    parts: list[tuple[float, ev.Event]], analysis: str, discretization: float
+) -> PldPair:
+    """Price "w.p. w_j release j, and the adversary sees which" (else nothing)."""
+    priced = [
+        (w, price(e, analysis=analysis, discretization=discretization))
+        for w, e in parts
+        if w > 0
+    ]
+    if not priced:
+        return gaussian_pld_pair(
+            noise_multiplier=1.0,
+            sampling_probability=0.0,
+            discretization=discretization,
+        )
+    return (
+        pld.public_mixture([(w, up) for w, (up, _) in priced]),
+        pld.public_mixture([(w, lo) for w, (_, lo) in priced]),
+    )
+
+
+def _exclusive(
+    costs: dict[str, tuple[ev.Event, float]],
+) -> list[tuple[float, ev.Event]]:
+    """Turn "role or worse w.p. at most p_r" (worst first) into exclusive weights."""
+    out: list[tuple[float, ev.Event]] = []
+    covered = 0.0
+    for cost, prob in costs.values():
+        out.append((max(prob - covered, 0.0), cost))
+        covered = max(covered, prob)
+    return out
 
 
 @price.register
 def _(event: ev.CheckIn, *, analysis: str, discretization: float) -> PldPair:
     if analysis == "paper":
-        # The paper's amplification by the check-in probability (SPEC §1.2).
-        return price(
-            ev.PoissonSampled(event.probability, event.event),
-            analysis=analysis,
-            discretization=discretization,
-        )
-    # Sound (SPEC §1.3 items 2-3): the server sees who checked in, so a round
-    # the client joined costs the full release; rounds it skipped cost nothing
-    # (the ledger prices a client's joined rounds only).
-    return price(event.event, analysis=analysis, discretization=discretization)
+        # The paper's amplification by the check-in probability: every round's
+        # replace-one release Poisson(p)-subsampled (not a valid bound).
+        cost, _ = schemes.participant_costs(event)["participant"]
+        return _poisson_of_gaussian(event.probability, cost, discretization)
+    # The server sees who checked in: w.p. p the full release, else nothing.
+    return _public_mixture(
+        _exclusive(schemes.participant_costs(event)), "exact", discretization
+    )
 
 
 @price.register
 def _(event: ev.TwoStage, *, analysis: str, discretization: float) -> PldPair:
-    # Observer view (sees the model, not S1/S2): both releases of a round,
-    # jointly, as one Gaussian of combined mu, Poisson-sampled at q1. Valid
-    # whatever the correlation between the two stages (S2 is a subset of S1).
-    sn = _unit_gaussian(event.norm_event)
-    sg = _unit_gaussian(event.update_event)
-    if sn is None or sg is None:
-        raise UnsupportedEventError(f"TwoStage is priced over Gaussians; got {event!r}")
-    combined = 1.0 / math.sqrt(sn**-2 + sg**-2)
-    return gaussian_pld_pair(
-        noise_multiplier=combined,
-        sampling_probability=event.first_stage_probability,
-        discretization=discretization,
+    # Server view (and observer view, bounded by it): w.p. q1 the noisy norm,
+    # and w.p. at most q1 * max p2 also the noisy update; who took part is seen.
+    return _public_mixture(
+        _exclusive(schemes.participant_costs(event)), "exact", discretization
     )
 
 
@@ -409,6 +450,15 @@ def _start_grid(event: ev.Event, total: int) -> float:
     return min(1e-4, max(1e-6, 1e-3 / math.sqrt(total)))
 
 
-def describe(event: ev.Event) -> dict[str, Any]:
-    """Return the guarantee's terms for ``event`` (see :func:`terms`)."""
-    return dict(terms(event))
+def _gaussian_mu(items: list[tuple[ev.Event, int]]) -> float | None:
+    """The GDP mu of a composition of plain Gaussians (``None`` if any is not)."""
+    total = 0.0
+    for event, count in items:
+        inner = event
+        while isinstance(inner, ev.SelfComposed):
+            count *= inner.count
+            inner = inner.event
+        if not isinstance(inner, ev.Gaussian):
+            return None
+        total += count * (inner.sensitivity / inner.noise_multiplier) ** 2
+    return math.sqrt(total)

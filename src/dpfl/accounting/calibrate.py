@@ -1,10 +1,25 @@
-"""Generic calibration: noise, rounds or sampling rate for a target (ε, δ).
+"""Calibration: the noise, rounds or sampling rate for a target (ε, δ).
 
-One monotone root-finder over any event family priced by the
-:class:`~dpfl.accounting.accountant.Accountant`; calibration always uses the
-certified *upper* bound, so the returned parameter meets the target.
-Scheme modules with closed forms (e.g. :mod:`dpfl.accounting.participation`)
-offer faster calibrators of their own; these are the fallback for any event.
+One monotone root-finder, :func:`solve_noise_multiplier`, finds its own
+bracket and serves every scheme: :func:`calibrate_noise_multiplier` applies it
+to an event family priced by the :class:`~dpfl.accounting.accountant.Accountant`
+(what ``dpfl train`` and ``dpfl calibrate`` use), and scheme modules pass it a
+faster closed form where they have one (e.g. one round of random
+participation, or an RDP curve). Calibration always uses the certified *upper*
+bound, so the returned parameter meets the target.
+
+What a run's guard checks. For schemes whose runs charge each unit only for
+the rounds it took part in (check-in, two-stage sampling; see
+:mod:`dpfl.accounting.schemes`), the ledger's guard composes the realised
+rounds of the unit that took part most often and stops the run before it
+would pass the budget. :func:`calibrate_noise_multiplier` with ``population``
+plans for that: it calibrates for the number of rounds that the most active
+of ``population`` units takes part in with probability ``completion``
+(exact binomial law), so that a calibrated run completes all its rounds with
+at least that probability (and otherwise stops at the budget, still within
+it). Without ``population`` it calibrates the guarantee of ``rounds`` rounds
+as :meth:`Accountant.compose` prices them (for per-participant schemes: each
+round with its visible sampling), which is what ``dpfl account`` reports.
 """
 
 from __future__ import annotations
@@ -12,19 +27,167 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from dpfl.accounting._checks import check_count, check_delta, check_positive
+from scipy import stats
+
+from dpfl.accounting import schemes
+from dpfl.accounting._checks import (
+    check_count,
+    check_delta,
+    check_positive,
+    check_probability,
+)
 from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.events import Event
 from dpfl.errors import DpflError
 
-__all__ = ["calibrate_noise_multiplier", "calibrate_rounds", "calibrate_sampling_rate"]
+__all__ = [
+    "CertifiesEverySigma",
+    "calibrate_noise_multiplier",
+    "calibrate_rounds",
+    "calibrate_sampling_rate",
+    "planned_charges",
+    "solve_noise_multiplier",
+]
+
+#: Range searched for a noise multiplier.
+SMALLEST, LARGEST = 1e-3, 1e5
 
 
-def _epsilon(
-    event: Event, rounds: int, delta: float, analysis: str, bracket: float = 0.005
+class CertifiesEverySigma(DpflError):
+    """The analysis certifies the target for every noise multiplier tried.
+
+    A valid analysis never does (little noise leaks much); this happens for
+    analyses that are not valid bounds, e.g. Theorem 4.1 of random
+    participation in the paper's second scenario.
+    """
+
+
+def _safe(epsilon_of: Callable[[float], float], sigma: float) -> float:
+    """``epsilon_of(sigma)``, with numerical overflow read as "no guarantee"."""
+    try:
+        value = float(epsilon_of(sigma))
+    except (OverflowError, FloatingPointError, ZeroDivisionError):
+        return math.inf
+    return math.inf if math.isnan(value) else value
+
+
+def solve_noise_multiplier(
+    epsilon_of: Callable[[float], float],
+    *,
+    epsilon: float,
+    tolerance: float = 1e-3,
+    what: str = "the target",
 ) -> float:
-    acc = Accountant(analysis, tolerance=bracket).compose(event, rounds)
-    return acc.epsilon(delta).upper
+    """Smallest noise multiplier σ with ``epsilon_of(σ) <= epsilon``.
+
+    ``epsilon_of`` must be non-increasing in σ (more noise, more privacy).
+    The search starts at σ = 1 and doubles or halves until the target is
+    bracketed within [:data:`SMALLEST`, :data:`LARGEST`], then bisects in
+    log σ; the upper end of the final bracket is returned, so the target is
+    met.
+
+    Parameters
+    ----------
+    epsilon_of : callable
+        σ -> a certified upper bound on ε at the target δ.
+    epsilon : float
+        Target ε (> 0).
+    tolerance : float
+        Relative width of the final bracket.
+    what : str
+        Describes the target in error messages (e.g. "(epsilon=1, delta=1e-5)
+        over 100 rounds under 'wcs'").
+
+    Returns
+    -------
+    float
+        σ meeting the target.
+
+    Raises
+    ------
+    DpflError
+        If even σ = :data:`LARGEST` misses the target (the message gives the
+        smallest ε that σ reaches, i.e. what the target would need).
+    CertifiesEverySigma
+        If even σ = :data:`SMALLEST` meets it (the analysis is not a valid
+        bound for this target).
+    """
+    target = check_positive("epsilon", epsilon)
+    tol = check_positive("tolerance", tolerance)
+    lo = hi = 1.0
+    value = _safe(epsilon_of, hi)
+    if value > target:
+        while value > target:
+            lo, hi = hi, hi * 2.0
+            if hi > LARGEST:
+                reached = _safe(epsilon_of, LARGEST)
+                raise DpflError(
+                    f"no noise multiplier up to {LARGEST:g} meets {what}: at "
+                    f"noise_multiplier={LARGEST:g} epsilon is still {reached:.4g} "
+                    f"> {target:g}; a larger epsilon (>= {reached:.4g}), a larger "
+                    "delta or fewer rounds is needed"
+                )
+            value = _safe(epsilon_of, hi)
+    else:
+        while value <= target:
+            hi, lo = lo, lo / 2.0
+            if lo < SMALLEST:
+                raise CertifiesEverySigma(
+                    f"the analysis certifies {what} for every noise multiplier "
+                    f"down to {SMALLEST:g}, so it cannot calibrate the noise (a "
+                    "valid bound never does this; the analysis is not one)"
+                )
+            value = _safe(epsilon_of, lo)
+    # invariant: epsilon_of(lo) > target >= epsilon_of(hi)
+    while hi / lo - 1.0 > tol:
+        mid = math.sqrt(lo * hi)
+        if _safe(epsilon_of, mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return float(hi)
+
+
+def planned_charges(
+    event: Event,
+    *,
+    rounds: int,
+    analysis: str | None = None,
+    population: int | None = None,
+    completion: float = 0.95,
+) -> list[tuple[Event, int]]:
+    """What a guard charges the most exposed unit over ``rounds`` rounds.
+
+    Parameters
+    ----------
+    event : Event
+        One round.
+    rounds : int
+        Number of rounds.
+    analysis : str or None
+        The analysis (``None``: the scheme's default).
+    population : int or None
+        Number of units that may take part. ``None``: price ``rounds`` rounds
+        of ``event`` as the Accountant does (every round, with its sampling).
+    completion : float
+        With ``population``: the probability that no unit takes part more
+        often than planned.
+
+    Returns
+    -------
+    list of (Event, int)
+        Events and counts to compose.
+    """
+    rounds = check_count("rounds", rounds, minimum=1)
+    if population is None or not schemes.per_participant(event, analysis):
+        return [(event, rounds)]
+    population = check_count("population", population, minimum=1)
+    completion = check_probability("completion", completion, allow_one=False)
+    cost, prob = next(iter(schemes.participant_costs(event).values()))
+    # Smallest n with P(max over units of Binomial(rounds, prob) <= n) >= completion.
+    per_unit = completion ** (1.0 / population)
+    n = int(stats.binom.ppf(per_unit, rounds, prob))
+    return [(cost, max(1, min(n, rounds)))]
 
 
 def calibrate_noise_multiplier(
@@ -33,30 +196,35 @@ def calibrate_noise_multiplier(
     epsilon: float,
     delta: float,
     rounds: int = 1,
-    analysis: str = "sound",
-    bracket: tuple[float, float] = (0.05, 200.0),
+    analysis: str | None = None,
+    population: int | None = None,
+    completion: float = 0.95,
     tolerance: float = 1e-3,
     bound_tolerance: float = 0.005,
 ) -> float:
-    """Smallest noise multiplier whose ``rounds``-fold composition meets (ε, δ).
+    """Smallest noise multiplier whose ``rounds`` rounds meet (ε, δ).
 
     Parameters
     ----------
     make_event : callable
-        Maps a noise multiplier to the round's event.
+        Maps a noise multiplier to the round's event (no model is needed:
+        algorithms expose this as a pure function of their parameters).
     epsilon, delta : float
         The target.
     rounds : int
         Number of identical rounds.
-    analysis : str
-        Analysis passed to the accountant.
-    bracket : (float, float)
-        Search interval for the noise multiplier.
+    analysis : str or None
+        Analysis passed to the accountant (``None``: each scheme's default).
+    population : int or None
+        Plan for a run's guard over this many units (see the module
+        docstring); ``None`` calibrates the unconditional guarantee.
+    completion : float
+        Probability that a calibrated run completes (with ``population``).
     tolerance : float
         Relative precision of the returned value (it is rounded up).
     bound_tolerance : float
         The accountant's bracket width; use the ledger's to calibrate exactly
-        what its budget guard will check.
+        what its budget guard checks.
 
     Returns
     -------
@@ -66,28 +234,46 @@ def calibrate_noise_multiplier(
     Raises
     ------
     DpflError
-        If even the largest noise in ``bracket`` misses the target.
+        If no noise multiplier meets the target (the message says what would).
+    CertifiesEverySigma
+        If the analysis certifies the target for every noise multiplier.
     """
-    check_positive("epsilon", epsilon)
-    check_delta("delta", delta)
+    epsilon = check_positive("epsilon", epsilon)
+    delta = check_delta("delta", delta)
     rounds = check_count("rounds", rounds, minimum=1)
-    lo, hi = bracket
+    plan = planned_charges(
+        make_event(1.0),
+        rounds=rounds,
+        analysis=analysis,
+        population=population,
+        completion=completion,
+    )
 
-    def ok(sigma: float) -> bool:
-        eps = _epsilon(make_event(sigma), rounds, delta, analysis, bound_tolerance)
-        return eps <= epsilon
+    def epsilon_of(sigma: float) -> float:
+        acc = Accountant(analysis, tolerance=bound_tolerance)
+        for e, n in planned_charges(
+            make_event(sigma),
+            rounds=rounds,
+            analysis=analysis,
+            population=population,
+            completion=completion,
+        ):
+            acc.compose(e, n)
+        return acc.epsilon(delta).upper
 
-    if not ok(hi):
-        raise DpflError(
-            f"no noise multiplier up to {hi} meets epsilon={epsilon}, delta={delta} "
-            f"over {rounds} rounds"
-        )
-    if ok(lo):
-        return lo
-    while hi / lo > 1 + tolerance:
-        mid = math.sqrt(lo * hi)
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    return hi
+    counted = (
+        f"{rounds} rounds"
+        if plan[0][1] == rounds or population is None
+        else f"the {plan[0][1]} of {rounds} rounds the most active of {population} "
+        f"units takes part in (w.p. {completion:g})"
+    )
+    return solve_noise_multiplier(
+        epsilon_of,
+        epsilon=epsilon,
+        tolerance=tolerance,
+        what=f"(epsilon={epsilon:g}, delta={delta:g}) over {counted} under the "
+        f"{analysis or 'default'} analysis",
+    )
 
 
 def calibrate_rounds(
@@ -95,7 +281,7 @@ def calibrate_rounds(
     *,
     epsilon: float,
     delta: float,
-    analysis: str = "sound",
+    analysis: str | None = None,
     limit: int = 1_000_000,
 ) -> int:
     """Largest number of rounds of ``event`` within (ε, δ) (0 if none fits)."""
@@ -103,7 +289,8 @@ def calibrate_rounds(
     check_delta("delta", delta)
 
     def ok(t: int) -> bool:
-        return _epsilon(event, t, delta, analysis) <= epsilon
+        acc = Accountant(analysis).compose(event, t)
+        return acc.epsilon(delta).upper <= epsilon
 
     if not ok(1):
         return 0
@@ -123,7 +310,7 @@ def calibrate_sampling_rate(
     epsilon: float,
     delta: float,
     rounds: int = 1,
-    analysis: str = "sound",
+    analysis: str | None = None,
     tolerance: float = 1e-3,
 ) -> float:
     """Largest sampling rate in (0, 1] whose composition meets (ε, δ)."""
@@ -132,7 +319,8 @@ def calibrate_sampling_rate(
     rounds = check_count("rounds", rounds, minimum=1)
 
     def ok(rate: float) -> bool:
-        return _epsilon(make_event(rate), rounds, delta, analysis) <= epsilon
+        acc = Accountant(analysis).compose(make_event(rate), rounds)
+        return acc.epsilon(delta).upper <= epsilon
 
     if ok(1.0):
         return 1.0

@@ -21,9 +21,15 @@ The vocabulary (noise multipliers are noise std divided by the clipping bound):
 - :class:`WithoutReplacement` -- a uniform size-``sample_size`` subset of
   ``population`` records (PriFedSync local steps; replace-one).
 - :class:`CheckIn` -- a client checks in w.p. ``probability`` and releases
-  ``event`` (MS-PAFL); the server sees who checked in.
+  ``event`` (MS-PAFL; PriFedSync's client sync); the server sees who checked
+  in. Replace-one.
 - :class:`TwoStage` -- LOCKS: uniform first stage, norm release, then a second
-  stage of expected size ``second_stage_size`` releasing the update.
+  stage of expected size ``second_stage_size`` releasing the update; the
+  server sees who sent what. Zero-out of a client.
+
+What each event's guarantee means (unit, neighbouring relation, adversary)
+and which analyses price it, with their status, is in
+:mod:`dpfl.accounting.schemes`.
 - :class:`SelfComposed` -- ``event`` repeated ``count`` times.
 
 Examples
@@ -81,15 +87,18 @@ def _check_event(name: str, value: object) -> None:
 class Gaussian(Event):
     """Gaussian noise of std ``noise_multiplier * clip`` on a clipped sum.
 
-    The sum's L2 sensitivity is ``sensitivity * clip``.
-
     Parameters
     ----------
     noise_multiplier : float
         Noise standard deviation in units of the clipping bound; > 0.
     sensitivity : float
-        L2 sensitivity in units of the clipping bound (1 for add/remove of a
-        clipped contribution, 2 for replace-one); > 0.
+        Norm bound of one unit's contribution in units of the clipping bound
+        (1 for a clipped record or update); > 0. This is the sum's
+        sensitivity under add/remove. Events whose neighbouring relation is
+        replace-one (:class:`WithoutReplacement`, :class:`FixedCohort` under
+        its default analysis, :class:`CheckIn`) double it themselves, since a
+        replaced contribution moves the sum by up to twice its norm: do not
+        pass 2 for replace-one (see :mod:`dpfl.accounting.schemes`).
     """
 
     noise_multiplier: float
@@ -188,7 +197,13 @@ class WithoutReplacement(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CheckIn(Event):
-    """A client checks in w.p. ``probability`` and then releases ``event`` (MS-PAFL)."""
+    """A client checks in w.p. ``probability``, visibly, then releases ``event``.
+
+    MS-PAFL's check-in and PriFedSync's client sync. The neighbouring relation
+    is replace-one: a bare :class:`Gaussian` ``event`` is priced with twice its
+    sensitivity; a sampling ``event`` (e.g. :class:`WithoutReplacement` steps)
+    already states its own relation.
+    """
 
     probability: float
     event: Event

@@ -7,30 +7,38 @@ per-record gradient to norm ``C = 1`` and sends the sum; a trusted server
 adds ``N(0, sigma^2 I)`` to the total. Record-level, add/remove; the adversary
 sees the noisy aggregate, not who took part.
 
-Analyses (``ANALYSES``):
+Analyses (``ANALYSES``, the default first; statuses in
+:data:`dpfl.accounting.schemes.RANDOM_PARTICIPATION`):
 
-``"sound"`` (default)
-    The conditional pair of SPEC §0.3: the adversary is given, for free, the
+``"wcs"`` (default)
+    Participation visible (Theorem 5.2): w.p. p a Poisson-subsampled Gaussian
+    at rate q, else nothing. Valid for every configuration, no lemma needed:
+    giving the adversary who took part (and the companions' sum) is a
+    relaxation of the real mechanism.
+``"sound"`` (status: open)
+    The conditional pair: the adversary is given, for free, the
     set ``S_1`` of the neighbouring client's other records that would be
     sampled and the other clients' contributions. With ``|S_1| = i``
     (``i ~ Binomial(d, q)``, public label) and the companions aligned with
     the target record,
     ``P_i = (1-p) N(0) + p[(1-q) N(i) + q N(i+1)]``,
     ``Q_i = (1-p) N(0) + p N(i)``. One round is the label mixture; T rounds
-    compose its PLD. **The per-label alignment lemma** (for each label, the
-    aligned configuration maximises ``D_{e^eps}`` over all gradients with
-    ``||sum_{S_1} g|| <= i``, ``||g'|| <= 1``, for every eps) **is supported
-    numerically, not proven**: the tests check it by accurate quadrature over
-    angles and norms in 2-D and 3-D at several parameter points.
-``"wcs"``
-    Participation visible (Theorem 5.2): w.p. p a Poisson-subsampled Gaussian
-    at rate q, else nothing. Valid for every configuration, no lemma needed.
+    compose its PLD. It rests on a **per-label alignment lemma** (for each
+    label, the aligned configuration maximises ``D_{e^eps}`` over all
+    gradients with ``||sum_{S_1} g|| <= i``, ``||g'|| <= 1``, for every eps,
+    in both directions). The remove direction is supported by quadrature over
+    angles and norms; the add direction **fails** at some parameters (p =
+    0.0019160, q = 0.019035, sigma = 1.15465, label 5, eps = 0.005: companions
+    at 5 with the record pointing back give ``D(Q||P) = 6.42e-6`` against
+    1.49e-6 aligned). PLD composition works per direction, so the composed
+    bound is not known to hold: reported beside the default, labelled "open".
 ``"paper"``
     Theorem 4.1 as printed: ``D_{e^eps}(P || Q)`` of the collinear pair, which
     is *not* a valid worst case (see :data:`PAPER_WARNING`).
 ``"ols"``, ``"cs"``
-    Baselines: Poisson-subsampled Gaussian at rate q (OLS, p = 1) and at rate
-    pq (CS, central shuffling; a reference, not an achievable scheme).
+    Baselines: Poisson-subsampled Gaussian at rate q (OLS, p = 1; valid and
+    loose) and at rate pq (CS, central shuffling; what zero companion
+    gradients give, hence a lower bound on the worst case, not an upper one).
 
 Per-round values use the closed forms of SPEC §0.2 (ols, wcs, cs: remove
 direction; paper: Theorem 4.1 with every root) and take the maximum with the
@@ -62,13 +70,11 @@ from dpfl.accounting._checks import (
     check_probability,
 )
 from dpfl.accounting.bounds import Bound
-from dpfl.errors import DpflError, InvalidParameterError
+from dpfl.errors import InvalidParameterError
 
 __all__ = [
     "ANALYSES",
     "PAPER_WARNING",
-    "CertifiesEverySigma",
-    "calibrate_noise_multiplier",
     "configuration_search_lower_bound",
     "delta",
     "epsilon",
@@ -77,22 +83,19 @@ __all__ = [
     "round_epsilon",
 ]
 
-ANALYSES = ("sound", "wcs", "paper", "ols", "cs")
+ANALYSES = ("wcs", "sound", "ols", "paper", "cs")
 
 PAPER_WARNING = (
     "Theorem 4.1 of Hasircioglu & Gunduz is not a valid worst-case DP bound "
-    "(SPEC.md §0.3): it assumes the neighbouring client's other sampled records "
-    "have full-norm gradients collinear with the target record's, which hides "
-    "the record among them; zero or angled companion gradients leak more "
-    "(with zero gradients the mechanism is the rate-pq subsampled Gaussian). "
-    "dpfl reports it for comparison only; the default analysis 'sound' is valid."
+    "(Hasircioglu & Gunduz, arXiv 2205.01556): it assumes the neighbouring "
+    "client's other sampled records have full-norm gradients collinear with the "
+    "target record's, which hides the record among them; zero or angled "
+    "companion gradients leak more (with zero gradients the mechanism is the "
+    "rate-pq subsampled Gaussian). dpfl reports it for comparison only; the "
+    "default analysis 'wcs' is a proven bound."
 )
 
 _LABEL_CUT = 1e-30  # labels / components below this weight are dropped
-
-
-class CertifiesEverySigma(DpflError):
-    """The analysis certifies the target (epsilon, delta) for every sigma > 0."""
 
 
 # --------------------------------------------------------------------------
@@ -259,7 +262,7 @@ def round_delta(
     record_probability: float,
     records_per_client: int,
     noise_multiplier: float,
-    analysis: str = "sound",
+    analysis: str = "wcs",
 ) -> float:
     """Per-round delta(epsilon) of random participation under one analysis.
 
@@ -276,7 +279,7 @@ def round_delta(
     noise_multiplier : float
         Noise standard deviation on the sum of gradients clipped to C = 1.
     analysis : str, optional
-        One of :data:`ANALYSES` (default ``"sound"``).
+        One of :data:`ANALYSES` (default ``"wcs"``, the tightest proven).
 
     Returns
     -------
@@ -310,7 +313,7 @@ def round_epsilon(
     record_probability: float,
     records_per_client: int,
     noise_multiplier: float,
-    analysis: str = "sound",
+    analysis: str = "wcs",
 ) -> float:
     """Smallest per-round epsilon with ``round_delta(epsilon) <= delta``.
 
@@ -373,7 +376,7 @@ def participation_pld(
     record_probability: float,
     records_per_client: int,
     noise_multiplier: float,
-    analysis: str = "sound",
+    analysis: str = "wcs",
     value_discretization: float = _DEFAULT_H,
     pessimistic: bool = True,
 ) -> PrivacyLossDistribution:
@@ -445,7 +448,7 @@ def epsilon(
     record_probability: float,
     records_per_client: int,
     noise_multiplier: float,
-    analysis: str = "sound",
+    analysis: str = "wcs",
     tolerance: float = 0.02,
 ) -> Bound:
     """Epsilon after ``rounds`` rounds, bracketed by upper and lower PLDs.
@@ -497,7 +500,7 @@ def delta(
     record_probability: float,
     records_per_client: int,
     noise_multiplier: float,
-    analysis: str = "sound",
+    analysis: str = "wcs",
     tolerance: float = 0.02,
 ) -> Bound:
     """Delta after ``rounds`` rounds at ``epsilon``, bracketed by two PLDs.
@@ -538,130 +541,6 @@ noise_multiplier, analysis
         initial_discretization=_DEFAULT_H,
     )
     return res.bound
-
-
-def calibrate_noise_multiplier(
-    *,
-    epsilon: float,
-    delta: float,
-    rounds: int = 1,
-    participation_probability: float,
-    record_probability: float,
-    records_per_client: int,
-    analysis: str = "sound",
-    tolerance: float = 1e-4,
-) -> float:
-    """Smallest noise multiplier meeting ``(epsilon, delta)``.
-
-    Parameters
-    ----------
-    epsilon : float
-        Target epsilon (>= 0): per round if ``rounds == 1``, else total.
-    delta : float
-        Target delta in (0, 1).
-    rounds : int, optional
-        1: per-round target through :func:`round_delta`; more: the composed
-        upper bound of :func:`epsilon`.
-    participation_probability, record_probability, records_per_client, analysis
-        As in :func:`round_delta`.
-    tolerance : float, optional
-        Relative accuracy of the returned sigma.
-
-    Returns
-    -------
-    float
-        The noise multiplier (an upper end of the bracket, so the target holds).
-
-    Raises
-    ------
-    CertifiesEverySigma
-        If the analysis certifies the target for every sigma > 0 (e.g.
-        ``"paper"`` in the paper's second scenario).
-    InvalidParameterError
-        If a parameter is out of range or the analysis is unknown.
-    """
-    p, q, d, analysis = _check_scheme(
-        participation_probability, record_probability, records_per_client, analysis
-    )
-    eps = check_nonnegative("epsilon", epsilon)
-    target = check_delta("delta", delta)
-    rounds = check_count("rounds", rounds, minimum=1)
-    tol = check_positive("tolerance", tolerance)
-
-    if rounds == 1:
-
-        def excess(sigma: float) -> float:
-            d_ = _round_delta(eps, analysis, p, q, d, sigma)
-            return math.log(max(d_, 1e-300)) - math.log(target)
-
-        grid = np.geomspace(1e-3, 1e4, 57)
-        values = np.array([excess(float(s)) for s in grid])
-        bad = np.nonzero(values > 0)[0]
-        if bad.size == 0:
-            raise CertifiesEverySigma(_every_sigma_message(analysis, eps, target))
-        k = int(bad[-1])
-        if k == grid.size - 1:
-            raise InvalidParameterError(
-                f"no noise multiplier up to {grid[-1]:g} meets (epsilon={eps}, "
-                f"delta={target}) under analysis {analysis!r}"
-            )
-        lo, hi = float(np.log(grid[k])), float(np.log(grid[k + 1]))
-    else:
-
-        def excess(sigma: float) -> float:
-            b = epsilon_fn(
-                target,
-                rounds=rounds,
-                participation_probability=p,
-                record_probability=q,
-                records_per_client=d,
-                noise_multiplier=sigma,
-                analysis=analysis,
-            )
-            return b.upper - eps
-
-        # start at the per-round calibration for eps / sqrt(rounds), then bracket
-        s0 = 1.0
-        lo = hi = math.log(s0)
-        if excess(s0) > 0:
-            while excess(math.exp(hi)) > 0:
-                hi += math.log(2.0)
-                if hi > math.log(1e4):
-                    raise InvalidParameterError(
-                        f"no noise multiplier up to 1e4 meets (epsilon={eps}, "
-                        f"delta={target}) over {rounds} rounds"
-                    )
-            lo = hi - math.log(2.0)
-        else:
-            while excess(math.exp(lo)) <= 0:
-                lo -= math.log(2.0)
-                if lo < math.log(0.05):
-                    raise CertifiesEverySigma(
-                        _every_sigma_message(analysis, eps, target)
-                    )
-            hi = lo + math.log(2.0)
-    root = optimize.brentq(
-        lambda x: excess(math.exp(x)), lo, hi, xtol=tol / 4, rtol=1e-12
-    )
-    sigma = math.exp(root)
-    # return the upper end of the bracket so the target is met
-    while excess(sigma) > 0:
-        sigma *= 1 + tol / 4
-    return float(sigma)
-
-
-epsilon_fn = epsilon  # the name ``epsilon`` is shadowed by keyword arguments
-
-
-def _every_sigma_message(analysis: str, eps: float, target: float) -> str:
-    msg = (
-        f"analysis {analysis!r} certifies (epsilon={eps}, delta={target}) for every "
-        "noise multiplier sigma > 0 (its delta stays below the target for every "
-        "sigma tried, from 1e-3 to 1e4), so it cannot calibrate sigma"
-    )
-    if analysis == "paper":
-        msg += "; this shows that Theorem 4.1 is not a valid worst-case bound"
-    return msg
 
 
 # --------------------------------------------------------------------------

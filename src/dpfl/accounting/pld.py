@@ -81,6 +81,7 @@ __all__ = [
     "pld_bounds_from_label_mixture",
     "pld_from_delta_curve",
     "pld_from_label_mixture",
+    "public_mixture",
     "refine_bound",
     "self_compose",
 ]
@@ -1034,6 +1035,78 @@ def self_compose(
         return PrivacyLossDistribution(rem)
     add = _self_compose_pmf(pld._pmf_add, count, tail_mass_truncation)
     return PrivacyLossDistribution(rem, add)
+
+
+def _mix_pmfs(parts: Sequence[tuple[float, pld_pmf.PLDPmf]]) -> pld_pmf.DensePLDPmf:
+    """Weighted sum of PMFs on one grid; weight left over goes to loss 0."""
+    dense = [(w, pmf.to_dense_pmf()) for w, pmf in parts]
+    # pylint: disable=protected-access
+    h = dense[0][1]._discretization
+    pess = dense[0][1]._pessimistic_estimate
+    for _, pmf in dense:
+        if pmf._discretization != h or pmf._pessimistic_estimate != pess:
+            raise InvalidParameterError(
+                "public_mixture needs PLDs on one grid of one kind (pessimistic "
+                f"or optimistic); got steps {h!r} and {pmf._discretization!r}"
+            )
+    lo = min(0, *(pmf._lower_loss for _, pmf in dense))
+    hi = max(0, *(pmf._lower_loss + pmf._probs.size - 1 for _, pmf in dense))
+    probs = np.zeros(hi - lo + 1)
+    rest = 1.0 - math.fsum(w for w, _ in dense)
+    probs[-lo] += max(rest, 0.0)
+    inf_mass = 0.0
+    for w, pmf in dense:
+        start = pmf._lower_loss - lo
+        probs[start : start + pmf._probs.size] += w * np.asarray(pmf._probs)
+        inf_mass += w * pmf._infinity_mass
+    return pld_pmf.DensePLDPmf(h, lo, probs, min(1.0, inf_mass), pess)
+
+
+def public_mixture(
+    parts: Sequence[tuple[float, PrivacyLossDistribution]],
+) -> PrivacyLossDistribution:
+    """PLD of a release that draws a *public* label first, then mechanism j.
+
+    With probability ``w_j`` the release is mechanism ``j`` and the label says
+    so (e.g. whether a client took part, when the adversary sees who took
+    part); with the remaining probability ``1 - sum_j w_j`` it does not depend
+    on the data at all. The privacy loss of the labelled output is then the
+    loss of the chosen mechanism, so the PLD (each direction) is the weighted
+    mixture of the PLDs, and a pessimistic (optimistic) input gives a
+    pessimistic (optimistic) output. The label must not depend on the data.
+
+    Parameters
+    ----------
+    parts : sequence of (float, PrivacyLossDistribution)
+        Weights (>= 0, summing to at most 1) and PLDs on one grid.
+
+    Returns
+    -------
+    PrivacyLossDistribution
+        The mixture (both directions).
+
+    Raises
+    ------
+    InvalidParameterError
+        If a weight is out of range, the weights sum to more than 1, or the
+        PLDs are on different grids.
+    """
+    if not parts:
+        raise InvalidParameterError("public_mixture needs at least one part; got []")
+    for i, (w, _) in enumerate(parts):
+        check_probability(f"weight[{i}]", w, allow_zero=True)
+    if math.fsum(w for w, _ in parts) > 1.0 + 1e-12:
+        raise InvalidParameterError(
+            "public_mixture weights must sum to <= 1; got "
+            f"{math.fsum(w for w, _ in parts)!r}"
+        )
+    # pylint: disable=protected-access
+    remove = _mix_pmfs([(w, p._pmf_remove) for w, p in parts])
+    if all(p._symmetric for _, p in parts):
+        return PrivacyLossDistribution(remove)
+    return PrivacyLossDistribution(
+        remove, _mix_pmfs([(w, p._pmf_add) for w, p in parts])
+    )
 
 
 def compose_bounds(

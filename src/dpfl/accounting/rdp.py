@@ -6,28 +6,32 @@ and its :class:`PLDAccountant` for tight privacy-loss distributions.  Its
 absl log messages and Python warnings are silenced here; orders it cannot
 evaluate are dropped by it, which only makes the bound more conservative.
 
-DP-FedAvg (Geyer, Klein & Nabi 2017; SPEC §4) analyses, by ``analysis``:
+DP-FedAvg (Geyer, Klein & Nabi 2017) analyses, by ``analysis`` (the
+default first; the statuses are those of
+:data:`dpfl.accounting.schemes.FIXED_COHORT`):
 
-``"paper"``
-    Moments accountant with a Poisson reading of the cohort, q_t = m_t/K,
-    add/remove of one client (as the paper and TF-Privacy do).  Algorithm 1
-    samples a *fixed-size* cohort, so this is not a valid bound for the
-    algorithm as written (SPEC §4.3 item 1); it is valid if clients are
-    Poisson-sampled with rate m_t/K.
-``"pld"``
+``"sound"`` (default; proven)
+    The fixed-size cohort as it is sampled, uniformly without replacement,
+    under replace-one of a client: the sum's sensitivity is 2S, and each
+    round is C_{m/K}(G_{2/σ}) (Dong, Roth & Su 2022, WOR subsampling under
+    replace-one), symmetrised before composition, priced by PLD.
+``"sound-rdp"`` (proven, looser)
+    The same scheme with the RDP bound of Wang, Balle & Kasiviswanathan
+    (2019) and dp_accounting's RDP-to-DP conversion.
+``"paper"`` (not valid for fixed cohorts)
+    The paper's moments accountant: the cohort read as Poisson sampling,
+    q_t = m_t/K, add/remove of one client; RDP at the integer moments
+    λ = 1..32 of Abadi et al. (2016), converted by their rule
+    δ = min_λ exp(α(λ) − λε) (equivalently ε = min_λ (α(λ) + ln 1/δ)/λ).
+    Valid only if clients are Poisson-sampled at rate m_t/K.
+``"paper-rdp"`` (not valid for fixed cohorts)
+    The same Poisson reading with the improved RDP-to-DP conversion of Balle
+    et al. (2020) on a fine grid of orders.
+``"paper-pld"`` (not valid for fixed cohorts)
     The same Poisson reading with a tight PLD accountant.
-``"sound"``
-    Fixed-size cohort sampled without replacement, replace-one of a client:
-    the sum's sensitivity is 2S, so the noise multiplier is σ/2, priced with
-    the RDP bound of Wang, Balle & Kasiviswanathan (2019).
-``"sound-pld"``
-    The same scheme priced exactly: each round is C_{m/K}(G_{2/σ}) (Dong, Roth
-    & Su 2022, WOR subsampling under replace-one), symmetrised before
-    composition (SPEC §3.3).
 
-LOCKS (SPEC §2.2): :func:`locks_server_view` (exact Gaussian composition
-against the server, which sees who sent what) and :func:`locks_observer_view`
-(amplified, for parties that see the model only).
+LOCKS: :func:`locks_server_view` (exact Gaussian composition of a client's
+realised releases against the server, which sees who sent what).
 """
 
 from __future__ import annotations
@@ -40,10 +44,8 @@ from typing import Any, cast
 
 import numpy as np
 from dp_accounting import dp_event
-from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
-from scipy import optimize
 
 from dpfl.accounting import fdp, gaussian
 from dpfl.accounting._checks import (
@@ -51,24 +53,23 @@ from dpfl.accounting._checks import (
     check_delta,
     check_nonnegative,
     check_positive,
-    check_probability,
 )
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.errors import InvalidParameterError
 
 __all__ = [
     "ANALYSES",
-    "calibrate_dp_fedavg",
     "dp_fedavg_delta",
     "dp_fedavg_epsilon",
     "dp_fedavg_stop_round",
-    "locks_observer_view",
     "locks_server_view",
     "rdp_to_dp",
 ]
 
-#: Analyses accepted by the DP-FedAvg functions.
-ANALYSES = ("paper", "pld", "sound", "sound-pld")
+#: Analyses accepted by the DP-FedAvg functions (the default first).
+ANALYSES = ("sound", "sound-rdp", "paper", "paper-rdp", "paper-pld")
+#: The RDP analyses (the others are priced by privacy-loss distributions).
+_RDP = ("sound-rdp", "paper", "paper-rdp")
 
 #: RDP orders: dp_accounting's defaults, plus a finer grid of integers.
 _ORDERS = np.array(
@@ -76,6 +77,9 @@ _ORDERS = np.array(
     + list(range(11, 64))
     + [80, 96, 128, 192, 256, 384, 512, 768, 1024]
 )
+
+#: Abadi et al.'s moments: λ = 1..32, i.e. RDP orders 2..33.
+_ABADI_ORDERS = np.arange(2, 34, dtype=float)
 
 _PLD_INTERVAL = 1e-4
 
@@ -142,15 +146,16 @@ def _schedule(
 def _round_rdp(
     analysis: str, clients: int, cohort: int, noise: float
 ) -> tuple[float, ...]:
-    """RDP of one round at :data:`_ORDERS` (cached per distinct round)."""
-    if analysis == "paper":
-        acc = rdp_privacy_accountant.RdpAccountant(list(_ORDERS))
+    """RDP of one round at the analysis's orders (cached per distinct round)."""
+    orders = list(_orders(analysis))
+    if analysis in ("paper", "paper-rdp"):
+        acc = rdp_privacy_accountant.RdpAccountant(orders)
         event: dp_event.DpEvent = dp_event.PoissonSampledDpEvent(
             cohort / clients, dp_event.GaussianDpEvent(noise)
         )
-    else:  # "sound": WOR, replace-one, sensitivity 2S -> multiplier σ/2
+    else:  # "sound-rdp": WOR, replace-one, sensitivity 2S -> multiplier σ/2
         acc = rdp_privacy_accountant.RdpAccountant(
-            list(_ORDERS), NeighboringRelation.REPLACE_ONE
+            orders, NeighboringRelation.REPLACE_ONE
         )
         event = dp_event.SampledWithoutReplacementDpEvent(
             clients, cohort, dp_event.GaussianDpEvent(noise / 2.0)
@@ -160,10 +165,14 @@ def _round_rdp(
     return tuple(float(v) for v in acc.rdp)
 
 
+def _orders(analysis: str) -> np.ndarray:
+    return _ABADI_ORDERS if analysis == "paper" else _ORDERS
+
+
 def _total_rdp(
     analysis: str, clients: int, schedule: list[tuple[int, float]]
 ) -> np.ndarray:
-    total = np.zeros_like(_ORDERS, dtype=float)
+    total = np.zeros_like(_orders(analysis), dtype=float)
     for (m, z), count in collections.Counter(schedule).items():
         total += count * np.asarray(_round_rdp(analysis, clients, m, z))
     return total
@@ -172,7 +181,7 @@ def _total_rdp(
 @functools.lru_cache(maxsize=256)
 def _round_pmf(analysis: str, clients: int, cohort: int, noise: float) -> Any:
     """Pessimistic PLD pmf of one round for the PLD analyses."""
-    if analysis == "pld":
+    if analysis == "paper-pld":
         from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
         with _quiet():
@@ -189,6 +198,26 @@ def _round_pmf(analysis: str, clients: int, cohort: int, noise: float) -> Any:
         sampling_probability=cohort / clients,
         value_discretization=_PLD_INTERVAL,
     )
+
+
+def _rdp_delta(analysis: str, rdp: np.ndarray, epsilon: float) -> float:
+    """δ(ε) from an RDP curve: Abadi et al.'s rule for "paper", else improved."""
+    orders = _orders(analysis)
+    if analysis == "paper":
+        with np.errstate(over="ignore"):
+            return float(min(1.0, np.min(np.exp((orders - 1.0) * (rdp - epsilon)))))
+    with _quiet():
+        return float(rdp_privacy_accountant.compute_delta(orders, rdp, epsilon)[0])
+
+
+def _rdp_epsilon(analysis: str, rdp: np.ndarray, delta: float) -> float:
+    """ε(δ) from an RDP curve: Abadi et al.'s rule for "paper", else improved."""
+    if analysis == "paper":
+        return rdp_to_dp(_ABADI_ORDERS, rdp, delta=delta, conversion="mironov")
+    with _quiet():
+        return float(
+            rdp_privacy_accountant.compute_epsilon(_orders(analysis), rdp, delta)[0]
+        )
 
 
 def _composed_pld(
@@ -210,7 +239,7 @@ def dp_fedavg_delta(
     cohort_sizes: Sequence[int] | int,
     noise_multipliers: Sequence[float] | float,
     rounds: int | None = None,
-    analysis: str = "paper",
+    analysis: str = "sound",
 ) -> float:
     """δ(ε) of client-level DP-FedAvg after a schedule of rounds.
 
@@ -230,8 +259,8 @@ def dp_fedavg_delta(
     rounds : int, optional
         Number of rounds T; required when both schedules are scalars, and must
         agree with their lengths otherwise.
-    analysis : {"paper", "pld", "sound", "sound-pld"}, optional
-        See the module docstring.  Default "paper".
+    analysis : {"sound", "sound-rdp", "paper", "paper-rdp", "paper-pld"}, optional
+        See the module docstring.  Default "sound".
 
     Returns
     -------
@@ -251,13 +280,8 @@ def dp_fedavg_delta(
     eps = check_nonnegative("epsilon", epsilon)
     analysis = _check_analysis(analysis)
     k, schedule = _schedule(clients, cohort_sizes, noise_multipliers, rounds)
-    if analysis in ("paper", "sound"):
-        with _quiet():
-            return float(
-                rdp_privacy_accountant.compute_delta(
-                    _ORDERS, _total_rdp(analysis, k, schedule), eps
-                )[0]
-            )
+    if analysis in _RDP:
+        return _rdp_delta(analysis, _total_rdp(analysis, k, schedule), eps)
     with _quiet():
         return float(
             min(1.0, _composed_pld(analysis, k, schedule).get_delta_for_epsilon(eps))
@@ -271,7 +295,7 @@ def dp_fedavg_epsilon(
     cohort_sizes: Sequence[int] | int,
     noise_multipliers: Sequence[float] | float,
     rounds: int | None = None,
-    analysis: str = "paper",
+    analysis: str = "sound",
 ) -> float:
     """ε(δ) of client-level DP-FedAvg after a schedule of rounds.
 
@@ -287,8 +311,8 @@ def dp_fedavg_epsilon(
         σ_t per round, or one σ for every round.
     rounds : int, optional
         Number of rounds T (see :func:`dp_fedavg_delta`).
-    analysis : {"paper", "pld", "sound", "sound-pld"}, optional
-        See the module docstring.  Default "paper".
+    analysis : {"sound", "sound-rdp", "paper", "paper-rdp", "paper-pld"}, optional
+        See the module docstring.  Default "sound".
 
     Returns
     -------
@@ -307,13 +331,8 @@ def dp_fedavg_epsilon(
     dlt = check_delta("delta", delta)
     analysis = _check_analysis(analysis)
     k, schedule = _schedule(clients, cohort_sizes, noise_multipliers, rounds)
-    if analysis in ("paper", "sound"):
-        with _quiet():
-            return float(
-                rdp_privacy_accountant.compute_epsilon(
-                    _ORDERS, _total_rdp(analysis, k, schedule), dlt
-                )[0]
-            )
+    if analysis in _RDP:
+        return _rdp_epsilon(analysis, _total_rdp(analysis, k, schedule), dlt)
     with _quiet():
         return float(_composed_pld(analysis, k, schedule).get_epsilon_for_delta(dlt))
 
@@ -326,7 +345,7 @@ def dp_fedavg_stop_round(
     cohort_sizes: Sequence[int] | int,
     noise_multipliers: Sequence[float] | float,
     max_rounds: int,
-    analysis: str = "paper",
+    analysis: str = "sound",
 ) -> int | None:
     """First round whose release would push δ(ε) above the threshold Q.
 
@@ -349,8 +368,8 @@ def dp_fedavg_stop_round(
         σ_t (length ``max_rounds`` if a sequence).
     max_rounds : int
         Number of rounds to look ahead, >= 1.
-    analysis : {"paper", "pld", "sound", "sound-pld"}, optional
-        Default "paper".
+    analysis : {"sound", "sound-rdp", "paper", "paper-rdp", "paper-pld"}, optional
+        See the module docstring.  Default "sound".
 
     Returns
     -------
@@ -371,15 +390,13 @@ def dp_fedavg_stop_round(
     analysis = _check_analysis(analysis)
     t_max = check_count("max_rounds", max_rounds, minimum=1)
     k, schedule = _schedule(clients, cohort_sizes, noise_multipliers, t_max)
-    if analysis in ("paper", "sound"):
+    if analysis in _RDP:
         cumulative = np.cumsum(
             [np.asarray(_round_rdp(analysis, k, m, z)) for m, z in schedule], axis=0
         )
-        with _quiet():
-            for t in range(t_max):
-                d = rdp_privacy_accountant.compute_delta(_ORDERS, cumulative[t], eps)[0]
-                if d > q:
-                    return t + 1
+        for t in range(t_max):
+            if _rdp_delta(analysis, cumulative[t], eps) > q:
+                return t + 1
         return None
 
     def exceeds(t: int) -> bool:
@@ -398,91 +415,6 @@ def dp_fedavg_stop_round(
         else:
             lo = mid
     return hi
-
-
-def calibrate_dp_fedavg(
-    *,
-    epsilon: float,
-    delta: float,
-    clients: int,
-    cohort: int,
-    rounds: int,
-    analysis: str = "paper",
-    tolerance: float = 1e-4,
-) -> float:
-    """Smallest noise multiplier σ meeting (ε, δ) after ``rounds`` rounds.
-
-    Parameters
-    ----------
-    epsilon : float
-        Target ε > 0.
-    delta : float
-        Target δ in (0, 1).
-    clients : int
-        Number of clients K >= 1.
-    cohort : int
-        Cohort size m, 1 <= m <= K.
-    rounds : int
-        Number of rounds T >= 1.
-    analysis : {"paper", "pld", "sound", "sound-pld"}, optional
-        Default "paper".
-    tolerance : float, optional
-        Absolute tolerance on σ.  Default 1e-4.
-
-    Returns
-    -------
-    float
-        σ such that the analysis certifies (ε, δ); it exceeds the exact
-        threshold by at most ``tolerance``.
-
-    Raises
-    ------
-    InvalidParameterError
-        If a parameter is outside its domain, or no σ up to 1e6 suffices.
-
-    Notes
-    -----
-    Geyer's example (K = 100, m = 50, 11 rounds, ε = 8, δ = 1e-3) needs
-    σ = 1.0810 ("paper"), 0.9835 ("pld"), 3.3961 ("sound"); SPEC §4.2.
-
-    References
-    ----------
-    See :func:`dp_fedavg_delta`.
-    """
-    eps = check_positive("epsilon", epsilon)
-    dlt = check_delta("delta", delta)
-    tol = check_positive("tolerance", tolerance)
-    check_count("rounds", rounds, minimum=1)
-
-    def excess(z: float) -> float:
-        return (
-            dp_fedavg_epsilon(
-                delta=dlt,
-                clients=clients,
-                cohort_sizes=cohort,
-                noise_multipliers=z,
-                rounds=rounds,
-                analysis=analysis,
-            )
-            - eps
-        )
-
-    hi = 1.0
-    while excess(hi) > 0:
-        hi *= 2.0
-        if hi > 1e6:
-            raise InvalidParameterError(
-                f"no noise multiplier up to 1e6 reaches epsilon={epsilon!r}, "
-                f"delta={delta!r}"
-            )
-    lo = hi / 2.0
-    while excess(lo) <= 0 and lo > 1e-3:
-        hi, lo = lo, lo / 2.0
-    root = optimize.brentq(excess, lo, hi, xtol=tol / 4.0)
-    z = float(root)
-    while excess(z) > 0:  # return a σ on the certified side of the root
-        z += tol / 4.0
-    return z
 
 
 # ---------------------------------------------------------------------------
@@ -557,12 +489,12 @@ def rdp_to_dp(
 
 
 def _sensitivity_factor(neighbouring: str) -> float:
-    if neighbouring == "add/remove":
+    if neighbouring == "zero-out":
         return 1.0
     if neighbouring == "replace-one":
         return 2.0
     raise InvalidParameterError(
-        f"neighbouring must be 'add/remove' or 'replace-one'; got {neighbouring!r}"
+        f"neighbouring must be 'zero-out' or 'replace-one'; got {neighbouring!r}"
     )
 
 
@@ -573,14 +505,15 @@ def locks_server_view(
     norm_rounds: int,
     update_rounds: int,
     delta: float,
-    neighbouring: str = "add/remove",
+    neighbouring: str = "zero-out",
 ) -> dict[str, Any]:
-    """LOCKS, client-level guarantee against the server (SPEC §2.2).
+    """LOCKS, client-level guarantee of one client's realised releases.
 
     The server sees which clients sent what, so there is no amplification: a
     client that released N1 noisy norms (noise σ_n C on a query in [0, C]) and
-    N2 noisy updates (noise σ_g C, sensitivity Δ_g = C under add/remove, 2C
-    under replace-one) is exactly μ-GDP with
+    N2 noisy updates (noise σ_g C, sensitivity Δ_g = C under zero-out, i.e.
+    the client's data replaced by data with a zero update, 2C under
+    replace-one) is exactly μ-GDP with
     μ = sqrt(N1/σ_n² + N2 (Δ_g/C)²/σ_g²), i.e. ρ-zCDP with ρ = μ²/2.
 
     Parameters
@@ -595,8 +528,8 @@ def locks_server_view(
         N2 >= 0, rounds in which it was in S2 (N2 <= N1).
     delta : float
         Target δ in (0, 1).
-    neighbouring : {"add/remove", "replace-one"}, optional
-        Neighbouring relation for a client.  Default "add/remove".
+    neighbouring : {"zero-out", "replace-one"}, optional
+        Neighbouring relation for a client.  Default "zero-out".
 
     Returns
     -------
@@ -650,107 +583,8 @@ def locks_server_view(
         "delta": dlt,
         "unit": "client",
         "neighbouring": neighbouring,
-        "adversary": "the server (sees who sent what)",
-        "analysis": "sound (exact Gaussian composition)",
+        "adversary": "the server (sees who sent what); a statement about a run in "
+        "which the client released N1 norms and N2 updates",
+        "analysis": "server",
+        "status": "proven",
     }
-
-
-def locks_observer_view(
-    *,
-    q1: float,
-    max_p2: float,
-    norm_noise_multiplier: float,
-    update_noise_multiplier: float,
-    rounds: int,
-    delta: float,
-) -> dict[str, Any]:
-    """LOCKS, amplified client-level guarantee for model observers (SPEC §2.2).
-
-    Parties that see the released models but not S1/S2 get amplification:
-    SPEC §2.2 prices the norm release as a Poisson(q1)-subsampled Gaussian with
-    multiplier σ_n and the update release as Poisson(q1 · max p2)-subsampled
-    with σ_g (add/remove of a client, Δ_g = C), each composed over the rounds.
-    Pricing the two releases of a round as *separately* subsampled assumes
-    their inclusion events can be treated one after the other; since S2 ⊆ S1
-    they are correlated, so a second, more conservative figure is reported:
-    ``epsilon_pld_joint`` treats the norm and the update of a round as one
-    Gaussian release of multiplier (σ_n⁻² + σ_g⁻²)^(-1/2) subsampled at q1
-    (no p2 amplification), which is valid whatever that correlation: the
-    inner mechanism on a sampled client releases at most both Gaussians
-    (withholding the update with probability 1 - p2 is post-processing), and
-    Poisson subsampling of a mechanism dominated by a Gaussian is dominated by
-    the subsampled Gaussian.  The standard adaptive-composition theorem does
-    not cover the separate figures, because the second stage's inclusion is
-    not fresh randomness given the first stage's (see notes/rdp.md).
-
-    Parameters
-    ----------
-    q1 : float
-        First-stage inclusion probability in (0, 1].
-    max_p2 : float
-        Largest second-stage probability max_k p2_k in (0, 1].
-    norm_noise_multiplier : float
-        σ_n > 0.
-    update_noise_multiplier : float
-        σ_g > 0.
-    rounds : int
-        Number of rounds T >= 1.
-    delta : float
-        Target δ in (0, 1).
-
-    Returns
-    -------
-    dict
-        ``epsilon`` (= ``epsilon_pld_joint``, the figure dpfl stands behind);
-        ``epsilon_rdp`` and ``epsilon_pld`` (SPEC §2.2's separate composition,
-        via dp_accounting's RDP and PLD accountants); ``epsilon_pld_joint``;
-        ``delta`` and the guarantee's terms.
-
-    Raises
-    ------
-    InvalidParameterError
-        If a parameter is outside its domain.
-
-    References
-    ----------
-    Mironov, Talwar & Zhang (2019), "Rényi DP of the sampled Gaussian
-    mechanism"; Doroshenko et al. (2022); SPEC.md §2.2-2.3.
-    """
-    p1 = check_probability("q1", q1)
-    p2 = check_probability("max_p2", max_p2)
-    sn = check_positive("norm_noise_multiplier", norm_noise_multiplier)
-    sg = check_positive("update_noise_multiplier", update_noise_multiplier)
-    t = check_count("rounds", rounds, minimum=1)
-    dlt = check_delta("delta", delta)
-    norm_event = dp_event.PoissonSampledDpEvent(p1, dp_event.GaussianDpEvent(sn))
-    update_event = dp_event.PoissonSampledDpEvent(p1 * p2, dp_event.GaussianDpEvent(sg))
-    joint_z = 1.0 / math.sqrt(sn**-2 + sg**-2)
-    joint_event = dp_event.PoissonSampledDpEvent(p1, dp_event.GaussianDpEvent(joint_z))
-    with _quiet():
-        rdp_acc = rdp_privacy_accountant.RdpAccountant(list(_ORDERS))
-        rdp_acc.compose(norm_event, t).compose(update_event, t)
-        pld_acc = pld_privacy_accountant.PLDAccountant(
-            value_discretization_interval=_PLD_INTERVAL
-        )
-        pld_acc.compose(norm_event, t).compose(update_event, t)
-        joint_acc = pld_privacy_accountant.PLDAccountant(
-            value_discretization_interval=_PLD_INTERVAL
-        )
-        joint_acc.compose(joint_event, t)
-        joint = float(joint_acc.get_epsilon(dlt))
-        out: dict[str, Any] = {
-            "epsilon": joint,
-            "epsilon_rdp": float(rdp_acc.get_epsilon(dlt)),
-            "epsilon_pld": float(pld_acc.get_epsilon(dlt)),
-            "epsilon_pld_joint": joint,
-        }
-    out.update(
-        {
-            "delta": dlt,
-            "unit": "client",
-            "neighbouring": "add/remove",
-            "adversary": "observers of the released models (not S1, S2 or norms)",
-            "analysis": "amplified (Poisson-subsampled Gaussian, SPEC §2.2)",
-        }
-    )
-    return out

@@ -16,7 +16,7 @@ from dpfl.experiments.config import (
     config_from_dict,
     load_config,
 )
-from dpfl.experiments.runner import RunResult, calibrate_noise, resume, run
+from dpfl.experiments.runner import RunResult, resume, run
 
 __all__ = [
     "AlgorithmConfig",
@@ -26,7 +26,6 @@ __all__ = [
     "PrivacyConfig",
     "RunConfig",
     "RunResult",
-    "calibrate_noise",
     "config_from_dict",
     "load_config",
     "resume",

@@ -37,26 +37,47 @@ def _logging() -> None:
 
 
 def _summary(result: Any) -> str:
+    """The run's outcome: why it stopped, σ, accuracy, and its guarantee in full."""
     acc = result.metrics.get("test_accuracy")
     why = {
         "completed": "completed",
         "budget": "budget reached, stopped",
         "interrupted": "interrupted",
     }[result.stopped]
-    parts = [f"{result.run_dir}: {why} after {result.rounds_completed} rounds"]
+    head = [f"{result.run_dir}: {why} after {result.rounds_completed} rounds"]
     sigma = result.config.privacy.noise_multiplier
-    sigma = result.config.algorithm.params.get("noise_multiplier", sigma)
-    if isinstance(sigma, int | float):
-        parts.append(f"noise multiplier {sigma:.4g}")
+    if isinstance(sigma, int | float) and sigma:
+        head.append(f"noise multiplier {sigma:.4g}")
     if acc is not None:
-        parts.append(f"test accuracy {acc:.3f}")
-    parts.append(
-        "not private (no noise)"
-        if result.epsilon is None
-        else f"epsilon spent {result.epsilon:.3f} at delta "
-        f"{result.config.privacy.delta:g} ({result.config.privacy.analysis})"
+        head.append(f"test accuracy {acc:.3f}")
+    lines = ["; ".join(head)]
+    g = result.guarantee
+    if not g.get("private", result.epsilon is not None):
+        lines.append("  NOT PRIVATE: no noise was added; the run has no guarantee")
+        return "\n".join(lines)
+    if "epsilon" not in g:
+        return "\n".join(lines)
+    label = "" if g["status"] == "proven" else f" -- NOT A PROVEN BOUND ({g['status']})"
+    lines.append(
+        f"  epsilon {g['epsilon']:.4g} at delta {g['delta']:g} for the worst-off "
+        f"{g['unit']} ({g['analysis']} analysis){label}"
     )
-    return "; ".join(parts)
+    lines.append(f"  neighbouring: {g['neighbouring']}")
+    lines.append(f"  adversary:    {g['adversary']}")
+    if "proven" in g:
+        p = g["proven"]
+        lines.append(
+            f"  proven: epsilon {p['epsilon']:.4g} ({p['analysis']} analysis; "
+            f"adversary: {p['adversary']})"
+        )
+    for name, row in g.get("analyses", {}).items():
+        if name in (g["analysis"], g.get("proven", {}).get("analysis")):
+            continue
+        lines.append(
+            f"  also: {name} ({row['status']}): epsilon {row['epsilon']:.4g}; "
+            f"adversary: {row['adversary']}"
+        )
+    return "\n".join(lines)
 
 
 def _train(args: argparse.Namespace) -> int:

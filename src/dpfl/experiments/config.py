@@ -39,11 +39,11 @@ from typing import Any
 import yaml
 
 from dpfl.accounting.ledger import GUARDS as LEDGER_GUARDS
+from dpfl.accounting.schemes import all_analyses
 from dpfl.errors import InvalidParameterError
 
 __all__ = [
     "ALGORITHMS",
-    "ANALYSES",
     "AlgorithmConfig",
     "ConfigError",
     "DataConfig",
@@ -57,8 +57,6 @@ __all__ = [
 
 #: Algorithms the runner can build (names of ``dpfl.sim.algorithms``).
 ALGORITHMS = ("dsgd-rp", "dp-fedavg", "prifedsync", "ms-pafl", "locks")
-#: Analyses that price random participation (see ``dpfl.accounting.participation``).
-ANALYSES = ("sound", "wcs", "paper", "ols", "cs", "pld")
 GUARDS = tuple(LEDGER_GUARDS)
 _SERVERS = ("trusted", "untrusted")
 _DEVICES = ("cpu", "cuda", "auto")
@@ -96,7 +94,7 @@ def _momentum(v: Any) -> str | None:
     return None if 0 <= v < 1 else "must be in [0, 1)"
 
 
-def _one_of(choices: Sequence[str]) -> Any:
+def _one_of(choices: Sequence[str | None]) -> Any:
     def check(v: Any) -> str | None:
         return None if v in choices else f"must be one of {list(choices)}"
 
@@ -230,6 +228,12 @@ def _build_algorithm_config(data: Mapping[str, Any], prefix: str) -> AlgorithmCo
             raise ConfigError(f"{prefix}{section} must be a mapping; got {extra!r}")
         params.update(extra)
     params.update(data)
+    if "noise_multiplier" in params:
+        raise ConfigError(
+            f"{prefix}noise_multiplier is not an algorithm key: the noise "
+            "multiplier lives in privacy.noise_multiplier (null: calibrate to the "
+            f"budget; 0: no noise); got {params['noise_multiplier']!r}"
+        )
     known = _algorithm_keywords(name)
     for key, raw in list(params.items()):
         value = raw
@@ -253,7 +257,9 @@ def _algorithm_keywords(name: str) -> dict[str, Any] | None:
         from dpfl.sim.algorithms import algorithm_parameters
     except ImportError:  # training extras not installed: checked at run time
         return None
-    return {"noise_multiplier": None, **algorithm_parameters(name)}
+    params = algorithm_parameters(name)
+    params.pop("noise_multiplier", None)  # set by privacy.noise_multiplier
+    return params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,29 +269,49 @@ class PrivacyConfig:
     Attributes
     ----------
     epsilon : float
-        Total ε for the whole run (``inf``: no guard, no noise calibration;
-        then ``noise_multiplier`` must be given, 0 meaning no noise).
+        Total ε for the worst-off privacy unit over the whole run (``inf``:
+        no guard and no calibration; then ``noise_multiplier`` must be
+        given).
     delta : float
-        Total δ in (0, 1).
-    analysis : str
-        The analysis that prices each round (``"sound"`` default).
+        Total δ in (0, 1); must be below 1/n for n privacy units (records or
+        clients) unless ``allow_large_delta``.
+    analysis : str or None
+        The analysis that prices each round; ``None`` (default): the
+        algorithm's scheme default, its tightest proven analysis. An analysis
+        that is not proven (``paper``, ``cs``, random participation's
+        ``sound``) needs ``allow_unproven``.
     noise_multiplier : float or None
-        σ (noise std over clip). ``None``: calibrate σ so that ``rounds``
-        rounds spend exactly the budget under ``analysis``.
+        σ: noise std over the clip (the algorithm's main noise; schemes with
+        several noises scale the others with it). ``None``: calibrate σ so that
+        ``rounds`` rounds fit the budget. ``0``: a non-private run (no noise,
+        no guarantee; labelled non-private everywhere).
     guard : str
         The stop rule. ``"accountant"`` (default): the ledger refuses the
-        round whose ``analysis`` bound would pass the budget.
+        round whose bound under ``analysis`` would pass the budget.
         ``"moments-accountant"``: DP-FedAvg's own rule (Geyer et al.,
-        Algorithm 1), RDP of the cohort read as Poisson, stopping when δ at
-        ``epsilon`` would pass ``delta`` = Q; only for ``dp-fedavg`` with
-        fixed cohorts, with ``analysis: paper`` and a given noise multiplier.
+        Algorithm 1): Abadi et al.'s moments accountant with the cohort read as
+        Poisson, stopping when δ at ``epsilon`` would pass ``delta`` = Q;
+        ``"rdp"``: the same with the improved RDP conversion. Both only for
+        ``dp-fedavg`` with fixed cohorts and a given noise multiplier, and,
+        since the Poisson reading is not valid for fixed cohorts, with
+        ``allow_unproven``.
+    allow_unproven : bool
+        Run although the reported ε is not a proven bound (an unproven
+        analysis or guard, or DP-FedAvg's median clipping, whose clip bound is
+        released without noise); every ε shown is then labelled and the
+        proven ε is shown beside it.
+    allow_large_delta : bool
+        Accept δ >= 1/n (n privacy units): such a δ allows releasing one
+        unit's data outright with probability δ, so it is refused by default.
     """
 
     epsilon: float = _field(4.0, _positive)
     delta: float = _field(1e-5, _open_unit)
-    analysis: str = _field("sound", _one_of(ANALYSES))
+    analysis: str | None = _field(None, _one_of((None, *all_analyses())))
     noise_multiplier: float | None = _field(None, _nonnegative)
     guard: str = _field("accountant", _one_of(GUARDS))
+    allow_unproven: bool = False
+    allow_large_delta: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,21 +357,25 @@ class RunConfig:
                 "privacy.noise_multiplier must be given when privacy.epsilon is "
                 "inf (there is no budget to calibrate to); got None"
             )
-        if priv.guard == "moments-accountant":
+        if priv.guard != "accountant":
             params = self.algorithm.params
             needs = {
                 "algorithm.name 'dp-fedavg'": self.algorithm.name == "dp-fedavg",
                 "algorithm.params.sampling 'fixed'": params.get("sampling", "fixed")
                 == "fixed",
-                "privacy.analysis 'paper'": priv.analysis == "paper",
-                "a noise multiplier (privacy.noise_multiplier or "
-                "algorithm.params.noise_multiplier)": priv.noise_multiplier is not None
-                or "noise_multiplier" in params,
+                "privacy.analysis null (the guard's own rule)": priv.analysis is None,
+                "a noise multiplier (privacy.noise_multiplier)": bool(
+                    priv.noise_multiplier
+                ),
+                "privacy.allow_unproven true (the rule reads the fixed cohort as "
+                "Poisson sampling, which is not a valid bound for it)": (
+                    priv.allow_unproven
+                ),
             }
             missing = [k for k, ok in needs.items() if not ok]
             if missing:
                 raise ConfigError(
-                    "privacy.guard 'moments-accountant' (DP-FedAvg's stop rule) "
+                    f"privacy.guard {priv.guard!r} (DP-FedAvg's stop rule) "
                     f"needs {', '.join(missing)}"
                 )
 

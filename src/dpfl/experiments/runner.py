@@ -8,13 +8,20 @@ folder ``output_dir/name/`` holding
     that ``dpfl resume`` never calibrates again.
 ``metrics.jsonl``
     One JSON object per completed round (``round`` = rounds completed), with
-    ``test_loss``, ``test_accuracy`` and ``epsilon`` (spent so far, upper
-    bound at the budget's δ) on evaluation rounds.
+    ``test_loss``, ``test_accuracy`` and ``epsilon`` (spent so far by the
+    worst-off privacy unit, upper bound at the budget's δ; ``null`` with
+    ``"private": false`` for a run without noise) on evaluation rounds; under
+    an unproven analysis also ``epsilon_status`` and ``epsilon_proven``.
 ``ledger.json``
     The privacy ledger, saved by the trainer after every charged round.
 ``checkpoint.pt``
     Trainer state (model, momentum, round, seed), written atomically every
     ``checkpoint_every`` rounds, on Ctrl-C, on a budget stop and at the end.
+``guarantee.json``
+    What the run's privacy amounts to at the end: ε of the worst-off privacy
+    unit at the budget's δ, with the unit, neighbouring relation, adversary,
+    analysis and its status; beside an unproven analysis, the proven ε; and
+    every other analysis of the scheme with its status.
 ``accuracy.png``
     Accuracy against rounds and against ε spent.
 
@@ -51,22 +58,27 @@ from typing import Any
 import yaml
 
 from dpfl.accounting import events as ev
-from dpfl.accounting.accountant import Accountant
+from dpfl.accounting import schemes
+from dpfl.accounting.calibrate import calibrate_noise_multiplier
 from dpfl.accounting.ledger import Budget, PrivacyLedger, ledger_class
 from dpfl.errors import BudgetExceededError, DpflError
-from dpfl.experiments.config import RunConfig, config_from_dict, load_config
+from dpfl.experiments.config import (
+    ConfigError,
+    RunConfig,
+    config_from_dict,
+    load_config,
+)
 
 __all__ = [
     "CHECKPOINT",
     "CONFIG",
+    "GUARANTEE",
     "LEDGER",
     "METRICS",
     "RunResult",
-    "calibrate_noise",
     "read_metrics",
     "resume",
     "run",
-    "run_event",
 ]
 
 log = logging.getLogger("dpfl.experiments")
@@ -75,6 +87,7 @@ CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 LEDGER = "ledger.json"
 CHECKPOINT = "checkpoint.pt"
+GUARANTEE = "guarantee.json"
 FIGURE = "accuracy.png"
 _CKPT_FORMAT = 1
 _UMASK = os.umask(0o022)
@@ -97,10 +110,15 @@ class RunResult:
         ``"completed"``, ``"budget"`` (the guard refused the next round) or
         ``"interrupted"`` (Ctrl-C).
     epsilon : float or None
-        ε spent (upper bound at the budget's δ); ``None`` for a non-private
-        run (no noise: no finite guarantee).
+        ε spent by the worst-off privacy unit (upper bound at the budget's δ)
+        under the run's analysis; ``None`` for a non-private run (no noise:
+        no guarantee).
     metrics : dict of str to float
         The last evaluation (``test_loss``, ``test_accuracy``).
+    guarantee : dict
+        What ``guarantee.json`` holds: the ledger's summary (ε, δ, unit,
+        neighbouring relation, adversary, analysis, status, and the proven ε
+        beside an unproven one), or ``{"private": False}``.
     """
 
     run_dir: Path
@@ -109,119 +127,7 @@ class RunResult:
     stopped: str
     epsilon: float | None
     metrics: dict[str, float]
-
-
-# -- accounting helpers -----------------------------------------------------------
-def run_event(
-    config: RunConfig, *, records_per_client: int, noise_multiplier: float
-) -> ev.Event:
-    """The accounting event of one round of ``config``'s algorithm.
-
-    Parameters
-    ----------
-    config : RunConfig
-        The run (its algorithm section gives p and q).
-    records_per_client : int
-        d: the largest client size (as the sampler uses).
-    noise_multiplier : float
-        σ (> 0).
-
-    Returns
-    -------
-    Event
-        ``ClientPoisson(p, RecordPoisson(q, d, Gaussian(σ)))``.
-    """
-    alg = config.algorithm
-    return ev.ClientPoisson(
-        alg.participation_probability,
-        ev.RecordPoisson(
-            alg.record_probability, records_per_client, ev.Gaussian(noise_multiplier)
-        ),
-    )
-
-
-def calibrate_noise(
-    config: RunConfig,
-    *,
-    records_per_client: int,
-    tolerance: float = 2e-3,
-    tracer: Callable[[float, float], None] | None = None,
-) -> float:
-    """Smallest σ for which ``config.rounds`` rounds fit the run's budget.
-
-    The test is the ledger guard's own: the certified upper ε of
-    ``Accountant(analysis, tolerance=0.02)`` composed ``rounds`` times at the
-    budget's δ. Calibrating with the very function the guard evaluates
-    guarantees that the guard then allows all ``rounds`` rounds (a σ from
-    another discretisation of the same analysis can be a hair too small for
-    the guard and stop the run one round early).
-
-    Parameters
-    ----------
-    config : RunConfig
-        The run: rounds, algorithm (p, q) and privacy (ε, δ, analysis).
-    records_per_client : int
-        d (the largest client size).
-    tolerance : float
-        Relative accuracy of σ.
-    tracer : callable, optional
-        Called with ``(sigma, epsilon_upper)`` at each evaluation.
-
-    Returns
-    -------
-    float
-        σ with ε_upper(σ) <= budget (the upper end of the final bracket).
-
-    Raises
-    ------
-    DpflError
-        If no σ in [1e-3, 1e4] brackets the target (e.g. an analysis that
-        certifies the budget for every σ).
-    """
-    priv = config.privacy
-    ledger = PrivacyLedger(Budget(priv.epsilon, priv.delta), analysis=priv.analysis)
-
-    def eps_of(sigma: float) -> float:
-        event = run_event(
-            config, records_per_client=records_per_client, noise_multiplier=sigma
-        )
-        acc = Accountant(priv.analysis, tolerance=ledger.tolerance)
-        value = float(acc.compose(event, config.rounds).epsilon(priv.delta).upper)
-        if tracer is not None:
-            tracer(sigma, value)
-        return value
-
-    lo, hi = 0.5, 1.0
-    e_hi = eps_of(hi)
-    if e_hi > priv.epsilon:
-        lo = hi
-        while e_hi > priv.epsilon:
-            lo, hi = hi, hi * 2.0
-            if hi > 1e4:
-                raise DpflError(
-                    f"no noise multiplier up to 1e4 meets (epsilon={priv.epsilon}, "
-                    f"delta={priv.delta}) for {config.rounds} rounds under the "
-                    f"{priv.analysis!r} analysis"
-                )
-            e_hi = eps_of(hi)
-    else:
-        while eps_of(lo) <= priv.epsilon:
-            hi, lo = lo, lo / 2.0
-            if lo < 1e-3:
-                raise DpflError(
-                    f"the {priv.analysis!r} analysis certifies (epsilon="
-                    f"{priv.epsilon}, delta={priv.delta}) for {config.rounds} rounds "
-                    "with every noise multiplier down to 1e-3; it cannot calibrate "
-                    "the noise"
-                )
-    # bisection in log sigma: eps(lo) > target >= eps(hi)
-    while hi / lo - 1.0 > tolerance:
-        mid = math.sqrt(lo * hi)
-        if eps_of(mid) <= priv.epsilon:
-            hi = mid
-        else:
-            lo = mid
-    return float(hi)
+    guarantee: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 # -- files ------------------------------------------------------------------------
@@ -366,105 +272,127 @@ def _build_model(config: RunConfig, dataset: Any) -> Any:
         )
 
 
-def _takes_noise_multiplier(config: RunConfig) -> bool:
-    from dpfl.sim.algorithms import algorithm_parameters
+def _build_algorithm(config: RunConfig, dataset: Any, model: Any | None = None) -> Any:
+    """The configured algorithm, with ``privacy.noise_multiplier`` as its σ.
 
-    return "noise_multiplier" in algorithm_parameters(config.algorithm.name)
-
-
-def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
-    """Fill in a calibrated noise multiplier (when none is given)."""
-    priv = config.privacy
-    given_in_params = "noise_multiplier" in config.algorithm.params
-    if priv.noise_multiplier is not None or given_in_params:
-        return config
-    if not _takes_noise_multiplier(config):
-        # Several noise parameters (LOCKS): they are given in the algorithm
-        # section, and the ledger guards the budget.
-        return config
-    log.info(
-        "calibrating the noise multiplier to (epsilon=%g, delta=%g) over %d rounds "
-        "under the %r analysis",
-        priv.epsilon,
-        priv.delta,
-        config.rounds,
-        priv.analysis,
-    )
-    if config.algorithm.name == "dsgd-rp":
-        d = int(dataset.client_sizes().max())
-        sigma = calibrate_noise(config, records_per_client=d)
-    else:
-        sigma = _calibrate_generic(config, dataset)
-    log.info("noise multiplier: %.4f", sigma)
-    tree = config.to_dict()
-    tree["privacy"]["noise_multiplier"] = sigma
-    return config_from_dict(tree)
-
-
-def _calibrate_generic(config: RunConfig, dataset: Any) -> float:
-    """σ for any algorithm: scale the noise of its unit-noise event.
-
-    The algorithm is built once with ``noise_multiplier = 1`` and its event is
-    rescaled (:func:`~dpfl.accounting.events.scale_noise`); the check is the
-    ledger guard's own (same analysis, same bracket), over ``rounds`` rounds
-    for every client (conservative for per-client schemes).
+    σ = 0 builds the non-private algorithm (its event is ``None``).
     """
-    from dpfl.accounting.calibrate import calibrate_noise_multiplier
-
-    unit_config = config_from_dict(
-        {
-            **config.to_dict(),
-            "privacy": {**config.to_dict()["privacy"], "noise_multiplier": 1.0},
-        }
-    )
-    model = _build_model(unit_config, dataset)
-    unit_event = _build_algorithm(unit_config, model, dataset).event()
-    priv = config.privacy
-    ledger = PrivacyLedger(Budget(priv.epsilon, priv.delta), analysis=priv.analysis)
-    return calibrate_noise_multiplier(
-        lambda s: ev.scale_noise(unit_event, s),
-        epsilon=priv.epsilon,
-        delta=priv.delta,
-        rounds=config.rounds,
-        analysis=priv.analysis,
-        bound_tolerance=ledger.tolerance,
-        bracket=(0.05, 1e3),
-        tolerance=2e-3,
-    )
-
-
-def _build_algorithm(config: RunConfig, model: Any, dataset: Any) -> Any:
-    from dpfl.sim.algorithms import build_algorithm
+    from dpfl.sim.algorithms import algorithm_parameters, build_algorithm
 
     alg = config.algorithm
     params = dict(alg.params)
     sigma = config.privacy.noise_multiplier
-    if "noise_multiplier" not in params and _takes_noise_multiplier(config):
+    if "noise_multiplier" in algorithm_parameters(alg.name):
         params["noise_multiplier"] = sigma if sigma else None
-    algorithm = build_algorithm(
+    return build_algorithm(
         alg.name,
-        model=model,
+        model=_build_model(config, dataset) if model is None else model,
         dataset=dataset,
         device=_device(config.device),
         **params,
     )
-    if alg.name == "dsgd-rp" and sigma:
-        expected = run_event(
-            config,
-            records_per_client=int(dataset.client_sizes().max()),
-            noise_multiplier=sigma,
+
+
+def _units(event: ev.Event, dataset: Any) -> tuple[str, int]:
+    """The privacy unit of ``event`` and how many of them the data holds."""
+    unit = schemes.scheme_of(event).unit
+    if unit == "client":
+        return "clients", int(dataset.num_clients)
+    return "records", int(dataset.client_sizes().sum())
+
+
+def _resolve(config: RunConfig, dataset: Any) -> tuple[RunConfig, Any | None]:
+    """Check the privacy settings against the algorithm; fill in analysis and σ.
+
+    Returns the resolved configuration and, when σ was given, the algorithm
+    already built for the check (``None`` when it must be built again).
+
+    Refuses (ConfigError, one line naming the key) an analysis the algorithm's
+    scheme does not offer, an unproven analysis or mechanism without
+    ``privacy.allow_unproven``, and δ >= 1/n without
+    ``privacy.allow_large_delta``; calibrates σ when it is not given (the
+    calibration plans for the guard that will run, see
+    :func:`dpfl.accounting.calibrate.calibrate_noise_multiplier`).
+    """
+    priv = config.privacy
+    if priv.noise_multiplier == 0:
+        log.info("privacy.noise_multiplier is 0: a NON-PRIVATE run (no noise)")
+        return config, None
+    probe = config
+    if priv.noise_multiplier is None:
+        probe = _with_privacy(config, noise_multiplier=1.0)
+    algorithm = _build_algorithm(probe, dataset)
+    event = algorithm.event()
+    if event is None:  # pragma: no cover - every algorithm is private at σ > 0
+        raise DpflError(f"algorithm {config.algorithm.name!r} emits no privacy event")
+    if priv.guard == "accountant":
+        analysis = schemes.resolve_analysis(event, priv.analysis)
+    else:
+        analysis = ledger_class(priv.guard).rule  # type: ignore[attr-defined]
+    info = schemes.scheme_of(event).analysis(analysis)
+    reasons = []
+    if not info.valid:
+        reasons.append(
+            f"privacy.analysis {analysis!r} is not a proven bound ({info.status}: "
+            f"{info.basis})"
         )
-        if algorithm.event() != expected:
-            raise DpflError(
-                f"the algorithm emits {algorithm.event()!r} but the run was "
-                f"calibrated for {expected!r}"
-            )
-    return algorithm
+    unproven = getattr(algorithm, "unproven", None)
+    if unproven:
+        reasons.append(unproven)
+    if reasons and not priv.allow_unproven:
+        raise ConfigError(
+            f"{reasons[0]}; set privacy.allow_unproven: true to run anyway (every "
+            "epsilon is then labelled as not a proven bound, beside the proven one)"
+        )
+    what, n = _units(event, dataset)
+    if priv.delta >= 1.0 / n and not priv.allow_large_delta:
+        raise ConfigError(
+            f"privacy.delta must be < 1/n = {1.0 / n:.3g} for the n = {n} {what} "
+            "this run protects (a delta that large allows releasing one of them "
+            f"outright with probability delta); got {priv.delta!r}; set "
+            "privacy.allow_large_delta: true to accept it"
+        )
+    sigma = priv.noise_multiplier
+    if sigma is None:
+        log.info(
+            "calibrating the noise multiplier to (epsilon=%g, delta=%g) over %d "
+            "rounds under the %r analysis",
+            priv.epsilon,
+            priv.delta,
+            config.rounds,
+            analysis,
+        )
+        unit_event = event
+        sigma = calibrate_noise_multiplier(
+            lambda s: ev.scale_noise(unit_event, s),
+            epsilon=priv.epsilon,
+            delta=priv.delta,
+            rounds=config.rounds,
+            analysis=analysis,
+            population=int(dataset.num_clients),
+            bound_tolerance=PrivacyLedger(analysis=analysis).tolerance,
+            tolerance=2e-3,
+        )
+        log.info("noise multiplier: %.4f", sigma)
+    keep = None if priv.guard != "accountant" else analysis
+    resolved = _with_privacy(config, noise_multiplier=sigma, analysis=keep)
+    return resolved, algorithm if probe is config else None
+
+
+def _with_privacy(config: RunConfig, **changes: Any) -> RunConfig:
+    tree = config.to_dict()
+    tree["privacy"].update(changes)
+    return config_from_dict(tree)
 
 
 def _ledger(config: RunConfig, run_dir: Path) -> PrivacyLedger:
     priv = config.privacy
-    budget = None if math.isinf(priv.epsilon) else Budget(priv.epsilon, priv.delta)
+    private = bool(priv.noise_multiplier)
+    budget = (
+        None
+        if math.isinf(priv.epsilon) or not private
+        else Budget(priv.epsilon, priv.delta)
+    )
     return ledger_class(priv.guard)(
         budget, analysis=priv.analysis, path=run_dir / LEDGER
     )
@@ -478,7 +406,9 @@ def run(config: RunConfig, *, progress: bool = True, resume: bool = False) -> Ru
     ----------
     config : RunConfig
         The experiment. A ``noise_multiplier`` of ``None`` is calibrated so that
-        ``rounds`` rounds spend the budget (see :func:`calibrate_noise`).
+        ``rounds`` rounds fit the budget
+        (:func:`dpfl.accounting.calibrate.calibrate_noise_multiplier`); 0 runs
+        without noise (non-private).
     progress : bool
         Show a progress bar (round, test loss and accuracy, ε spent).
     resume : bool
@@ -495,8 +425,10 @@ def run(config: RunConfig, *, progress: bool = True, resume: bool = False) -> Ru
     ------
     DpflError
         If the folder already holds a run and ``resume`` is False, on a
-        configuration the data, model or algorithm rejects, or if the saved
-        ledger does not match the configuration.
+        configuration the data, model or algorithm rejects (including an
+        unproven analysis without ``privacy.allow_unproven`` and δ >= 1/n
+        without ``privacy.allow_large_delta``), or if the saved ledger does
+        not match the configuration.
     """
     import torch  # noqa: F401  (fail early with a clear import error)
 
@@ -511,9 +443,9 @@ def run(config: RunConfig, *, progress: bool = True, resume: bool = False) -> Ru
     run_dir.mkdir(parents=True, exist_ok=True)
 
     dataset = _build_dataset(config)
-    config = _resolve(config, dataset)
-    model = _build_model(config, dataset)
-    algorithm = _build_algorithm(config, model, dataset)
+    config, algorithm = _resolve(config, dataset)
+    if algorithm is None:
+        algorithm = _build_algorithm(config, dataset)
 
     from dpfl.sim.loop import Trainer
 
@@ -555,22 +487,57 @@ def run(config: RunConfig, *, progress: bool = True, resume: bool = False) -> Ru
 def _check_ledger(ledger: PrivacyLedger, config: RunConfig) -> None:
     priv = config.privacy
     budget = ledger.budget
-    same_budget = (budget is None and math.isinf(priv.epsilon)) or (
+    analysis = (
+        priv.analysis if priv.guard == "accountant" else ledger_class(priv.guard).rule  # type: ignore[attr-defined]
+    )
+    unbudgeted = math.isinf(priv.epsilon) or not priv.noise_multiplier
+    same_budget = (budget is None and unbudgeted) or (
         budget is not None
         and budget.epsilon == priv.epsilon
         and budget.delta == priv.delta
     )
-    if (
-        ledger.analysis != priv.analysis
-        or ledger.guard != priv.guard
-        or not same_budget
-    ):
+    if ledger.analysis != analysis or ledger.guard != priv.guard or not same_budget:
         raise DpflError(
             f"the saved ledger (analysis {ledger.analysis!r}, guard "
             f"{ledger.guard!r}, budget {budget}) does not match the configuration "
-            f"(analysis {priv.analysis!r}, guard {priv.guard!r}, epsilon="
+            f"(analysis {analysis!r}, guard {priv.guard!r}, epsilon="
             f"{priv.epsilon}, delta={priv.delta})"
         )
+
+
+def _guarantee(
+    ledger: PrivacyLedger, event: ev.Event | None, delta: float
+) -> dict[str, Any]:
+    """What the run's privacy amounts to: ``guarantee.json``.
+
+    The ledger's summary (worst-off unit's ε under the run's analysis, with
+    every term, and the proven ε beside an unproven one), and the figure of
+    every other analysis the scheme offers, each with its status and
+    adversary (e.g. LOCKS: the server and the model observer).
+    """
+    if event is None:
+        return {
+            "private": False,
+            "note": "no noise was added: the run has no privacy guarantee",
+        }
+    out: dict[str, Any] = {"private": True, **ledger.summary(delta)}
+    if not ledger.rounds:
+        return out
+    analyses: dict[str, Any] = {}
+    for a in schemes.scheme_of(event).analyses:
+        try:
+            bound = ledger.epsilon(delta, analysis=a.name)
+        except DpflError:  # an analysis the accountant cannot price (RDP)
+            continue
+        scheme = schemes.scheme_of(event)
+        analyses[a.name] = {
+            "epsilon": bound.upper,
+            "status": a.status,
+            "neighbouring": a.neighbouring or scheme.neighbouring,
+            "adversary": a.adversary or scheme.adversary,
+        }
+    out["analyses"] = analyses
+    return out
 
 
 def _loop(
@@ -578,22 +545,37 @@ def _loop(
 ) -> RunResult:
     from tqdm.auto import tqdm
 
-    private = trainer.algorithm.event() is not None
+    event = trainer.algorithm.event()
+    private = event is not None
     ledger: PrivacyLedger = trainer.ledger
+    status = schemes.describe(event, ledger.analysis)["status"] if private else None
+    default = schemes.scheme_of(event).default if private else None
     stopped = "completed"
     last_eval: dict[str, float] = {}
     spent: float | None = None
+    proven: float | None = None
     last_ckpt = trainer.round if (run_dir / CHECKPOINT).exists() else -1
 
     def evaluate() -> dict[str, Any]:
-        nonlocal last_eval, spent
+        nonlocal last_eval, spent, proven
         last_eval = {k: float(v) for k, v in trainer.algorithm.evaluate().items()}
         out: dict[str, Any] = dict(last_eval)
-        if private and ledger.rounds:
-            spent = float(ledger.epsilon(config.privacy.delta).upper)
-        elif private:
-            spent = 0.0
+        if not private:
+            out["epsilon"] = None
+            out["private"] = False
+            return out
+        delta = config.privacy.delta
+        spent = float(ledger.epsilon(delta).upper) if ledger.rounds else 0.0
         out["epsilon"] = spent
+        if status != "proven":
+            # an unproven figure never travels without the proven one
+            proven = (
+                float(ledger.epsilon(delta, analysis=default).upper)
+                if ledger.rounds
+                else 0.0
+            )
+            out["epsilon_status"] = status
+            out["epsilon_proven"] = proven
         return out
 
     bar = tqdm(
@@ -621,7 +603,10 @@ def _loop(
                 record.update({k: float(v) for k, v in report.metrics.items()})
                 if done % config.eval_every == 0 or done == config.rounds:
                     record.update(evaluate())
-                    bar.set_postfix(_postfix(last_eval, spent), refresh=False)
+                    bar.set_postfix(
+                        _postfix(last_eval, spent, private, status, proven),
+                        refresh=False,
+                    )
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
                 bar.update(1)
@@ -649,6 +634,9 @@ def _loop(
         bar.close()
     if not last_eval and trainer.round:
         evaluate()
+    guarantee = _guarantee(ledger, event, config.privacy.delta)
+    text = json.dumps(guarantee, indent=1, default=str)
+    _atomic_write(run_dir / GUARANTEE, lambda fh: fh.write(text), binary=False)
     _plot(run_dir)
     return RunResult(
         run_dir=run_dir,
@@ -657,6 +645,7 @@ def _loop(
         stopped=stopped,
         epsilon=spent if private else None,
         metrics=last_eval,
+        guarantee=guarantee,
     )
 
 
@@ -675,13 +664,25 @@ def _replace_last(fh: Any, run_dir: Path, record: dict[str, Any]) -> None:
     fh.flush()
 
 
-def _postfix(metrics: dict[str, float], spent: float | None) -> dict[str, str]:
+def _postfix(
+    metrics: dict[str, float],
+    spent: float | None,
+    private: bool,
+    status: str | None,
+    proven: float | None,
+) -> dict[str, str]:
     out = {}
     if "test_loss" in metrics:
         out["loss"] = f"{metrics['test_loss']:.3f}"
     if "test_accuracy" in metrics:
         out["acc"] = f"{metrics['test_accuracy']:.3f}"
-    out["eps"] = "n/a" if spent is None else f"{spent:.3g}"
+    if not private:
+        out["eps"] = "none (non-private)"
+    elif status != "proven":
+        out["eps"] = f"{spent:.3g} ({status}, not a bound)"
+        out["proven eps"] = f"{proven:.3g}"
+    else:
+        out["eps"] = f"{spent:.3g}"
     return out
 
 

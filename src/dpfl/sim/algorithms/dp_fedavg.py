@@ -44,7 +44,7 @@ decreasing in ε). Which accountant prices the rounds depends on the ledger:
     S is a data-dependent statistic that is released (it scales the noise)
     without noise of its own, and its leakage is *not* charged. The event
     prices only the noisy sum; every round's metrics carry
-    ``clip_bound_private = 0`` and :attr:`DpFedAvg.caveats` says so.
+    ``clip_bound_private = 0`` and :attr:`DpFedAvg.unproven` says so.
 ``"adaptive"``
     Andrew et al. (2021): the bound follows a target quantile γ of the update
     norms, ``C_{t+1} = C_t · exp(-η_C (b̃_t - γ))`` with
@@ -318,9 +318,9 @@ class DpFedAvg:
 
     Attributes
     ----------
-    caveats : list of str
-        Statements the run record must carry (e.g. median clipping is not
-        private on its own).
+    unproven : str or None
+        Why the run's ε is not a proven bound whatever the analysis (median
+        clipping), or ``None``; a run must opt in to train such a setting.
     clip_bound : float
         Current clipping bound (adaptive) or the fixed one.
     communication_cost : int
@@ -426,20 +426,17 @@ class DpFedAvg:
             raise InvalidParameterError("dataset has no training records")
         # Validate the schedules at round 0 (later rounds are checked when used).
         self._round_parameters(0)
-        self.caveats: list[str] = []
-        if clipping == "median":
-            self.caveats.append(
-                "median clipping: the clipping bound S = median of the cohort's "
-                "update norms is released without noise and its privacy leakage "
-                "is NOT charged; the reported epsilon covers the noisy sum only "
-                "(Geyer et al. 2017, §3)"
-            )
-        if sampling == "fixed" and self.private:
-            self.caveats.append(
-                "fixed-size cohorts: only a ledger with analysis='sound' "
-                "(replace-one, sampling without replacement) gives a valid bound; "
-                "the 'paper' analysis reads the cohort as Poisson sampling"
-            )
+        #: Why this run's ε is not a proven bound whatever the analysis
+        #: (``None``: nothing beyond the analysis itself).
+        self.unproven: str | None = (
+            "median clipping releases the clipping bound S (the median of the "
+            "cohort's update norms) without noise, and that leak is not "
+            "charged: the reported epsilon covers the noisy sum only, so it is "
+            "not a valid bound for the run (Geyer et al. 2017, Section 3); use "
+            "clipping 'fixed' or 'adaptive'"
+            if clipping == "median" and self.private
+            else None
+        )
         self.clip_bound = float(self.clip)
         self.communication_cost = 0
         self._round_index = 0

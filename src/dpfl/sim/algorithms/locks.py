@@ -49,11 +49,13 @@ rate such proofs usually assume).
 Gaussian(σ_n), Gaussian(σ_g))`` with participants = S1 and
 ``extra={"second_stage": S2}`` (see :meth:`Locks.ledger_extra` and
 :meth:`Locks.realised_event`: before the round only ``max p2 <= 1`` is
-known, and the accountant's observer-view price does not depend on it).
-:meth:`Locks.privacy_report` gives the per-client server view
-(:func:`dpfl.accounting.rdp.locks_server_view` with the realised N1, N2)
-and the observer view (the ledger's accountant and
-:func:`dpfl.accounting.rdp.locks_observer_view`).
+known). The guarantee is client-level under zero-out (the client stays
+enrolled, its data is replaced by data with a zero update) against the server,
+which sees who sent what: the ledger composes each client's own noisy norms
+and updates and stops the run before any client would pass the budget.
+Observers of the released models get no better guarantee from dpfl: the
+noise is added by the clients, so the aggregate's noise level reveals who and
+how many took part. :meth:`Locks.privacy_report` gives both views.
 
 References
 ----------
@@ -73,7 +75,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpfl.accounting import events as ev
-from dpfl.accounting import rdp
+from dpfl.accounting import rdp, schemes
 from dpfl.accounting._checks import (
     check_count,
     check_delta,
@@ -114,10 +116,13 @@ class Locks:
         q1 in (0, 1]: each client joins S1 w.p. q1.
     second_stage_size : int
         m2 >= 1: expected size of S2 when no cap binds (Lemma 4.1).
-    norm_noise_multiplier : float
-        σ_n > 0: noise std of the norm release, in units of ``clip``.
-    update_noise_multiplier : float
-        σ_g > 0: noise std of each uploaded update, in units of ``clip``.
+    noise_multiplier : float
+        σ_g > 0: noise std of each uploaded update, in units of ``clip``
+        (``privacy.noise_multiplier`` in a run config; calibration scales it).
+    norm_noise_ratio : float
+        σ_n / σ_g > 0: the norm release's noise std is ``norm_noise_ratio ·
+        noise_multiplier · clip`` (default 4; the two scales move together
+        when the noise is calibrated).
     clip : float
         C > 0, clip norm of each client's update.
     norm_floor : float or None
@@ -163,8 +168,8 @@ class Locks:
         device: str = "cpu",
         first_stage_probability: float,
         second_stage_size: int,
-        norm_noise_multiplier: float,
-        update_noise_multiplier: float,
+        noise_multiplier: float,
+        norm_noise_ratio: float = 4.0,
         clip: float = 1.0,
         norm_floor: float | None = None,
         local_steps: int = 1,
@@ -187,9 +192,9 @@ class Locks:
             )
         self.q1 = check_probability("first_stage_probability", first_stage_probability)
         self.m2 = check_count("second_stage_size", second_stage_size, minimum=1)
-        self.sigma_n = check_positive("norm_noise_multiplier", norm_noise_multiplier)
-        self.sigma_g = check_positive(
-            "update_noise_multiplier", update_noise_multiplier
+        self.sigma_g = check_positive("noise_multiplier", noise_multiplier)
+        self.sigma_n = self.sigma_g * check_positive(
+            "norm_noise_ratio", norm_noise_ratio
         )
         self.clip = check_positive("clip", clip)
         self.norm_floor = (
@@ -582,7 +587,7 @@ class Locks:
     def privacy_report(
         self, ledger: PrivacyLedger, *, delta: float | None = None
     ) -> dict[str, Any]:
-        """Per-client server view and observer view of a run, labelled.
+        """The worst client's guarantee, for the server and for model observers.
 
         Parameters
         ----------
@@ -594,14 +599,15 @@ class Locks:
         Returns
         -------
         dict
-            ``"server_view"``: the worst client's
-            :func:`~dpfl.accounting.rdp.locks_server_view` (add/remove) with
-            its realised N1, N2, plus ``epsilon_replace_one``.
-            ``"observer_view"``: the ledger accountant's ε (joint Gaussian,
-            Poisson at q1) and :func:`~dpfl.accounting.rdp.locks_observer_view`
-            at the largest recorded max p2. When a round was recorded without
-            ``second_stage``, N2 is taken as N1 (S2 ⊆ S1; conservative) and
-            ``second_stage_recorded`` is False.
+            ``"server_view"``: the most exposed client's realised N1 (noisy
+            norms sent) and N2 (noisy updates sent), and
+            :func:`~dpfl.accounting.rdp.locks_server_view` of them (exact
+            Gaussian composition; zero-out, and ``epsilon_replace_one``); its
+            ``epsilon_ledger`` is the ledger's figure for the same client.
+            ``"observer_view"``: the ledger's ε for parties that see only the
+            released models, which dpfl bounds by the server's view (no
+            amplification is claimed: client-added noise reveals who took
+            part).
 
         Raises
         ------
@@ -613,63 +619,35 @@ class Locks:
                 raise DpflError("delta must be given when the ledger has no budget")
             delta = ledger.budget.delta
         delta = check_delta("delta", delta)
-        n1: dict[int, int] = {}
-        n2: dict[int, int] = {}
-        recorded = True
-        max_p2 = 0.0
+        worst, bound = ledger.worst_unit(delta, analysis="server")
+        n1 = n2 = 0
         for entry in ledger.entries:
-            if isinstance(entry.event, ev.TwoStage):
-                max_p2 = max(max_p2, entry.event.max_second_stage_probability)
-            s1 = entry.participants or ()
-            for k in s1:
-                n1[k] = n1.get(k, 0) + 1
-            if "second_stage" in entry.extra:
-                s2 = entry.extra["second_stage"]
-            else:
-                recorded, s2 = False, s1
-            for k in s2:
-                n2[int(k)] = n2.get(int(k), 0) + 1
-        out: dict[str, Any] = {
-            "rounds": ledger.rounds,
-            "delta": delta,
-            "second_stage_recorded": recorded,
-        }
-        if n1:
-            worst = max(
-                n1,
-                key=lambda k: (
-                    n1[k] / self.sigma_n**2 + n2.get(k, 0) / self.sigma_g**2,
-                    -k,
-                ),
-            )
-        else:
-            worst = -1
+            if worst is not None and worst in (entry.participants or ()):
+                n1 += 1
+                n2 += worst in entry.extra.get("second_stage", ())
         kw: dict[str, Any] = {
             "norm_noise_multiplier": self.sigma_n,
             "update_noise_multiplier": self.sigma_g,
-            "norm_rounds": n1.get(worst, 0),
-            "update_rounds": n2.get(worst, 0),
+            "norm_rounds": n1,
+            "update_rounds": n2,
             "delta": delta,
         }
         server = rdp.locks_server_view(**kw)
         server["epsilon_replace_one"] = rdp.locks_server_view(
             **kw, neighbouring="replace-one"
         )["epsilon"]
+        server["epsilon_ledger"] = bound.upper
         server["client"] = worst
-        out["server_view"] = server
-        if ledger.rounds:
-            observer = rdp.locks_observer_view(
-                q1=self.q1,
-                max_p2=max(max_p2, 1e-12),
-                norm_noise_multiplier=self.sigma_n,
-                update_noise_multiplier=self.sigma_g,
-                rounds=ledger.rounds,
-                delta=delta,
-            )
-            observer["epsilon_ledger"] = ledger.epsilon(delta).upper
-            observer["max_p2"] = max_p2
-            out["observer_view"] = observer
-        return out
+        observer = {
+            "epsilon": ledger.epsilon(delta, analysis="observer").upper,
+            **schemes.describe(self.event(), "observer"),
+        }
+        return {
+            "rounds": ledger.rounds,
+            "delta": delta,
+            "server_view": server,
+            "observer_view": observer,
+        }
 
     def __repr__(self) -> str:
         """Return a short description."""

@@ -324,16 +324,16 @@ class MsPafl:
         Returns
         -------
         Event or None
-            ``CheckIn(max_k p_k, Gaussian(σ/C, sensitivity=2))``: the largest
-            check-in probability (the paper's amplification is priced at the
-            least favourable client) and the replace-one Gaussian release of
-            one clipped public update.
+            ``CheckIn(max_k p_k, Gaussian(σ/C))``: the largest check-in
+            probability (the least favourable client) and the Gaussian release
+            of one clipped public update, priced under replace-one (the
+            check-in event doubles the sensitivity: Δ = 2C).
         """
         if not self.private:
             return None
         return ev.CheckIn(
             float(self.probabilities.max()),
-            ev.Gaussian(float(self.noise_multiplier or 0.0), sensitivity=2.0),
+            ev.Gaussian(float(self.noise_multiplier or 0.0)),
         )
 
     def local_guarantee(self) -> tuple[float, float]:

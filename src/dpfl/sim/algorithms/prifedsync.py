@@ -72,6 +72,7 @@ enosair/federated-fdp (``sync.py``, ``sampler.py``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -391,19 +392,24 @@ class PriFedSync:
         Returns
         -------
         Event or None
-            ``SelfComposed(WithoutReplacement(B, n_min, Gaussian(2σ,
-            sensitivity=2)), K)``: K steps, each a uniform size-B subset of
-            the smallest client's ``n_min`` records, noise std ``2Cσ`` on a
-            sum of replace-one sensitivity ``2C``, i.e. ``C_{B/n}(G_{1/σ})``.
+            ``CheckIn(p', SelfComposed(WithoutReplacement(B, n_min,
+            Gaussian(2σ)), K))``: a client syncs w.p. ``p'`` (the server sees
+            who), then runs K steps, each on a uniform size-B subset of the
+            smallest client's ``n_min`` records, with noise std ``2Cσ`` on a
+            clipped sum of replace-one sensitivity ``2C``, i.e.
+            ``C_{B/n}(G_{1/σ})`` per step. ``p' = p / (1 - (1-p)^m)`` is the
+            chance that a client syncs given that Ω is re-drawn while empty.
         """
         if not self.private or self.noise_multiplier is None:
             return None
         step = ev.WithoutReplacement(
             self.batch_size,
             self.min_client_size,
-            ev.Gaussian(2.0 * self.noise_multiplier, sensitivity=2.0),
+            ev.Gaussian(2.0 * self.noise_multiplier),
         )
-        return ev.SelfComposed(step, self.local_steps)
+        p = self.sync_probability
+        synced = min(1.0, p / -math.expm1(self.num_clients * math.log1p(-p)))
+        return ev.CheckIn(synced, ev.SelfComposed(step, self.local_steps))
 
     # -- one round ----------------------------------------------------------------
     def sync_clients(self, rng: np.random.Generator) -> np.ndarray:
