@@ -19,7 +19,10 @@ import numpy as np
 
 from dpfl.errors import DpflError, InvalidParameterError
 
-__all__ = ["plot_epsilon_curves", "plot_runs"]
+__all__ = ["epsilon_terms", "plot_epsilon_curves", "plot_runs"]
+
+#: The terms that must agree before two runs' ε share an axis.
+_TERMS = ("delta", "unit", "neighbouring", "adversary")
 
 
 def _pyplot() -> Any:
@@ -29,6 +32,45 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _run_terms(run_dir: Path) -> dict[str, Any]:
+    """The guarantee's terms of a run (``guarantee.json``, else the ledger's)."""
+    for name, key in (("guarantee.json", None), ("ledger.json", "summary")):
+        path = run_dir / name
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError:
+                continue
+            data = data.get(key) if key else data
+            if isinstance(data, dict) and "unit" in data:
+                return data
+    return {}
+
+
+def epsilon_terms(
+    run_dirs: Sequence[str | Path],
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each run's guarantee terms, and the terms on which the runs differ.
+
+    Parameters
+    ----------
+    run_dirs : sequence of str or Path
+        Run folders.
+
+    Returns
+    -------
+    (list of dict, list of str)
+        Per run its terms (``delta``, ``unit``, ``neighbouring``,
+        ``adversary``, ``analysis``, ``status``; empty when unknown), and the
+        names among ``delta``, ``unit``, ``neighbouring``, ``adversary`` whose
+        values differ between runs (their ε then do not measure one thing).
+    """
+    terms = [_run_terms(Path(d)) for d in run_dirs]
+    known = [t for t in terms if t]
+    differ = [k for k in _TERMS if len({str(t.get(k)) for t in known}) > 1]
+    return terms, differ
 
 
 def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -87,11 +129,16 @@ def plot_runs(
     fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     drawn = 0
     any_eps = False
+    terms, differ = epsilon_terms(dirs)
     for i, d in enumerate(dirs):
         rows = [r for r in _read_rows(d) if r.get("test_accuracy") is not None]
         if not rows:
             continue
         label = labels[i] if labels is not None else d.name
+        if differ and terms[i]:
+            label += " [" + ", ".join(f"{k}: {terms[i].get(k)}" for k in differ) + "]"
+        if terms[i].get("status", "proven") != "proven":
+            label += f" ({terms[i]['status']}: not a proven bound)"
         rounds = [r["round"] for r in rows]
         acc = [r["test_accuracy"] for r in rows]
         (line,) = ax_r.plot(rounds, acc, marker=".", label=label)
@@ -115,7 +162,11 @@ def plot_runs(
     ax_r.set_ylabel("test accuracy")
     ax_r.grid(alpha=0.3)
     ax_r.legend(fontsize="small")
-    ax_e.set_xlabel("ε spent (upper bound at the budget's δ)")
+    ax_e.set_xlabel(
+        "ε spent by the worst-off unit (upper bound at the budget's δ)"
+        if not differ
+        else f"ε spent: NOT one scale, the runs differ in {', '.join(differ)}"
+    )
     ax_e.set_ylabel("test accuracy")
     ax_e.grid(alpha=0.3)
     if any_eps:

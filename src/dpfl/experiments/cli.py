@@ -101,7 +101,7 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from dpfl.plotting import plot_runs
+    from dpfl.plotting import epsilon_terms, plot_runs
 
     out = args.out or (
         Path(args.run_dirs[0]) / "accuracy.png"
@@ -109,6 +109,13 @@ def _plot(args: argparse.Namespace) -> int:
         else Path("runs.png")
     )
     print(plot_runs(args.run_dirs, out))
+    _, differ = epsilon_terms(args.run_dirs)
+    if differ:
+        print(
+            f"note: the runs' epsilons differ in {', '.join(differ)}; they are not "
+            "on one scale (the legend gives each run's terms)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -125,7 +132,8 @@ def _demo(args: argparse.Namespace) -> int:
             f"{res.accuracy[name]:>9.3f} {res.late_accuracy[name]:>9.3f}"
         )
     print(
-        f"sound beats OLS at the same budget: {'yes' if res.sound_beats_ols else 'NO'}"
+        "WCS (the default) beats OLS at the same budget: "
+        f"{'yes' if res.default_beats_ols else 'NO'}"
     )
     print(f"report: {res.out_dir / 'report.md'} ({res.seconds:.0f} s)")
     return 0
@@ -215,8 +223,8 @@ def add_subcommands(subparsers: Any) -> None:
         "demo",
         help="one budget, noise calibrated by three analyses, on embedded digits",
         description="Train DP-DSGD with random participation on the embedded "
-        "digits with noise calibrated by the sound, WCS and OLS analyses to one "
-        "budget, and without noise; writes OUT/report.md.",
+        "digits with noise calibrated by the WCS (default), sound (open) and OLS "
+        "analyses to one budget, and without noise; writes OUT/report.md.",
     )
     p.add_argument("--out", default="demo", help="output folder (default: demo)")
     p.add_argument("--rounds", type=int, help="number of rounds (default 100)")
