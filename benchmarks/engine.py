@@ -265,7 +265,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=30)
     parser.add_argument("--p", type=float, default=0.001)
     parser.add_argument("--q", type=float, default=0.1)
-    # Sound σ for per-round (0.015, 1e-6) in scenario 1 (SPEC.md §0.3 table).
+    # Sound σ for per-round (0.015, 1e-6) in scenario 1 (docs/analyses.md table).
     parser.add_argument("--noise-multiplier", type=float, default=2.4903)
     parser.add_argument("--memory-of", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--timing-worker", action="store_true", help=argparse.SUPPRESS)

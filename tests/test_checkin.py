@@ -1,4 +1,4 @@
-"""Tests for dpfl.accounting.checkin (MS-PAFL, SPEC §1.2-1.3)."""
+"""Tests for dpfl.accounting.checkin (MS-PAFL, docs/analyses.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from scipy import stats
 from dpfl.accounting import checkin, composition
 from dpfl.errors import InvalidParameterError
 
-# SPEC §1.3 item 6 example, reverse-engineered (notes/checkin.md): local
+# docs/analyses.md example, reverse-engineered (notes/checkin.md): local
 # ε = 0.5, δ = 1e-5 (Lemma 1 with Δ = 2C), γ = 0.1, p R = 20 rounds.
 EX_Z = 2 * math.sqrt(2 * math.log(1.25 / 1e-5)) / 0.5  # σ / C = 19.379
 
@@ -41,7 +41,7 @@ def test_lemma1_sigma_closed_form_and_range():
 
 
 def test_subsampling_ratio_values():
-    # Closed forms of SPEC §1.2 / §1.3 item 8, by hand; rel 1e-12.
+    # Closed forms of docs/analyses.md / §1.3 item 8, by hand; rel 1e-12.
     assert checkin.subsampling_ratio(
         batch_size=32, dataset_size=320, replacement=False
     ) == pytest.approx(0.1, rel=1e-12)
@@ -83,7 +83,7 @@ def test_amplified_closed_form():
 
 # --- Theorem 2 / Corollary 1 -------------------------------------------------
 def test_spec_1_3_item_4_tail_values():
-    # SPEC §1.3 item 4 (K = 1000, p = 0.1, ξ = 0.5): Hoeffding 1.3e-2, exact 2.8e-9.
+    # docs/analyses.md (K = 1000, p = 0.1, ξ = 0.5): Hoeffding 1.3e-2, exact 2.8e-9.
     hoeff = checkin.hoeffding_tail(clients=1000, probability=0.1, xi=0.5)
     assert hoeff == pytest.approx(2 * math.exp(-5), rel=1e-12)  # 1.3476e-2
     assert f"{hoeff:.1e}" == "1.3e-02"
@@ -135,7 +135,7 @@ def test_central_round_hand_checked():
     assert eps_c == pytest.approx(7.3244e-4, rel=1e-4)
     assert delta_c == pytest.approx(1e-7 + delta_h, rel=1e-12)
     # Paper's Hoeffding tail: δ_c ≈ 1.35e-2, so 100 rounds give R δ_c > 1
-    # (SPEC §1.3 item 4).
+    # (docs/analyses.md).
     eps_h, delta_hoeff = checkin.central_round(
         epsilon=0.5,
         delta=1e-5,
@@ -189,7 +189,7 @@ def test_central_round_rejects_invalid_classic_regime():
 
 # --- Theorem 3, sound client, exact PLD -------------------------------------
 def test_local_total_moments_spec_example():
-    # SPEC §1.3 item 6 "formula 0.333": A = 20 γ² (2C)²/((1-γ) σ²), C = 1.
+    # docs/analyses.md "formula 0.333": A = 20 γ² (2C)²/((1-γ) σ²), C = 1.
     out = checkin.local_total_moments(
         probability=1.0,
         rounds=20,
@@ -204,7 +204,7 @@ def test_local_total_moments_spec_example():
         a + 2 * math.sqrt(a * math.log(1e5)), rel=1e-12
     )
     assert out["epsilon"] == pytest.approx(0.3325, abs=5e-5)
-    # SPEC: "gamma >= 1/(16 sigma/2C) in our example" -> invalid.
+    # reference: "gamma >= 1/(16 sigma/2C) in our example" -> invalid.
     assert out["sigma_over_sensitivity_ge_1"] is True
     assert out["gamma_lt_1_over_16z"] is False
     assert out["valid"] is False
@@ -222,7 +222,7 @@ def test_local_total_moments_scales_as_gamma_sqrt_pR():
 
 
 def test_pld_subsampled_local_reproduces_spec_example():
-    # SPEC §1.3 item 6: "ε 0.154 vs formula 0.333 at pR = 20 rounds"; we get
+    # docs/analyses.md: "ε 0.154 vs formula 0.333 at pR = 20 rounds"; we get
     # 0.15434 (printed to 3 decimals: abs tolerance 5e-4).
     eps = checkin.pld_subsampled_local(
         gamma=0.1, noise_multiplier=EX_Z, clip=1.0, rounds_joined=20, delta=1e-5
@@ -240,7 +240,7 @@ def test_pld_subsampled_local_reproduces_spec_example():
     assert fine <= eps + 1e-9
     assert eps - fine < 1e-5
     # Symmetrised C_γ(G) is at least the add/remove Poisson answer (0.15238 with
-    # dp_accounting from_gaussian_mechanism composed per direction, SPEC §3.3).
+    # dp_accounting from_gaussian_mechanism composed per direction, docs/analyses.md).
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     poisson = pld.from_gaussian_mechanism(EX_Z / 2, sampling_prob=0.1).self_compose(20)

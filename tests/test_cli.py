@@ -38,7 +38,7 @@ def test_calibrate_random_participation_per_round(capsys, analysis):
         "--analysis",
         analysis,
     )
-    # SPEC.md §0.3 reference table, scenario 1 (tolerance 0.5%).
+    # docs/analyses.md reference table, scenario 1 (tolerance 0.5%).
     expected = {
         "sound": 2.4903,
         "wcs": 7.6651,
@@ -103,7 +103,7 @@ def test_prifedsync(capsys):
         2.71, abs=5e-3
     )  # federated-f-dp.txt Table 1 row 1
     exact = run_json(capsys, *args, "--analysis", "exact", "--delta", "1e-5")
-    assert exact["epsilon"] == pytest.approx(13.88, abs=0.02)  # SPEC.md §3.5 table
+    assert exact["epsilon"] == pytest.approx(13.88, abs=0.02)  # docs/analyses.md table
     assert exact["mu_effective"] == pytest.approx(2.60, abs=0.01)
 
 

@@ -69,7 +69,7 @@ def test_strong_drv_matches_closed_form_in_mpmath():
 
 
 def test_spec_0_3_advanced_composition_value():
-    # SPEC §0.3: "advanced composition of per-round (0.015, 1e-6) over T = 10,000
+    # docs/analyses.md: "advanced composition of per-round (0.015, 1e-6) over T = 10,000
     # gives ε ≈ 10.2 at δ = 1e-2".  It is the DRV form with slack δ̃ = 1e-6:
     # ε = 10.1517 (printed to one decimal as 10.2), δ = 1e-2 + 1e-6.
     eps, delta = composition.strong_drv(

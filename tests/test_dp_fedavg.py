@@ -1,4 +1,4 @@
-"""Client-level DP-FedAvg (Geyer et al. 2017; SPEC.md §4)."""
+"""Client-level DP-FedAvg (Geyer et al. 2017; docs/analyses.md)."""
 
 from __future__ import annotations
 

@@ -234,7 +234,7 @@ def test_untrusted_server_variants():
 # ----------------------------------------------------------------------- guards
 def test_budget_guard_with_dsgd_rp():
     # σ = 3 under the default (sound) analysis: the ledger certifies 13 rounds
-    # within (2, 1e-5) (SPEC.md §0.3 pair, composed by PLD); the Trainer runs
+    # within (2, 1e-5) (docs/analyses.md pair, composed by PLD); the Trainer runs
     # exactly those, then refuses the next round before computing anything.
     kw = {**PRIVATE, "noise_multiplier": 3.0}
     event = ev.ClientPoisson(0.5, ev.RecordPoisson(0.5, 14, ev.Gaussian(3.0)))

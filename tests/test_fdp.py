@@ -16,7 +16,7 @@ from dpfl.accounting import fdp, gaussian
 from dpfl.accounting.bounds import Bound, Guarantee
 from dpfl.errors import InvalidParameterError
 
-# SPEC.md §3.5 table (federated-f-dp.txt Tables 1-2, MNIST, n = 600):
+# docs/analyses.md table (federated-f-dp.txt Tables 1-2, MNIST, n = 600):
 # (p, sigma, B, K, R, paper mu_max, eps(G_mu), eps_exact, mu_eff)
 MNIST_ROWS = [
     (1.0, 1.0, 16, 38, 93, 2.71, 14.64, 13.88, 2.60),
@@ -41,7 +41,7 @@ CIFAR_ROWS = [
     (0.75, 671, 14.13),
     (0.5, 405, 37.51),
 ]
-DELTA = 1e-5  # the δ of SPEC §3.5's eps columns (see test_table_delta_is_1e5)
+DELTA = 1e-5  # the δ of the reference table's eps columns (see test_table_delta_is_1e5)
 
 
 def _mnist_mu(row):
@@ -57,7 +57,7 @@ def _mnist_mu(row):
 
 @pytest.mark.parametrize("row", MNIST_ROWS)
 def test_clt_mu_reproduces_tables_1_2(row):
-    # Source: federated-f-dp.txt Tables 1-2 (column mu_max), = SPEC §3.5 "paper".
+    # Source: federated-f-dp.txt Tables 1-2 (column mu_max), = docs/analyses.md "paper".
     # Tolerance: the printed 2 decimals (|mu - printed| <= 0.005).
     assert abs(_mnist_mu(row) - row[5]) <= 0.005
 
@@ -76,7 +76,7 @@ def test_clt_mu_reproduces_table_3(sigma, rounds, printed):
 
 
 def test_clt_mu_uses_sqrt2_c_not_sqrt_2c():
-    # SPEC §3.6 item 1: the main text's sqrt(2c) would give 2.15 for row 1, the
+    # docs/analyses.md: the main text's sqrt(2c) would give 2.15 for row 1, the
     # table prints 2.71 = sqrt(2)·c·sqrt(H). Closed form, tolerance 1e-12.
     c = (16 / 600) * math.sqrt(38 * 93)
     h = math.exp(1.0) * stats.norm.cdf(1.5) + 3 * stats.norm.cdf(-0.5) - 2
@@ -88,7 +88,7 @@ def test_clt_mu_uses_sqrt2_c_not_sqrt_2c():
 
 @pytest.mark.parametrize("row", MNIST_ROWS[:3])
 def test_table_delta_is_1e5(row):
-    # Which δ did SPEC §3.5 use for eps(G_mu)? At δ = 1e-5 the CLT μ gives the
+    # Which δ did docs/analyses.md use for eps(G_mu)? At δ = 1e-5 the CLT μ gives the
     # printed column (2 decimals, ±0.005); at δ = 1e-6 it would be >= 1.3 larger.
     mu = _mnist_mu(row)
     assert abs(gaussian.gdp_epsilon(1e-5, mu=mu) - row[6]) <= 0.005
@@ -97,7 +97,7 @@ def test_table_delta_is_1e5(row):
 
 @pytest.mark.parametrize("index", [0, 3, 5, 9])
 def test_exact_epsilon_and_mu_eff_match_spec_table(index):
-    # Source: SPEC §3.5 columns eps_exact and mu_eff (δ = 1e-5).
+    # Source: docs/analyses.md columns eps_exact and mu_eff (δ = 1e-5).
     # Tolerance: 0.02 absolute on ε, 0.005 on mu_eff (printed 2 decimals);
     # the bracket [lower, upper] must be narrower than 0.01 at h = 1e-3 and
     # contain the printed value within the 0.005 rounding.
@@ -122,7 +122,7 @@ def test_exact_epsilon_and_mu_eff_match_spec_table(index):
     [(1.0, 468, 6.33), (0.5, 207, 14.64), (0.5, 405, 20.21)],
 )
 def test_cifar_exact_mu_eff_matches_spec(sigma, rounds, mu_eff):
-    # Source: SPEC §3.5 (Table 3 CIFAR, exact mu_eff at δ = 1e-5; the CLT μ is
+    # Source: docs/analyses.md (Table 3 CIFAR, exact mu_eff at δ = 1e-5; the CLT μ is
     # 26.81 / 37.51 at σ = 0.5, far above). Tolerance: printed 2 decimals.
     bound = fdp.exact_epsilon(
         DELTA,
@@ -136,7 +136,7 @@ def test_cifar_exact_mu_eff_matches_spec(sigma, rounds, mu_eff):
 
 
 def test_exact_composition_is_fast():
-    # SPEC §3.5: each exact composition takes < 1 s (measured ~0.1 s for upper
+    # docs/analyses.md: each exact composition takes < 1 s (measured ~0.1 s for upper
     # and lower together on 2 cores); asserted with slack for slow CI machines.
     fdp._composed.cache_clear()
     start = time.perf_counter()
@@ -172,7 +172,7 @@ def test_exact_delta_brackets_and_agrees_with_exact_epsilon():
 @pytest.mark.parametrize(("sigma", "steps"), [(5.0, (10, 10)), (2.0, (4, 25))])
 def test_full_batch_is_gaussian_composition(sigma, steps):
     # p = B/n = 1: C_1(G_{1/σ})^{⊗T} = G_{sqrt(T)/σ} exactly (DRS Cor 3.3).
-    # Tolerance 1e-6 on δ (SPEC §3.3 check) at h = 1e-4 (measured <= 4.1e-8; at
+    # Tolerance 1e-6 on δ (docs/analyses.md check) at h = 1e-4 (measured <= 4.1e-8; at
     # the default h = 1e-3 the error is <= 4.1e-6, second order in h), and the
     # bracket must contain the truth.
     k, r = steps
@@ -199,7 +199,7 @@ def test_full_batch_is_gaussian_composition(sigma, steps):
 def test_one_step_tradeoff_from_pld_equals_closed_form_hull(sigma, p):
     # The trade-off read back from the one-step PLD (pessimistic and optimistic)
     # equals the closed-form C_p(G_{1/σ}) (three pieces, incl. the slope −1
-    # segment) to 1e-4 (SPEC §3.3 check), and brackets it:
+    # segment) to 1e-4 (docs/analyses.md check), and brackets it:
     # f_pess <= f <= f_opt (to 1e-12).
     mu = 1 / sigma
     x_star = stats.norm.cdf(-mu / 2)
@@ -256,7 +256,7 @@ def test_closed_form_equals_definitional_hull(mu, p):
 
 @pytest.mark.parametrize(("mu", "p"), [(1.0, 0.2), (2.0, 0.05)])
 def test_symmetrised_profile_is_conjugate_of_closed_form(mu, p):
-    # SPEC §3.3: δ_C = max(δ_add, δ_rem) is the profile of C_p(G_μ). Check both
+    # docs/analyses.md: δ_C = max(δ_add, δ_rem) is the profile of C_p(G_μ). Check both
     # conversions of §3.4: δ from the closed-form f (1e-8) and f from the δ
     # profile (1e-6, ε grid step 1e-3).
     f = functools.partial(fdp.subsampled_tradeoff, mu=mu, sampling_probability=p)
@@ -302,10 +302,10 @@ def test_add_remove_closed_forms_match_dp_accounting(sigma, p, eps):
 
 
 def test_symmetrise_then_compose_pitfall():
-    # SPEC §3.3 pitfall, Table-1 row 1: composing add and remove separately
+    # docs/analyses.md pitfall, Table-1 row 1: composing add and remove separately
     # (dp_accounting from_gaussian_mechanism(σ, sampling_prob=p).self_compose)
     # gives the Poisson add/remove answer 10.82; the symmetrised C_p^{⊗KR} gives
-    # 13.88, and is always >= it. Tolerance 0.02 (SPEC's printed values).
+    # 13.88, and is always >= it. Tolerance 0.02 (the reference table's printed digits).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         poisson = (
@@ -329,7 +329,7 @@ def test_symmetrise_then_compose_pitfall():
 
 
 def test_discretisation_refinement_agrees():
-    # SPEC §3.3: h = 1e-3 vs 1e-4 agree to 0.01; the finer brackets nest.
+    # docs/analyses.md: h = 1e-3 vs 1e-4 agree to 0.01; the finer brackets nest.
     kwargs = dict(
         noise_multiplier=1.0,
         batch_size=8,
@@ -407,7 +407,7 @@ def test_mu_effective_round_trip():
     # mu_effective is the GDP μ through (ε, δ): gdp_delta(ε, μ_eff) = δ (1e-9).
     mu = fdp.mu_effective(epsilon=13.88, delta=DELTA)
     assert gaussian.gdp_delta(13.88, mu=mu) == pytest.approx(DELTA, rel=1e-9)
-    assert abs(mu - 2.60) <= 0.005  # SPEC §3.5 row 1
+    assert abs(mu - 2.60) <= 0.005  # docs/analyses.md row 1
 
 
 def test_identity_tradeoff():
@@ -415,9 +415,9 @@ def test_identity_tradeoff():
 
 
 def test_weak_and_strong_federated_row_1():
-    # Table-1 row 1 with m = 100 clients: sound ε = 13.88 (SPEC §3.5), CLT
+    # Table-1 row 1 with m = 100 clients: sound ε = 13.88 (docs/analyses.md), CLT
     # μ_max = 2.71 (Table 1), paper's strong μ = sqrt(99)·2.711 = 26.97
-    # (SPEC §3.6 item 5 prints 26.96 = sqrt(99)·2.71). Tolerances: printed decimals.
+    # (docs/analyses.md prints 26.96 = sqrt(99)·2.71). Tolerances: printed decimals.
     kwargs = dict(
         noise_multiplier=1.0,
         batch_size=16,
@@ -461,7 +461,7 @@ def test_federated_picks_least_private_client():
         rounds=64,
     )
     assert g.values["epsilon"] == single
-    assert abs(g.values["epsilon"].upper - 21.02) <= 0.02  # SPEC §3.5 row 3
+    assert abs(g.values["epsilon"].upper - 21.02) <= 0.02  # docs/analyses.md row 3
     assert g.values["num_clients"] == 3
 
 

@@ -113,7 +113,7 @@ def test_build_model_errors():
 
 # ------------------------------------------------------------------ split
 def test_logistic_regression_split_first_half_private():
-    # SPEC §1.1 item 2 / ms-pafl §V-A: d = 14, first 7 coordinates private.
+    # docs/analyses.md / ms-pafl §V-A: d = 14, first 7 coordinates private.
     model = LogisticRegression(14, 1, bias=False)
     split = split_parameters(model)
     assert split.num_parameters == 14

@@ -81,7 +81,7 @@ def test_seeded_run_emits_one_checkin_event_per_round_and_sound_epsilon():
     acc = Accountant().compose(ev.Gaussian(2.0, sensitivity=2.0), n_max)
     assert report["sound"]["epsilon"] == pytest.approx(acc.epsilon(1e-5).upper)
     # ... and matches the exact GDP composition mu = (2C/σ) sqrt(N) (Dong-Roth-Su
-    # Cor. 3.3, SPEC §1.3 item 2) to the accountant's 2% bracket.
+    # Cor. 3.3, docs/analyses.md) to the accountant's 2% bracket.
     mu = math.sqrt(n_max)
     exact = gaussian.gdp_epsilon(1e-5, mu=mu)
     assert report["sound"]["epsilon"] == pytest.approx(exact, rel=0.02)
@@ -102,7 +102,7 @@ def test_privacy_report_paper_figures_equal_the_formulas():
     gamma = checkin.subsampling_ratio(
         batch_size=8, dataset_size=40, replacement=False, local_steps=3
     )
-    # SPEC §1.3 item 8: a record is touched w.p. 1 - (1 - b/n)^E.
+    # docs/analyses.md: a record is touched w.p. 1 - (1 - b/n)^E.
     assert rep["paper_central_round"]["gamma"] == pytest.approx(1 - (1 - 8 / 40) ** 3)
     eps_c, delta_c = checkin.central_round(
         epsilon=2.0, delta=1e-5, clients=40, probability=0.5, gamma=gamma, xi=0.5
@@ -262,7 +262,7 @@ def test_horvitz_thompson_on_updates_is_unbiased_with_heterogeneous_p():
 
 
 def test_local_batches_touch_a_record_with_the_subsampling_ratio():
-    # SPEC §1.3 item 8: P(record touched in E steps) = 1-(1-b/n)^E (WOR),
+    # docs/analyses.md: P(record touched in E steps) = 1-(1-b/n)^E (WOR),
     # 1-(1-1/n)^{bE} (WR). Monte Carlo, 5 standard errors.
     rng = np.random.default_rng(1)
     n, b, e, trials = 20, 5, 3, 20000

@@ -1,4 +1,4 @@
-"""Tests of dpfl.accounting.participation (random participation, SPEC.md §0)."""
+"""Tests of dpfl.accounting.participation (random participation, docs/analyses.md)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _calibrate(analysis="wcs", epsilon=0.015, delta=1e-6, rounds=1, **scheme):
     return solve_noise_multiplier(eps_of, epsilon=epsilon, tolerance=1e-4)
 
 
-# --- calibration against SPEC §0.3's table (tolerance 0.5%, SPEC.md §0.3) ---
+# --- calibration against the reference table (tolerance 0.5%) ---
 
 
 @pytest.mark.parametrize(
@@ -66,7 +66,7 @@ def test_calibration_scenario_2(analysis, sigma):
 
 
 def test_paper_certifies_every_sigma_in_scenario_2():
-    # SPEC §0.3: Theorem 4.1's delta stays below 3e-19 for every sigma.
+    # docs/analyses.md: Theorem 4.1's delta stays below 3e-19 for every sigma.
     with pytest.raises(CertifiesEverySigma, match="every"):
         _calibrate("paper", **TARGET, **S2)
     for sigma in (0.05, 0.646, 1.0, 5.0):
@@ -82,7 +82,7 @@ def test_calibrated_sigma_meets_target():
     assert rp.round_epsilon(1e-6, noise_multiplier=sigma, **S1) <= 0.015 + 1e-12
 
 
-# --- sanity checks (SPEC §0.3) ---
+# --- sanity checks (docs/analyses.md) ---
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.015, 0.3, 1.0])
@@ -146,7 +146,7 @@ def test_paper_closed_form_is_hockey_stick_of_collinear_pair(sigma, eps):
 
 
 def _subsampled(eps, rate, sigma):
-    # independent closed form (SPEC §0.2 Thm 5.1 / Cor 5.3)
+    # independent closed form (docs/analyses.md Thm 5.1 / Cor 5.3)
     e1 = math.log1p(math.expm1(eps) / rate)
     return rate * (
         special.ndtr(0.5 / sigma - e1 * sigma)
@@ -176,7 +176,7 @@ def test_closed_forms_equal_exact_pairs(eps):
 
 
 def test_sound_matches_spec_advanced_joint_convexity_form():
-    # SPEC §0.3: delta = pq sum_i w_i D_{a'}(N(i+1) || c1 N(0) + c2 N(i)),
+    # docs/analyses.md: delta = pq sum_i w_i D_{a'}(N(i+1) || c1 N(0) + c2 N(i)),
     # computed independently with quad per label; tol 1e-8 rel.
     p, q, d, sigma, eps = 0.001, 0.1, 30, 2.4903, 0.015
     pq = p * q
@@ -317,7 +317,7 @@ def test_cs_matches_dp_accounting():
 
 
 def test_spec_composition_figures():
-    # SPEC §0.3: at sigma = 2.3715, T = 10,000, delta = 1e-6 the collinear
+    # docs/analyses.md: at sigma = 2.3715, T = 10,000, delta = 1e-6 the collinear
     # pair gives eps ~ 0.33 and WCS ~ 0.80 (stated to 2 digits: tol 2%).
     paper = rp.epsilon(
         1e-6, rounds=10_000, noise_multiplier=2.3715, analysis="paper", **S1
@@ -366,7 +366,7 @@ def test_sound_is_above_configuration_search(scheme, sigma):
 @pytest.mark.slow
 @pytest.mark.parametrize("scheme,sigma", [(S1, 2.3720), (S2, 0.7417)])
 def test_configuration_search_reproduces_spec_table(scheme, sigma):
-    # SPEC §0.3 table: the configuration-search lower bound needs sigma 2.3720
+    # docs/analyses.md table: the configuration-search lower bound needs sigma 2.3720
     # (scenario 1) and 0.7417 (scenario 2) for delta = 1e-6 (tol 2% in delta).
     lb = rp.configuration_search_lower_bound(
         noise_multiplier=sigma, epsilon=0.015, **scheme

@@ -128,7 +128,7 @@ def test_reported_epsilon_equals_the_accountants_and_the_exact_fdp_value():
         assert ledger.client_epsilon(fewest, DELTA).upper < summary["epsilon"]
     # Independent witness: fdp.exact_epsilon composes C_{B/n}(G_{1/sigma}) for
     # K*R_max steps on its own grid (h = 1e-3); the accountant refines until
-    # its bracket is within 2% (SPEC §3.3), so they agree to 3% (relative).
+    # its bracket is within 2% (docs/analyses.md), so they agree to 3% (relative).
     n = int(ds.client_sizes().min())
     exact = fdp.exact_epsilon(
         DELTA,
@@ -143,7 +143,7 @@ def test_reported_epsilon_equals_the_accountants_and_the_exact_fdp_value():
     assert weak.values["epsilon"].upper == pytest.approx(summary["epsilon"], rel=0.03)
     assert weak.values["num_clients"] == ds.num_clients
     assert summary["strong"].values["epsilon"] == weak.values["epsilon"]
-    # CLT mu, closed form of Theorem 2 / App. D (SPEC §3.2), to 1e-12:
+    # CLT mu, closed form of Theorem 2 / App. D (docs/analyses.md), to 1e-12:
     # mu = sqrt(2) (B/n) sqrt(K R) sqrt(e^{1/s^2} Phi(1.5/s) + 3 Phi(-0.5/s) - 2).
     h = math.e * special.ndtr(1.5) + 3 * special.ndtr(-0.5) - 2
     mu = math.sqrt(2) * (4 / n) * math.sqrt(3 * r_max) * math.sqrt(h)

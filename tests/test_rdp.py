@@ -30,7 +30,7 @@ def _gdp_delta_mp(eps: float, mu: float) -> float:
     )
 
 
-# --- DP-FedAvg: SPEC §4.2 example --------------------------------------------
+# --- DP-FedAvg: docs/analyses.md example --------------------------------------------
 @pytest.mark.parametrize(
     "analysis, sigma",
     [("paper-rdp", 1.081), ("paper-pld", 0.983), ("sound-rdp", 3.396)],
@@ -289,7 +289,7 @@ def test_rdp_to_dp_validation():
 
 
 def test_locks_server_view_exact_composition():
-    # μ = sqrt(N1/σ_n² + N2/σ_g²) (SPEC §2.2): 30/25 + 10/2.25 = 5.6444,
+    # μ = sqrt(N1/σ_n² + N2/σ_g²) (docs/analyses.md): 30/25 + 10/2.25 = 5.6444,
     # μ = 2.37580; rel 1e-12.  ε from the GDP curve checked in mpmath.
     out = rdp.locks_server_view(
         norm_noise_multiplier=5.0,

@@ -1,4 +1,4 @@
-"""dpfl reproduce: report tables match the papers where SPEC says they should."""
+"""dpfl reproduce: report tables match the papers where they should."""
 
 import pytest
 
@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 
 
 def test_ms_pafl_report_reproduces_spec_example(tmp_path):
-    # SPEC.md §1.3 item 6: exact PLD 0.154 vs Theorem 3's 0.333 (20 rounds);
+    # docs/analyses.md: exact PLD 0.154 vs Theorem 3's 0.333 (20 rounds);
     # §1.3 item 4: Hoeffding 1.3e-2 vs exact tail 2.8e-9 (K=1000, p=0.1, xi=0.5).
     report = reproduce("ms-pafl", out_dir=tmp_path, experiment=False).read_text()
     assert "| Theorem 3 (moments, paper) | 0.3325 |" in report
@@ -24,7 +24,7 @@ def test_fdp_report_reproduces_printed_mu(tmp_path):
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     printed, clt, exact = float(cells[5]), float(cells[6]), float(cells[8])
     assert clt == pytest.approx(printed, abs=5e-3)  # Table 1 row 1, 2 decimals
-    assert exact == pytest.approx(13.88, abs=0.02)  # SPEC.md §3.5 eps_exact
+    assert exact == pytest.approx(13.88, abs=0.02)  # docs/analyses.md eps_exact
 
 
 def test_reproduce_cli_with_experiment(tmp_path, capsys):

@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_package_type_checks():
-    # STYLE.md: "mypy strict on accounting/". pyproject.toml sets the strict
+    # House rule: mypy strict on accounting/. pyproject.toml sets the strict
     # flags for dpfl.accounting and dpfl.errors and mypy's defaults for the
     # rest of the package; untyped third-party packages are ignored. ~15 s,
     # no cache written.

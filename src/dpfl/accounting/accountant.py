@@ -445,7 +445,7 @@ def _start_grid(event: ev.Event, total: int) -> float:
     inner = event.event if isinstance(event, ev.SelfComposed) else event
     if isinstance(inner, (ev.WithoutReplacement, ev.FixedCohort)):
         # Symmetrised C_p(G) PLDs on a uniform grid: accurate (second order)
-        # at 1e-3 already (SPEC §3.3), and their cost grows as 1/h.
+        # at 1e-3 already (docs/analyses.md), and their cost grows as 1/h.
         return 1e-3
     return min(1e-4, max(1e-6, 1e-3 / math.sqrt(total)))
 

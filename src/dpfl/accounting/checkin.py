@@ -1,21 +1,21 @@
 """MS-PAFL accounting: random check-in, data subsampling, local and global totals.
 
 The formulas of Li, Wang, Tian, Wang and Su (MS-PAFL, arXiv 2509.25906) as
-reconstructed in SPEC.md §1.2, next to dpfl's sound replacements (SPEC §1.3):
+reconstructed in docs/analyses.md, next to dpfl's sound replacements (docs/analyses.md):
 
 * :func:`lemma1_sigma`, :func:`subsampling_ratio`, :func:`amplified` — Lemma 1
   and Theorem 1 (the per-round local guarantee and its γ amplification);
 * :func:`hoeffding_tail`, :func:`binomial_tail`, :func:`central_round` —
   Theorem 2 / Corollary 1 (one round of the global public model), with the
-  exact binomial tail in place of Hoeffding by default (SPEC §1.3 item 4);
+  exact binomial tail in place of Hoeffding by default (docs/analyses.md);
   :func:`poisson_binomial_tail`, :func:`central_round_clients` — Theorem 2's
   heterogeneous form (eq. 19: per-client p_k, γ_k);
 * :func:`local_total_moments` — Theorem 3 (moments accountant) with the
   validity conditions of Abadi et al. Lemma 3 reported, not assumed;
 * :func:`global_total` — Theorem 4 (strong composition, DRV or KOV form);
-* :func:`sound_client` — the rigorous default of SPEC §1.3 item 2: no γ or p
+* :func:`sound_client` — the rigorous default of docs/analyses.md: no γ or p
   amplification against the parameter server, exact Gaussian composition;
-* :func:`pld_subsampled_local` — SPEC §1.3 item 6: the exact privacy-loss
+* :func:`pld_subsampled_local` — docs/analyses.md: the exact privacy-loss
   distribution of C_γ(G_{2C/σ}) composed over the rounds joined.
 
 Units and sign conventions
@@ -84,7 +84,7 @@ def lemma1_sigma(
     delta : float
         Target δ in (0, 1).
     sensitivity : float
-        L2 sensitivity Δ > 0 (MS-PAFL: Δ = 2C, SPEC §1.2).
+        L2 sensitivity Δ > 0 (MS-PAFL: Δ = 2C, docs/analyses.md).
     allow_invalid : bool, optional
         If True, return the formula's value for ε >= 1 as well (the paper's
         number; it is *not* a valid guarantee there).  Default False.
@@ -99,7 +99,7 @@ def lemma1_sigma(
     InvalidParameterError
         If a parameter is outside its domain, or ε >= 1 and not
         ``allow_invalid`` (calibrate with the analytic Gaussian mechanism or
-        GDP instead, SPEC §1.3 item 7).
+        GDP instead, docs/analyses.md).
 
     References
     ----------
@@ -119,7 +119,7 @@ def lemma1_sigma(
 def subsampling_ratio(
     *, batch_size: int, dataset_size: int, replacement: bool, local_steps: int = 1
 ) -> float:
-    """Return the data subsampling ratio γ of MS-PAFL Theorem 1 (SPEC §1.2, §1.3).
+    """Return the data subsampling ratio γ of MS-PAFL Theorem 1 (docs/analyses.md).
 
     One size-b batch from n records: γ_WOR = b/n, γ_WR = 1 - (1 - 1/n)^b, the
     probability that a given record is drawn at all (γ_WR < γ_WOR for b >= 2,
@@ -264,7 +264,7 @@ def binomial_tail(*, clients: int, probability: float, xi: float) -> float:
     """Exact probability that fewer than (1-ξ)Kp clients check in.
 
     δ_H = P(N < (1-ξ)Kp) = BinomCDF(ceil((1-ξ)Kp) - 1; K, p), the exact value of
-    the event Theorem 2 conditions away (SPEC §1.3 item 4).
+    the event Theorem 2 conditions away (docs/analyses.md).
 
     Parameters
     ----------
@@ -293,7 +293,7 @@ def binomial_tail(*, clients: int, probability: float, xi: float) -> float:
 
     References
     ----------
-    SPEC.md §1.3 item 4.
+    docs/analyses.md.
     """
     k, p, x = _check_tail_args(clients, probability, xi)
     threshold = _threshold(k * p, x)
@@ -322,7 +322,7 @@ def central_round(
     the global public model only, *not* who checked in, and assumes σ was set
     by Lemma 1 from (ε, δ): the sum of at least (1-ξ)Kp noises of std σ is
     then the classic Gaussian mechanism at ε_agg, valid while ε_agg < 1.
-    Against the parameter server use :func:`sound_client` (SPEC §1.3 item 3).
+    Against the parameter server use :func:`sound_client` (docs/analyses.md).
 
     Parameters
     ----------
@@ -355,7 +355,7 @@ def central_round(
 
     References
     ----------
-    MS-PAFL Theorem 2, Corollary 1 (eq. 20a-b), App. A-B; SPEC.md §1.2.
+    MS-PAFL Theorem 2, Corollary 1 (eq. 20a-b), App. A-B; docs/analyses.md.
     """
     k, p, _ = _check_tail_args(clients, probability, xi)
     g = check_probability("gamma", gamma)
@@ -414,7 +414,7 @@ def poisson_binomial_tail(
 
     References
     ----------
-    MS-PAFL Theorem 2 (eq. 19) and Lemma 2; SPEC.md §1.2, §1.3 item 4.
+    MS-PAFL Theorem 2 (eq. 19) and Lemma 2; docs/analyses.md.
     """
     p = _probabilities("probabilities", probabilities)
     x = check_probability("xi", xi, allow_one=False)
@@ -477,7 +477,7 @@ def central_round_clients(
 
     References
     ----------
-    MS-PAFL Theorem 2 (eq. 19), App. A-B; SPEC.md §1.2.
+    MS-PAFL Theorem 2 (eq. 19), App. A-B; docs/analyses.md.
     """
     eps = check_positive("epsilon", epsilon)
     dlt = check_delta("delta", delta)
@@ -530,7 +530,7 @@ def local_total_moments(
     The closed form rests on Abadi et al.'s Lemma 3 bound on the log moment,
     which holds only when σ/Δ >= 1, γ < 1/(16 σ/Δ) and
     λ* <= (σ/Δ)² ln(1/(γ σ/Δ)); the three are reported, and ``valid`` is their
-    conjunction.  They usually fail for MS-PAFL's parameters (SPEC §1.3 item 6);
+    conjunction.  They usually fail for MS-PAFL's parameters (docs/analyses.md);
     :func:`pld_subsampled_local` is the exact alternative.  p R is the expected
     number of rounds joined, not a bound on the realised one (item 5), and the
     γ amplification itself is unsound while the private submodel persists
@@ -656,7 +656,7 @@ def global_total(
 def sound_client(
     *, noise_multiplier: float, clip: float, rounds_joined: int, delta: float
 ) -> dict[str, Any]:
-    """Sound total for one client against the parameter server (SPEC §1.3 item 2).
+    """Sound total for one client against the parameter server (docs/analyses.md).
 
     Each joined round releases the clipped public submodel plus N(0, σ² I),
     σ = ``noise_multiplier * clip``; any change of the client's data (one record
@@ -690,8 +690,7 @@ def sound_client(
 
     References
     ----------
-    Dong, Roth & Su (2022), Corollary 2.13 and Corollary 3.3; SPEC.md §1.3
-    item 2 and §3.4.
+    Dong, Roth & Su (2022), Corollary 2.13 and Corollary 3.3; docs/analyses.md
     """
     z = check_positive("noise_multiplier", noise_multiplier)
     c = check_positive("clip", clip)
@@ -726,11 +725,11 @@ def pld_subsampled_local(
     """Exact local total of Theorem 3's setting by privacy-loss distributions.
 
     Each joined round is the WOR-subsampled Gaussian C_γ(G_{2C/σ}) (replace-one,
-    symmetrised *before* composing, SPEC §3.3); its pessimistic PLD is composed
+    symmetrised *before* composing, docs/analyses.md); its pessimistic PLD is composed
     N_k times and converted to ε at ``delta``.  This is the exact version of
     :func:`local_total_moments` — and carries the same caveat that γ
-    amplification needs the private submodel to be reset or noised (SPEC §1.3
-    item 2); without that, :func:`sound_client` is the valid bound.
+    amplification needs the private submodel to be reset or noised
+    (docs/analyses.md); without that, :func:`sound_client` is the valid bound.
 
     Parameters
     ----------
@@ -759,7 +758,7 @@ def pld_subsampled_local(
 
     Notes
     -----
-    SPEC §1.3 item 6's example "ε 0.154 vs formula 0.333 at pR = 20 rounds" is
+    the reference example "ε 0.154 vs formula 0.333 at pR = 20 rounds" is
     reproduced by ε_local = 0.5, δ = 1e-5 (both for Lemma 1's σ and for the
     total), Δ = 2C so noise_multiplier = 2 sqrt(2 ln(1.25e5))/0.5 = 19.38,
     γ = 0.1, 20 rounds joined: this function gives 0.1543 and Theorem 3's
@@ -768,7 +767,7 @@ def pld_subsampled_local(
     References
     ----------
     Dong, Roth & Su (2022), subsampling theorem; Doroshenko et al. (2022),
-    "Connect the dots"; SPEC.md §1.3 item 6 and §3.3.
+    "Connect the dots"; docs/analyses.md and §3.3.
     """
     g = check_probability("gamma", gamma)
     z = check_positive("noise_multiplier", noise_multiplier)

@@ -122,7 +122,7 @@ def strong_drv(
 
     ``count`` adaptively composed (ε, δ)-DP mechanisms are (ε_tot, δ_tot)-DP with
     ε_tot = sqrt(2 k ln(1/δ̃)) ε + k ε (e^ε - 1) and δ_tot = k δ + δ̃.
-    This is MS-PAFL's Theorem 4 (eq. 23a-b, SPEC §1.2).
+    This is MS-PAFL's Theorem 4 (eq. 23a-b, docs/analyses.md).
 
     Parameters
     ----------
@@ -147,7 +147,7 @@ def strong_drv(
 
     Notes
     -----
-    SPEC §0.3 quotes "advanced composition of the per-round (0.015, 1e-6) over
+    docs/analyses.md quotes "advanced composition of the per-round (0.015, 1e-6) over
     T = 10,000 gives ε ≈ 10.2 at δ = 1e-2": that is this form with
     δ̃ = 1e-6, which gives ε = 10.152 at δ_tot = 1.0001e-2 (δ̃ = 1e-2 would give
     6.82 at δ_tot = 2e-2; the KOV form reaches δ_tot = 1e-2 with ε = 7.8).
@@ -173,7 +173,7 @@ def strong_kov(
     With x = ε, k = ``count`` and δ̃ = ``delta_slack``:
     ε_tot = min{k x, k x tanh(x/2) + x sqrt(2k ln(e + x sqrt(k)/δ̃)),
     k x tanh(x/2) + x sqrt(2k ln(1/δ̃))} and δ_tot = 1 - (1-δ)^k (1-δ̃)
-    (SPEC §1.2, the "tighter drop-in" for Theorem 4).  Both ε_tot and δ_tot are
+    (docs/analyses.md, the "tighter drop-in" for Theorem 4).  Both ε_tot and δ_tot are
     never larger than :func:`strong_drv`'s, and ε_tot never exceeds basic
     composition's k ε.
 

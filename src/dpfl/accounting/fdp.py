@@ -1,12 +1,12 @@
 """Trade-off functions and PriFedSync's weak / strong federated f-DP.
 
 This module prices the record-level guarantee of PriFedSync (Zheng, Chen,
-Long and Su, AISTATS 2021; SPEC.md §3): each participating client ``j`` runs
+Long and Su, AISTATS 2021; docs/analyses.md): each participating client ``j`` runs
 ``K`` steps of NoisySGD per round on a uniformly random batch of ``B`` of its
 ``n`` records, so that one step is the subsampled Gaussian trade-off
 ``C_{B/n}(G_{1/σ})`` and the whole run is ``C_{B/n}(G_{1/σ})^{⊗KR}``.
 
-σ convention (SPEC §3.1, §3.6 item 2)
+σ convention (docs/analyses.md)
 -------------------------------------
 Here ``noise_multiplier`` is the **paper's** σ: the noise added to the sum of
 clipped per-record gradients has standard deviation ``2Cσ``, and neighbouring
@@ -15,7 +15,7 @@ un-subsampled step is exactly ``G_{1/σ}``. Opacus' ``noise_multiplier`` (std
 ``σ_O C``) is ``σ_O = 2σ`` in this convention: feeding Opacus' value as σ
 overstates privacy, since the reported μ is then half the true one.
 
-Computation (SPEC §3.3)
+Computation (docs/analyses.md)
 -----------------------
 ``C_p(G_μ)`` is the symmetrised trade-off of the Poisson-subsampled Gaussian:
 ``δ_C(ε) = max(δ_add(ε), δ_rem(ε))`` for every real ε. dpfl symmetrises
@@ -173,7 +173,7 @@ def subsampled_tradeoff(
     References
     ----------
     .. [1] Dong, Roth and Su, Theorem 4.2 (subsampling operator ``C_p``).
-    .. [2] SPEC.md §3.2 (closed form for ``f = G_μ``).
+    .. [2] docs/analyses.md (closed form for ``f = G_μ``).
     """
     a = _check_alpha(alpha)
     m = check_nonnegative("mu", mu)
@@ -226,7 +226,7 @@ def tradeoff_from_deltas(
 
     References
     ----------
-    .. [1] Dong, Roth and Su, Proposition 2.12; SPEC.md §3.4.
+    .. [1] Dong, Roth and Su, Proposition 2.12; docs/analyses.md.
     """
     a = _check_alpha(alpha)
     delta_fn: Callable[[np.ndarray], np.ndarray]
@@ -325,7 +325,7 @@ def clt_mu(
 
     ``μ = √2 · c · sqrt(e^{1/σ²} Φ(1.5/σ) + 3 Φ(−0.5/σ) − 2)`` with
     ``c = (B/n) sqrt(K R)`` (Appendix D and all of the paper's tables; the
-    main text's ``sqrt(2c)`` is a typo, SPEC §3.6 item 1).
+    main text's ``sqrt(2c)`` is a typo, docs/analyses.md).
 
     Parameters
     ----------
@@ -401,7 +401,7 @@ def _log_expm1_plus(eps: np.ndarray, p: float) -> np.ndarray:
 
 
 def _delta_remove(eps: np.ndarray, mu: float, p: float) -> np.ndarray:
-    """δ of ``((1−p)N(0,1) + pN(μ,1), N(0,1))``; SPEC §3.3."""
+    """δ of ``((1−p)N(0,1) + pN(μ,1), N(0,1))``; docs/analyses.md."""
     out = -np.expm1(eps)  # ε <= ln(1 − p): every outcome has loss > ε
     thr = math.log1p(-p) if p < 1.0 else -math.inf
     m = eps > thr
@@ -428,7 +428,7 @@ def _delta_remove(eps: np.ndarray, mu: float, p: float) -> np.ndarray:
 
 
 def _delta_add(eps: np.ndarray, mu: float, p: float) -> np.ndarray:
-    """δ of ``(N(0,1), (1−p)N(0,1) + pN(μ,1))``; SPEC §3.3."""
+    """δ of ``(N(0,1), (1−p)N(0,1) + pN(μ,1))``; docs/analyses.md."""
     out = np.zeros_like(eps)
     thr = -math.log1p(-p) if p < 1.0 else math.inf
     m = eps < thr
@@ -467,7 +467,7 @@ def subsampled_gaussian_delta(
     With ``P = N(0,1)``, ``M = (1 − p)N(0,1) + pN(μ,1)``:
     ``"remove"`` is ``D_{e^ε}(M‖P)``, ``"add"`` is ``D_{e^ε}(P‖M)``
     (dp_accounting's ``AdjacencyType.REMOVE`` / ``ADD``), and ``"symmetric"``
-    is their maximum, the profile of ``C_p(G_μ)`` (SPEC §3.3).
+    is their maximum, the profile of ``C_p(G_μ)`` (docs/analyses.md).
 
     Parameters
     ----------
@@ -493,7 +493,7 @@ def subsampled_gaussian_delta(
 
     References
     ----------
-    .. [1] SPEC.md §3.3; Dong, Roth and Su, Theorem 4.2.
+    .. [1] docs/analyses.md; Dong, Roth and Su, Theorem 4.2.
     """
     eps = np.asarray(epsilon, dtype=float)
     if np.any(np.isnan(eps)):
@@ -691,7 +691,7 @@ def subsampled_gaussian_pld(
     """Return the symmetric PLD of one step ``C_p(G_{1/σ})``.
 
     The profile ``δ_C = max(δ_add, δ_rem)`` is symmetrised *before* building
-    the PLD, so that composing it gives ``C_p(G_{1/σ})^{⊗T}`` (SPEC §3.3).
+    the PLD, so that composing it gives ``C_p(G_{1/σ})^{⊗T}`` (docs/analyses.md).
 
     Parameters
     ----------
@@ -719,7 +719,7 @@ def subsampled_gaussian_pld(
     References
     ----------
     .. [1] Doroshenko et al. 2022, Algorithm 1 (connect the dots).
-    .. [2] SPEC.md §3.3.
+    .. [2] docs/analyses.md.
     """
     sigma = check_positive("noise_multiplier", noise_multiplier)
     p = _check_p(sampling_probability)
@@ -807,7 +807,7 @@ def exact_epsilon(
 
     References
     ----------
-    .. [1] Zheng et al. 2021, Theorem 2; SPEC.md §3.3.
+    .. [1] Zheng et al. 2021, Theorem 2; docs/analyses.md.
     """
     d = check_delta("delta", delta)
     pess, opt = _composed_pair(
@@ -866,7 +866,7 @@ def exact_delta(
 
     References
     ----------
-    .. [1] Zheng et al. 2021, Theorem 2; SPEC.md §3.3.
+    .. [1] Zheng et al. 2021, Theorem 2; docs/analyses.md.
     """
     eps = _finite("epsilon", epsilon)
     pess, opt = _composed_pair(
@@ -887,7 +887,7 @@ def mu_effective(*, epsilon: float, delta: float) -> float:
     """Return the GDP ``μ`` whose curve passes through (ε, δ).
 
     Used to express an exact (ε, δ) as the Gaussian-DP ``μ`` with the same
-    (ε, δ) point (SPEC §3.5, column ``mu_eff``); the full composed trade-off
+    (ε, δ) point (docs/analyses.md, column ``mu_eff``); the full composed trade-off
     is *not* Gaussian, so this ``μ`` describes that one point only.
 
     Parameters
@@ -1012,7 +1012,7 @@ def _federated(
         "sigma is the paper's: noise std on the clipped sum is 2*C*sigma "
         "(replace-one); Opacus' noise_multiplier equals 2*sigma.",
         "no amplification by client sampling p is claimed (Lemma 3.8's p^2 "
-        "term is not justified; SPEC 3.6 item 4).",
+        "term is not justified; docs/analyses.md).",
     ]
     if notion == "weak":
         adversary = (
@@ -1030,7 +1030,7 @@ def _federated(
         notes.append(
             "the same exact bound holds against all other clients jointly: every "
             "helper is post-processing of the transcript in which only client j's "
-            "K*R noisy steps touch its data (SPEC 3.6 item 5)."
+            "K*R noisy steps touch its data (docs/analyses.md)."
         )
         notes.append(
             "mu_paper = sqrt(m-1)*mu_max is the paper's Theorem 2 strong bound "
@@ -1130,7 +1130,7 @@ def strong_federated(
     against all other clients' helper models jointly. The sound bound is the
     same as the weak one, ``C_{B/n}(G_{1/σ})^{⊗KR}`` (≈ ``G_{μ_max}``),
     because all helpers are post-processing of one transcript in which only
-    client ``j``'s ``KR`` noisy steps touch its records (SPEC §3.6 item 5). The
+    client ``j``'s ``KR`` noisy steps touch its records (docs/analyses.md). The
     paper's ``G_{sqrt(m−1) μ_max}`` (valid, loose) is reported beside it.
 
     Parameters

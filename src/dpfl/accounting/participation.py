@@ -1,6 +1,6 @@
 """Random participation: DP-DSGD where clients join w.p. p and records w.p. q.
 
-Scheme (Hasircioglu & Gündüz, arXiv 2205.01556, Algorithm 1; SPEC.md §0):
+Scheme (Hasircioglu & Gündüz, arXiv 2205.01556, Algorithm 1; docs/analyses.md):
 per round each client joins independently with probability ``p``; a joining
 client samples each of its ``d`` records with probability ``q``, clips every
 per-record gradient to norm ``C = 1`` and sends the sum; a trusted server
@@ -40,7 +40,7 @@ Analyses (``ANALYSES``, the default first; statuses in
     loose) and at rate pq (CS, central shuffling; what zero companion
     gradients give, hence a lower bound on the worst case, not an upper one).
 
-Per-round values use the closed forms of SPEC §0.2 (ols, wcs, cs: remove
+Per-round values use the closed forms of docs/analyses.md (ols, wcs, cs: remove
 direction; paper: Theorem 4.1 with every root) and take the maximum with the
 add direction computed exactly; ``sound`` uses the label mixture. Composition
 over rounds uses :mod:`dpfl.accounting.pld` (upper and lower bounds).
@@ -120,7 +120,7 @@ def _check_scheme(
 
 
 # --------------------------------------------------------------------------
-# closed forms (SPEC §0.2)
+# closed forms (docs/analyses.md)
 # --------------------------------------------------------------------------
 
 
@@ -218,7 +218,7 @@ def _labels(
         return [(1.0, mp([0.0, 1.0], [1 - q, q], [1.0, 0.0]))], 0.0
     if analysis == "cs":
         return [(1.0, mp([0.0, 1.0], [1 - p * q, p * q], [1.0, 0.0]))], 0.0
-    # paper: the collinear pair P, Q of SPEC §0.3 (one label)
+    # paper: the collinear pair P, Q of docs/analyses.md (one label)
     idx, w, dropped = _binomial_weights(d, q)
     w = w / math.fsum(w)
     means = np.concatenate([[0.0], idx, idx + 1.0, [0.0], idx, idx + 1.0])
@@ -296,7 +296,7 @@ def round_delta(
     ----------
     Hasircioglu & Gündüz, "Communication efficient federated learning with
     differential privacy and random participation", arXiv 2205.01556,
-    Theorems 4.1, 5.1, 5.2, Corollary 5.3; SPEC.md §0.
+    Theorems 4.1, 5.1, 5.2, Corollary 5.3; docs/analyses.md.
     """
     p, q, d, analysis = _check_scheme(
         participation_probability, record_probability, records_per_client, analysis

@@ -244,7 +244,7 @@ def dp_fedavg_delta(
     """δ(ε) of client-level DP-FedAvg after a schedule of rounds.
 
     Round t samples m_t of the K clients and adds N(0, σ_t² S²) to the sum of
-    updates clipped to S (Geyer et al. 2017, Alg. 1; SPEC §4).
+    updates clipped to S (Geyer et al. 2017, Alg. 1; docs/analyses.md).
 
     Parameters
     ----------
@@ -275,7 +275,7 @@ def dp_fedavg_delta(
     References
     ----------
     Geyer, Klein & Nabi (2017); Abadi et al. (2016), Theorem 2; Mironov (2017);
-    Wang, Balle & Kasiviswanathan (2019), Theorem 27; SPEC.md §4.2-4.3.
+    Wang, Balle & Kasiviswanathan (2019), Theorem 27; docs/analyses.md
     """
     eps = check_nonnegative("epsilon", epsilon)
     analysis = _check_analysis(analysis)
@@ -383,7 +383,7 @@ def dp_fedavg_stop_round(
 
     References
     ----------
-    Geyer, Klein & Nabi (2017), Algorithm 1; SPEC.md §4.1-4.2.
+    Geyer, Klein & Nabi (2017), Algorithm 1; docs/analyses.md
     """
     eps = check_nonnegative("epsilon", epsilon)
     q = check_delta("threshold", threshold)
@@ -549,7 +549,7 @@ def locks_server_view(
     References
     ----------
     Dong, Roth & Su (2022), Corollary 3.3; Mironov (2017), Proposition 3;
-    Bun & Steinke (2016); SPEC.md §2.2.
+    Bun & Steinke (2016); docs/analyses.md.
     """
     sn = check_positive("norm_noise_multiplier", norm_noise_multiplier)
     sg = check_positive("update_noise_multiplier", update_noise_multiplier)

@@ -4,7 +4,7 @@ Each paper gets a markdown report (``reports/PAPER/report.md``) with
 
 1. its accounting tables, every number recomputed by :mod:`dpfl.accounting`
    beside the value the paper printed (quoted, labelled "printed"), with a
-   note where the two differ and why (SPEC.md says where a paper's number is
+   note where the two differ and why (docs/analyses.md says where a paper's number is
    not reproducible or not sound);
 2. its experiment at a scale this machine runs in minutes (a preset from
    ``presets/``), trained by the same engine, with a figure.
@@ -117,7 +117,7 @@ def _random_participation() -> list[Table]:
         rows.append(
             [
                 label,
-                "configuration search: δ at σ of SPEC's lower-bound row",
+                "configuration search: δ of concrete configurations at that σ",
                 lower,
                 None,
             ]
@@ -128,7 +128,7 @@ def _random_participation() -> list[Table]:
         rows,
         [
             "paper = Theorem 4.1 as printed; it is not a valid worst-case bound "
-            "(SPEC.md §0.3: collinear companions hide the record; in scenario 2 it "
+            "(docs/analyses.md: collinear companions hide the record; in scenario 2 it "
             "certifies the target for every σ).",
             "The printed σ (1.065, 0.646) are reproduced by no reading of the "
             "theorem and fail their own target; WCS and OLS reproduce.",
@@ -138,7 +138,7 @@ def _random_participation() -> list[Table]:
             "direction at some parameters, so its composed bound is open.",
             "The configuration-search row gives δ of concrete gradient "
             "configurations (a lower bound on any valid analysis's δ), searched "
-            "here on a coarse 5×3 grid of angles and norms at SPEC's lower-bound "
+            "here on a coarse 5×3 grid of angles and norms at that "
             "σ; the tests' finer search reaches ≈ 1e-6 (0.99859e-6, 1.00046e-6), "
             "so no valid analysis can certify (0.015, 1e-6) with less σ.",
         ],
@@ -170,7 +170,7 @@ def _random_participation() -> list[Table]:
         f"Composition over T = 10,000 rounds, scenario 1, σ = {sigma}",
         ["analysis", "method", "δ", "ε (upper)", "ε (lower)"],
         comp_rows,
-        ["Per-round composition cannot reach δ = 1e-6 at all (SPEC.md §0.3)."],
+        ["Per-round composition cannot reach δ = 1e-6 at all (docs/analyses.md)."],
     )
     return [t1, t2]
 
@@ -239,11 +239,11 @@ def _federated_fdp() -> list[Table]:
         rows,
         [
             "CLT μ = √2·c·sqrt(e^{1/σ²}Φ(1.5/σ)+3Φ(−0.5/σ)−2), c = (B/n)√(KR) "
-            "(Appendix D; the main text's √(2c) is a typo, SPEC.md §3.6 item 1).",
+            "(Appendix D; the main text's √(2c) is a typo, docs/analyses.md).",
             "The CLT μ is an approximation, not a bound; 'exact' is "
             "C_{B/n}(G_{1/σ})^{⊗KR} by PLD (symmetrised before composing), certified.",
             "μ does not depend on p (only R does). The strong guarantee equals the "
-            "weak one under the sound derivation (SPEC.md §3.6 item 5); the paper's "
+            "weak one under the sound derivation (docs/analyses.md); the paper's "
             "√(m−1)·μ is valid but loose.",
         ],
     )
@@ -335,7 +335,7 @@ def _ms_pafl() -> list[Table]:
         "exact binomial tail",
         ["K", "p", "ξ", "Hoeffding (paper)", "exact binomial"],
         rows,
-        ["R·δ_c with the Hoeffding tail often exceeds 1 (SPEC.md §1.3 item 4)."],
+        ["R·δ_c with the Hoeffding tail often exceeds 1 (docs/analyses.md)."],
     )
     gamma = 0.1
     local = checkin.local_total_moments(
@@ -358,7 +358,7 @@ def _ms_pafl() -> list[Table]:
     )
     t2 = Table(
         "Local total of one client, pR = 20 rounds, per-round local (0.5, 1e-5) "
-        "by Lemma 1 with Δ = 2C, γ = 0.1, δ = 1e-5 (SPEC.md §1.3 item 6's example)",
+        "by Lemma 1 with Δ = 2C, γ = 0.1, δ = 1e-5 (the reference example)",
         ["analysis", "ε", "valid"],
         [
             ["Theorem 3 (moments, paper)", local["epsilon"], local["valid"]],
@@ -366,11 +366,10 @@ def _ms_pafl() -> list[Table]:
             ["sound (no amplification, vs the server)", sound["epsilon"], True],
         ],
         [
-            "Theorem 3's validity conditions (Abadi Lemma 3) fail here (SPEC.md §1.3 "
-            "item 6).",
+            "Theorem 3's validity conditions (Abadi Lemma 3) fail here.",
             "γ-amplification needs the private submodel to be re-initialised or "
             "noised each round; it is trained on earlier subsamples, so dpfl's "
-            "default reports the un-amplified composition (SPEC.md §1.3 item 2).",
+            "default reports the un-amplified composition (docs/analyses.md).",
             "The paper's own numbers are lost from its text, so no printed value "
             "can be compared.",
         ],
@@ -407,7 +406,7 @@ def _locks() -> list[Table]:
         rows,
         [
             "The paper's expectation over sampling of per-step RDP is not a bound "
-            "(SPEC.md §2.3 item 2); dpfl uses the realised counts from the ledger.",
+            "(docs/analyses.md); dpfl uses the realised counts from the ledger.",
             "The paper's noise multipliers (TF-Privacy RDP searches) are lost from "
             "its text, so no printed value can be compared.",
         ],

@@ -35,7 +35,7 @@ A note on the ledger and checkpoints. The trainer saves the ledger after every
 round, checkpoints are less frequent, so a run killed between two checkpoints
 resumes from the older checkpoint with a ledger that already holds the later
 rounds; those rounds are re-run and charged *again*. This over-states the
-spend (never under-states it, DESIGN.md principle 7). A clean stop (Ctrl-C,
+spend (never under-states it). A clean stop (Ctrl-C,
 budget, end) always checkpoints at the ledger's round, and then the resumed
 ledger equals the uninterrupted one.
 """

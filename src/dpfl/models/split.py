@@ -5,7 +5,7 @@ aggregates only the *public* one. The split is described on the flat parameter
 vector, the concatenation of every parameter flattened row-major in
 ``named_parameters`` order, so that a split may cut through a tensor: the
 paper's logistic regression keeps "the first half of the coordinates" private
-and sends the second half (SPEC §1.1 item 2; ms-pafl §V-A).
+and sends the second half (docs/analyses.md; ms-pafl §V-A).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Executors: how independent pieces of client work are run (injected).
 
-An executor is "an object with a ``map`` method" (emcee's ``pool``; STYLE.md
-rule 8). Algorithms that batch a whole round into one tensor computation (as
+An executor is "an object with a ``map`` method" (like emcee's ``pool``).
+Algorithms that batch a whole round into one tensor computation (as
 DP-DSGD with random participation does) need no executor; algorithms with
 per-client local loops hand them to one. Ray is a later adapter with the same
 method; results must not depend on the executor, because every task carries
-its own seed (STYLE.md rule 7).
+its own seed.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ uses ``SeedSequence(seed, spawn_key=(t,))`` — the ``t``-th child of
 ``SeedSequence(seed).spawn`` — split into one numpy and one torch generator.
 A checkpoint therefore needs no generator state, a resumed run draws exactly
 what the uninterrupted run drew, and round ``t``'s numbers do not depend on
-what earlier rounds consumed (STYLE.md rule 7).
+what earlier rounds consumed.
 """
 
 from __future__ import annotations

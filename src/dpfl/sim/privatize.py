@@ -29,7 +29,7 @@ starts the same draw before the sum exists (on a worker thread, on CPU), so
 that drawing ≈ 10⁵ normals overlaps the gradient computation. The draws from
 a given generator state are the same either way.
 
-Randomness comes from an explicit :class:`torch.Generator` (STYLE.md rule 7).
+Randomness comes from an explicit :class:`torch.Generator`.
 This is a simulator: ``torch``'s Philox/Mersenne generators are not
 cryptographically secure, and a deployment must draw its noise from a secure
 source (e.g. the OS CSPRNG) with a floating-point-safe sampler.
@@ -560,7 +560,7 @@ class NoiseOnlyMessages(Privatizer):
         round. The guarantee then holds against a server that sees **only the
         sum** of the messages (secure aggregation); one message alone carries
         only ``σC/sqrt(N)`` of noise.
-    ``secure_aggregation=False`` (default: the paper's §5.5 reading, SPEC §0.1)
+    ``secure_aggregation=False`` (default: the paper's §5.5 reading, docs/analyses.md)
         ``s = σC``: each message alone is the calibrated Gaussian mechanism
         of its client, so the guarantee holds against a server that reads each
         message; the noise on the sum is ``sqrt(N)`` times larger (the paper's
@@ -568,7 +568,7 @@ class NoiseOnlyMessages(Privatizer):
 
     In both cases the round realises the same accounting event as the
     trusted-server round (the other clients' messages are given to the
-    adversary for free in the sound analysis, SPEC.md §0.3).
+    adversary for free in the sound analysis, docs/analyses.md).
 
     Parameters
     ----------

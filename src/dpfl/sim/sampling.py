@@ -2,7 +2,7 @@
 
 Each sampler draws who takes part in a round (and which of their records) from
 a :class:`numpy.random.Generator` passed in by the caller, and names the
-accounting event it realises with :meth:`event` (DESIGN.md, Principle 3: the
+accounting event it realises with :meth:`event` (the
 sampler *realises* the value the accountant *prices*):
 
 - :class:`PoissonParticipationSampler`:
@@ -11,7 +11,7 @@ sampler *realises* the value the accountant *prices*):
 - :class:`PoissonClientSampler`: ``ClientPoisson(p, Gaussian(σ))`` (client level).
 
 Cost grows with the work of a round, never with the number of clients that
-did not take part (DESIGN.md, Principle 6): a Poisson(p) cohort is drawn as
+did not take part: a Poisson(p) cohort is drawn as
 ``M ~ Binomial(N, p)`` followed by ``M`` distinct clients chosen uniformly
 without replacement. This is *equal in law* to ``N`` independent
 Bernoulli(p) coins: for any set ``S`` of size ``m``,
@@ -303,7 +303,7 @@ class PoissonParticipationSampler(Sampler):
 
         ``records_per_client`` is the largest client size: with unequal sizes
         this is the conservative choice (the conditional pair's δ grows with
-        the number of companion records, SPEC.md §0.3).
+        the number of companion records, docs/analyses.md).
 
         Parameters
         ----------

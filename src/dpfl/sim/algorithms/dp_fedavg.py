@@ -1,4 +1,4 @@
-"""Client-level DP-FedAvg (Geyer, Klein & Nabi 2017, Algorithm 1; SPEC.md §4).
+"""Client-level DP-FedAvg (Geyer, Klein & Nabi 2017, Algorithm 1; docs/analyses.md).
 
 One round ``t``, as in the paper's pseudo-code::
 
@@ -67,7 +67,7 @@ a list (one value per round; the last is held afterwards) or a linear ramp
 round ``n - 1`` on; cohort sizes are rounded to integers).
 
 **Poisson clients.** ``sampling="poisson"`` lets each client join w.p.
-``m_t/K`` and divides by the *expected* cohort m_t (SPEC §4.3 item 3); the
+``m_t/K`` and divides by the *expected* cohort m_t (docs/analyses.md); the
 event is ``ClientPoisson(m_t/K, Gaussian(σ_t))``, for which the Poisson
 reading is valid.
 

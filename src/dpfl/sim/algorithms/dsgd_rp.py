@@ -1,6 +1,6 @@
 """DP-DSGD with random client participation (Hasircioglu & Gündüz, Algorithm 1).
 
-One round, as in the paper's pseudo-code (SPEC.md §0.1)::
+One round, as in the paper's pseudo-code (docs/analyses.md)::
 
     P_t  <- each of the N available clients joins w.p. p
     for i in P_t:  S_i <- each of i's d records w.p. q

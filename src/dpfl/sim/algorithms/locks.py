@@ -1,6 +1,6 @@
 """LOCKS: two-round, norm-proportional client sampling with client-side noise.
 
-One round t, as reconstructed in SPEC.md §2.1::
+One round t, as reconstructed in docs/analyses.md::
 
     S1   <- each of the K clients w.p. q1                           (stage 1)
     for k in S1:                                                     (batched)
@@ -60,7 +60,7 @@ how many took part. :meth:`Locks.privacy_report` gives both views.
 References
 ----------
 LOCKS (locks.txt): Algorithm 1, Lemmas 4.1, 4.2, 5.2, Theorem 5.1, §6-7;
-SPEC.md §2.
+docs/analyses.md.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ class Locks:
     References
     ----------
     LOCKS (locks.txt), Algorithm 1, Lemmas 4.1-4.2, 5.2, Theorem 5.1;
-    SPEC.md §2.1.
+    docs/analyses.md.
     """
 
     name = "locks"

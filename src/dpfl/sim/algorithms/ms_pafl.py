@@ -1,13 +1,13 @@
 """MS-PAFL: model splitting with random check-in (Li, Wang, Tian, Wang & Su).
 
-One round, as in the paper's Algorithm 1 (SPEC.md §1.1 steps 1-8)::
+One round, as in the paper's Algorithm 1 (steps 1-8)::
 
     K_r  <- client k checks in w.p. p_k                  (step 1, eq. 14)
     for k in K_r:                                         (batched)
         w   <- [w_pub ; v_k]                              (steps 2, 8)
         E times: w <- w - η (1/b Σ_{i∈B} ∇l(w; x_i) + λw) (step 3, eq. 2)
                  B: b records of D_k, WOR or WR, fresh each step
-        ū_k <- clip_C(public(w) - w_pub)                  (step 4, SPEC §1.3 #10)
+        ū_k <- clip_C(public(w) - w_pub)                  (step 4, the update)
         ũ_k <- ū_k + N(0, σ² I_{d_pub})                   (step 5, on the client)
         send ũ_k;  v_k <- private(w) stays on the device  (step 6)
     w_pub <- w_pub + (1/K) Σ_{k∈K_r} ũ_k / p_k            (step 7, HT on updates)
@@ -18,7 +18,7 @@ replace it to capture what the server receives. The server's model holds
 ``w_pub`` and the *initial* private coordinates, which aggregation never
 touches; each client's private part lives in :attr:`MsPafl.private_parts`.
 
-**Choices (SPEC §1.3).**
+**Choices (docs/analyses.md).**
 
 - ``clip_mode="update"`` (default) clips ``public(w) - w_pub`` (item 10);
   ``"parameters"`` clips the public parameters themselves (eq. 15). Either way
@@ -31,24 +31,25 @@ touches; each client's private part lives in :attr:`MsPafl.private_parts`.
 - σ: ``noise_multiplier`` (std in units of ``clip``) directly, or calibrated
   from a per-round local (``local_epsilon``, ``local_delta``) with Δ = 2C by
   the analytic Gaussian (``calibration="analytic"``, any ε) or the paper's
-  Lemma 1 (``"lemma1"``, only ε < 1, SPEC §1.3 item 7).
+  Lemma 1 (``"lemma1"``, only ε < 1, docs/analyses.md).
 - Check-in probabilities ``p_k`` are per client (a scalar means all equal).
   A uniform ``p`` is drawn in ``O(participants)``; per-client ``p_k`` take one
   uniform draw per client per round (``O(K)`` numpy, no torch work).
 
-**Accounting.** Each round emits ``CheckIn(max_k p_k, Gaussian(σ/C,
-sensitivity=2))`` with the participants. The sound analysis prices a round
-a client joined as the un-amplified Gaussian (the server sees who checked in
-and each message; the private part carries earlier subsamples forward, so
-neither p nor γ amplification is valid: SPEC §1.3 items 2-3), and the
-ledger's ``client_epsilon`` composes only the rounds the client joined.
+**Accounting.** Each round emits ``CheckIn(max_k p_k, Gaussian(σ/C))`` (the
+check-in event prices it under replace-one, Δ = 2C) with the participants.
+The sound analysis prices a round a client joined as the un-amplified Gaussian
+(the server sees who checked in and each message; the private part carries
+earlier subsamples forward, so neither p nor γ amplification is valid:
+docs/analyses.md), and the ledger charges each client only the rounds it
+joined and reports the worst-off client.
 :meth:`MsPafl.privacy_report` puts the paper's central (Theorem 2), local
 (Theorem 3) and global (Theorem 4) figures beside it, labelled.
 
 References
 ----------
 Li, Wang, Tian, Wang & Su, "MS-PAFL", arXiv 2509.25906, Algorithm 1,
-§III-B, Theorems 1-4; SPEC.md §1.
+§III-B, Theorems 1-4; docs/analyses.md.
 """
 
 from __future__ import annotations
@@ -368,7 +369,7 @@ class MsPafl:
         -------
         float
             ``1 - (1 - b/n)^E`` (WOR) or ``1 - (1 - 1/n)^{bE}`` (WR) for the
-            smallest n_k (SPEC §1.3 item 8), the largest γ over clients.
+            smallest n_k (docs/analyses.md), the largest γ over clients.
         """
         n = int(self.sizes.min())
         b = self.batch_size if self.replacement else min(self.batch_size, n)
@@ -783,7 +784,7 @@ class MsPafl:
             "neighbouring": "replace-one",
             "adversary": "the parameter server (sees each message and who checked in)",
             "analysis": "sound: un-amplified Gaussian, composed over the rounds "
-            "the client joined (SPEC §1.3 items 2, 3, 5)",
+            "the client joined (docs/analyses.md)",
         }
         if rounds == 0:
             return out
@@ -792,7 +793,7 @@ class MsPafl:
             "analysis": "paper: every round's release amplified by check-in as "
             "Poisson(max p_k), composed over all rounds (PLD)",
             "caveat": "not valid against the server, which sees who checked in "
-            "(SPEC §1.3 item 3)",
+            "(docs/analyses.md)",
         }
         eps_l, delta_l = self.local_guarantee()
         p = float(self.probabilities.max())
@@ -820,7 +821,7 @@ class MsPafl:
                 "with the largest p_k",
                 "caveat": "protects against parties that see the global public "
                 "model only, assumes σ from Lemma 1 and γ amplification, which "
-                "the persistent private part invalidates (SPEC §1.3 items 2-3)",
+                "the persistent private part invalidates (docs/analyses.md)",
             }
             out["paper_global_total"] = {
                 **dict(
@@ -850,8 +851,7 @@ class MsPafl:
                 delta=delta,
             )
             local["caveat"] = (
-                "uses the expected p·R rounds and γ amplification (SPEC §1.3 "
-                "items 2, 5, 6)"
+                "uses the expected p·R rounds and γ amplification (docs/analyses.md "")"
             )
             out["paper_local_total"] = local
         else:

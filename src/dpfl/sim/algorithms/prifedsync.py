@@ -1,6 +1,6 @@
 """PriFedSync (Zheng, Chen, Long & Su, "Federated f-differential privacy", Alg. 1-2).
 
-One synchronisation round, as in the paper's pseudo-code (SPEC.md §3.1)::
+One synchronisation round, as in the paper's pseudo-code (docs/analyses.md)::
 
     Ω   <- each of the m clients syncs w.p. p          (re-drawn while empty)
     for i in Ω (all at once, batched):
@@ -21,7 +21,7 @@ the client evaluates with and where its next local training starts. Clients
 that never synced keep ``w0``. The optimiser state (Adam's moments and step
 count) persists per client across rounds, as in the authors' code.
 
-Noise convention (SPEC.md §3.1, §3.6 item 2)
+Noise convention (docs/analyses.md)
 --------------------------------------------
 ``noise_multiplier`` is the **paper's** σ: the noise on the sum of the ``B``
 clipped per-record gradients has standard deviation ``2Cσ`` (replace-one
@@ -44,7 +44,7 @@ that synced most often (:meth:`PriFedSync.privacy_summary`).
 
 **Client sampling gives no amplification here.** Who synced is visible (it
 is recorded, and a helper model changes only when its client synced), and
-the paper's Lemma 3.8 ``p²`` term is not justified (SPEC.md §3.6 item 4):
+the paper's Lemma 3.8 ``p²`` term is not justified (docs/analyses.md):
 dpfl charges a client the full ``K``-step release in every round it syncs,
 and nothing in rounds it does not. Re-drawing an empty Ω (as the authors'
 code does) changes only *which* clients sync, never what a synced client
@@ -180,7 +180,7 @@ class PriFedSync:
     References
     ----------
     Zheng, Chen, Long & Su, "Federated f-differential privacy", AISTATS 2021,
-    Algorithms 1-2, eq. (2.1), Theorem 2; SPEC.md §3.
+    Algorithms 1-2, eq. (2.1), Theorem 2; docs/analyses.md.
     """
 
     name = "prifedsync"
