@@ -315,6 +315,8 @@ def _resolve(config: RunConfig, dataset: Any) -> tuple[RunConfig, Any | None]:
     :func:`dpfl.accounting.calibrate.calibrate_noise_multiplier`).
     """
     priv = config.privacy
+    config = _local_epsilon_to_sigma(config, dataset)
+    priv = config.privacy
     if priv.noise_multiplier == 0:
         log.info("privacy.noise_multiplier is 0: a NON-PRIVATE run (no noise)")
         return config, None
@@ -377,6 +379,32 @@ def _resolve(config: RunConfig, dataset: Any) -> tuple[RunConfig, Any | None]:
     keep = None if priv.guard != "accountant" else analysis
     resolved = _with_privacy(config, noise_multiplier=sigma, analysis=keep)
     return resolved, algorithm if probe is config else None
+
+
+def _local_epsilon_to_sigma(config: RunConfig, dataset: Any) -> RunConfig:
+    """MS-PAFL's ``local_epsilon`` sets σ: resolve it into privacy.noise_multiplier.
+
+    The resolved configuration then carries σ in its one place (a resumed run
+    reads it there).
+    """
+    params = config.algorithm.params
+    if params.get("local_epsilon") is None:
+        return config
+    if config.privacy.noise_multiplier is not None:
+        raise ConfigError(
+            "give privacy.noise_multiplier or algorithm.params.local_epsilon (which "
+            "sets it from a per-round local epsilon), not both; got "
+            f"noise_multiplier={config.privacy.noise_multiplier!r}, "
+            f"local_epsilon={params['local_epsilon']!r}"
+        )
+    sigma = _build_algorithm(config, dataset).noise_multiplier
+    tree = config.to_dict()
+    tree["algorithm"].pop("local_epsilon")
+    tree["privacy"]["noise_multiplier"] = sigma
+    log.info(
+        "noise multiplier %.4f from local_epsilon %g", sigma, params["local_epsilon"]
+    )
+    return config_from_dict(tree)
 
 
 def _with_privacy(config: RunConfig, **changes: Any) -> RunConfig:
