@@ -106,6 +106,8 @@ def _jsonable(x: Any) -> Any:
 
 
 def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
     if isinstance(v, float):
         if math.isinf(v) or math.isnan(v):
             return str(v)
@@ -217,6 +219,44 @@ def _solve(
         return None, {"certifies_every_sigma": True}, str(exc)
 
 
+def _calibrated(
+    a: argparse.Namespace,
+    title: str,
+    names: Sequence[str],
+    epsilon_of: Callable[[str, float], float],
+    describe: Callable[[str], dict[str, Any]],
+    notes: Sequence[str] = (),
+    **extra: Callable[[float], float],
+) -> Report:
+    """One calibration report: σ per analysis by the one calibrator.
+
+    ``epsilon_of(analysis, sigma)`` is the certified ε; ``describe(analysis)``
+    gives the row's terms and status; each ``extra`` column is a function of σ.
+    """
+    rows: list[dict[str, Any]] = []
+    found: list[str] = []
+    for name in [a.analysis] if a.json else names:
+        sigma, flag, note = _solve(
+            functools.partial(epsilon_of, name),
+            a.epsilon,
+            f"(epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} round(s) under "
+            f"{name!r}",
+        )
+        if note:
+            found.append(note)
+        row = {"noise_multiplier": sigma, **flag, **describe(name)}
+        row.update({k: None if sigma is None else f(sigma) for k, f in extra.items()})
+        rows.append(row)
+    result = {
+        **_pick(rows, a.analysis),
+        "analysis": a.analysis,
+        "epsilon": a.epsilon,
+        "delta": a.delta,
+        "rounds": a.rounds,
+    }
+    return Report(title, result, rows, [*found, *notes])
+
+
 def _pick(rows: list[dict[str, Any]], analysis: str) -> dict[str, Any]:
     for row in rows:
         if row["analysis"] == analysis:
@@ -283,10 +323,6 @@ def _rp_epsilon(
     return rp.epsilon(delta, rounds=a.rounds, **kw).upper
 
 
-def _rp_sigma_epsilon(a: argparse.Namespace, analysis: str, sigma: float) -> float:
-    return _rp_epsilon(a, sigma, analysis, a.delta)
-
-
 def account_random_participation(a: argparse.Namespace) -> Report:
     from dpfl.accounting import participation as rp
 
@@ -333,46 +369,19 @@ def account_random_participation(a: argparse.Namespace) -> Report:
 def calibrate_random_participation(a: argparse.Namespace) -> Report:
     from dpfl.accounting import participation as rp
 
-    rows = []
-    notes: list[str] = []
     event = _rp_event(a, 1.0)
-    for name in [a.analysis] if a.json else list(rp.ANALYSES):
-        sigma, extra, note = _solve(
-            functools.partial(_rp_sigma_epsilon, a, name),
-            a.epsilon,
-            f"(epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} round(s) under "
-            f"{name!r}",
-        )
-        if note:
-            notes.append(note)
-        rows.append(
-            {
-                "noise_multiplier": "any > 0 (not a valid bound)"
-                if sigma is None
-                else sigma,
-                **extra,
-                **_terms(event, name),
-            }
-        )
-        if name == a.analysis:
-            rows[-1]["noise_multiplier_value"] = sigma
-    chosen = _pick(rows, a.analysis)
-    chosen["noise_multiplier"] = chosen.pop("noise_multiplier_value", None)
-    for row in rows:
-        row.pop("noise_multiplier_value", None)
-    result = {
-        **chosen,
-        "analysis": a.analysis,
-        "epsilon": a.epsilon,
-        "delta": a.delta,
-        "rounds": a.rounds,
-    }
     title = (
         f"Noise for (epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} round(s) "
         f"of random participation: p={a.p}, q={a.q}, d={a.records_per_client}"
     )
-    return Report(
-        title, result, rows, notes + _basis_notes(event, [r["analysis"] for r in rows])
+    names = [a.analysis] if a.json else list(rp.ANALYSES)
+    return _calibrated(
+        a,
+        title,
+        rp.ANALYSES,
+        lambda name, sigma: _rp_epsilon(a, sigma, name, a.delta),
+        lambda name: _terms(event, name),
+        _basis_notes(event, names),
     )
 
 
@@ -514,46 +523,32 @@ def _formula_basis(key: str) -> str:
 def calibrate_prifedsync(a: argparse.Namespace) -> Report:
     from dpfl.accounting import gaussian
 
-    what = f"(epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} rounds"
-    rows = []
-    for name in [a.analysis] if a.json else ["exact", "clt"]:
-        if name == "exact":
-            sigma, extra, _ = _solve(
-                lambda s: _accountant_epsilon(
-                    _pfs_event(a, s), a.rounds, a.delta, None
-                )["epsilon"],
-                a.epsilon,
-                what,
-            )
-            row = {
-                "noise_multiplier": sigma,
-                **extra,
-                **_terms(_pfs_event(a, 1.0), None),
+    def epsilon_of(name: str, sigma: float) -> float:
+        if name == "clt":
+            return gaussian.gdp_epsilon(a.delta, mu=_pfs_clt(a, sigma))
+        return _accountant_epsilon(_pfs_event(a, sigma), a.rounds, a.delta, None)[
+            "epsilon"
+        ]
+
+    def describe(name: str) -> dict[str, Any]:
+        terms = _terms(_pfs_event(a, 1.0), None)
+        return (
+            {**terms, **_formula("prifedsync/clt")}
+            if name == "clt"
+            else {
+                **terms,
+                "analysis": "exact",
             }
-            row["analysis"] = "exact"
-        else:
-            sigma, extra, _ = _solve(
-                lambda s: gaussian.gdp_epsilon(a.delta, mu=_pfs_clt(a, s)),
-                a.epsilon,
-                what,
-            )
-            row = {"noise_multiplier": sigma, **extra, **_formula("prifedsync/clt")}
-        rows.append(row)
-    result = {
-        **_terms(_pfs_event(a, 1.0), None),
-        **_pick(rows, a.analysis),
-        "analysis": a.analysis,
-        "epsilon": a.epsilon,
-        "delta": a.delta,
-        "rounds": a.rounds,
-    }
+        )
+
     title = (
         f"PriFedSync noise for (epsilon={a.epsilon}, delta={a.delta}): "
-        f"B={a.batch_size}, "
-        f"n={a.records_per_client}, K={a.local_steps}, R={a.rounds}, "
-        f"p={a.sync_probability}"
+        f"B={a.batch_size}, n={a.records_per_client}, K={a.local_steps}, "
+        f"R={a.rounds}, p={a.sync_probability}"
     )
-    return Report(title, result, rows, _pfs_notes(a, 0.0)[:1])
+    return _calibrated(
+        a, title, ["exact", "clt"], epsilon_of, describe, _pfs_notes(a, 0.0)[:1]
+    )
 
 
 # -- client-level DP-FedAvg ---------------------------------------------------------
@@ -601,10 +596,6 @@ def _fedavg_epsilon(
         rounds=rounds,
         analysis=name,
     )
-
-
-def _fedavg_sigma_epsilon(a: argparse.Namespace, analysis: str, sigma: float) -> float:
-    return _fedavg_epsilon(a, sigma, analysis, a.delta, a.rounds)
 
 
 def account_dp_fedavg(a: argparse.Namespace) -> Report:
@@ -667,28 +658,18 @@ def calibrate_dp_fedavg(a: argparse.Namespace) -> Report:
     from dpfl.accounting import rdp
 
     event = _fedavg_event(a, 1.0)
-    rows = []
-    for name in [a.analysis] if a.json else list(rdp.ANALYSES):
-        sigma, extra, _ = _solve(
-            functools.partial(_fedavg_sigma_epsilon, a, name),
-            a.epsilon,
-            f"(epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} rounds under "
-            f"{name!r}",
-        )
-        rows.append({"noise_multiplier": sigma, **extra, **_terms(event, name)})
-    result = {
-        **_pick(rows, a.analysis),
-        "analysis": a.analysis,
-        "epsilon": a.epsilon,
-        "delta": a.delta,
-        "rounds": a.rounds,
-    }
     title = (
         f"Noise for client-level (epsilon={a.epsilon}, delta={a.delta}) after "
         f"{a.rounds} rounds of DP-FedAvg: K={a.clients}, m={a.cohort}"
     )
-    return Report(
-        title, result, rows, _basis_notes(event, [r["analysis"] for r in rows])
+    names = [a.analysis] if a.json else list(rdp.ANALYSES)
+    return _calibrated(
+        a,
+        title,
+        rdp.ANALYSES,
+        lambda name, sigma: _fedavg_epsilon(a, sigma, name, a.delta, a.rounds),
+        lambda name: _terms(event, name),
+        _basis_notes(event, names),
     )
 
 
@@ -871,39 +852,26 @@ def account_ms_pafl(a: argparse.Namespace) -> Report:
     return Report(title, result, rows, notes)
 
 
-def _mspafl_sigma_epsilon(a: argparse.Namespace, analysis: str, sigma: float) -> float:
-    event = _mspafl_event(a, sigma)
-    return float(_accountant_epsilon(event, a.rounds, a.delta, analysis)["epsilon"])
-
-
 def calibrate_ms_pafl(a: argparse.Namespace) -> Report:
-    event = _mspafl_event(a, 1.0)
-    rows = []
-    for name in [a.analysis] if a.json else ["sound", "paper"]:
-        if name not in ("sound", "paper"):
-            raise DpflError(
-                f"calibrate ms-pafl offers --analysis sound or paper; got {name!r}"
-            )
-        sigma, extra, _ = _solve(
-            functools.partial(_mspafl_sigma_epsilon, a, name),
-            a.epsilon,
-            f"(epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} rounds under "
-            f"{name!r}",
+    if a.analysis not in ("sound", "paper"):
+        raise DpflError(
+            f"calibrate ms-pafl offers --analysis sound or paper; got {a.analysis!r}"
         )
-        rows.append({"noise_multiplier": sigma, **extra, **_terms(event, name)})
-    result = {
-        **_pick(rows, a.analysis),
-        "analysis": a.analysis,
-        "epsilon": a.epsilon,
-        "delta": a.delta,
-        "rounds": a.rounds,
-    }
+    event = _mspafl_event(a, 1.0)
     title = (
         f"MS-PAFL noise for (epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} "
         f"rounds: p={a.probability}"
     )
-    return Report(
-        title, result, rows, _basis_notes(event, [r["analysis"] for r in rows])
+    names = [a.analysis] if a.json else ["sound", "paper"]
+    return _calibrated(
+        a,
+        title,
+        ["sound", "paper"],
+        lambda name, sigma: _accountant_epsilon(
+            _mspafl_event(a, sigma), a.rounds, a.delta, name
+        )["epsilon"],
+        lambda name: _terms(event, name),
+        _basis_notes(event, names),
     )
 
 
@@ -1000,37 +968,23 @@ def account_locks(a: argparse.Namespace) -> Report:
 
 
 def calibrate_locks(a: argparse.Namespace) -> Report:
+    # both adversaries are priced alike (the observer is bounded by the server)
     event = _locks_event(a, 1.0)
-    sigma, extra, _ = _solve(
-        lambda s: _accountant_epsilon(_locks_event(a, s), a.rounds, a.delta, "server")[
-            "epsilon"
-        ],
-        a.epsilon,
-        f"(epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} rounds",
-    )
-    rows = [
-        {
-            "noise_multiplier": sigma,
-            "norm_noise_multiplier": None
-            if sigma is None
-            else a.norm_noise_ratio * sigma,
-            **extra,
-            **_terms(event, name),
-        }
-        for name in ("server", "observer")
-    ]
-    result = {
-        **_pick(rows, a.analysis),
-        "analysis": a.analysis,
-        "epsilon": a.epsilon,
-        "delta": a.delta,
-        "rounds": a.rounds,
-    }
     title = (
         f"LOCKS noise for (epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} "
         f"rounds: q1={a.q1}, max p2={a.max_p2}, sigma_n/sigma_g={a.norm_noise_ratio}"
     )
-    return Report(title, result, rows, _basis_notes(event, ["server", "observer"]))
+    return _calibrated(
+        a,
+        title,
+        ["server", "observer"],
+        lambda name, sigma: _accountant_epsilon(
+            _locks_event(a, sigma), a.rounds, a.delta, name
+        )["epsilon"],
+        lambda name: _terms(event, name),
+        _basis_notes(event, ["server", "observer"]),
+        norm_noise_multiplier=lambda sigma: a.norm_noise_ratio * sigma,
+    )
 
 
 # -- Gaussian mechanism ---------------------------------------------------------------

@@ -11,6 +11,7 @@ Nothing here computes privacy; the functions only draw what they are given.
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -126,9 +127,8 @@ def plot_runs(
             f"labels must have one entry per run ({len(dirs)}); got {len(labels)}"
         )
     plt = _pyplot()
-    fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(11, 4.5), constrained_layout=True)
     drawn = 0
-    any_eps = False
     terms, differ = epsilon_terms(dirs)
     for i, d in enumerate(dirs):
         rows = [r for r in _read_rows(d) if r.get("test_accuracy") is not None]
@@ -137,15 +137,15 @@ def plot_runs(
         label = labels[i] if labels is not None else d.name
         if differ and terms[i]:
             label += " [" + ", ".join(f"{k}: {terms[i].get(k)}" for k in differ) + "]"
-        if terms[i].get("status", "proven") != "proven":
-            label += f" ({terms[i]['status']}: not a proven bound)"
+        status = terms[i].get("status", "proven")
+        if status != "proven" and "not a proven bound" not in label:
+            label += f" ({status}: not a proven bound)"
         rounds = [r["round"] for r in rows]
         acc = [r["test_accuracy"] for r in rows]
         (line,) = ax_r.plot(rounds, acc, marker=".", label=label)
         drawn += 1
         eps_rows = [r for r in rows if r.get("epsilon") is not None]
         if eps_rows:
-            any_eps = True
             ax_e.plot(
                 [r["epsilon"] for r in eps_rows],
                 [r["test_accuracy"] for r in eps_rows],
@@ -161,7 +161,6 @@ def plot_runs(
     ax_r.set_xlabel("round")
     ax_r.set_ylabel("test accuracy")
     ax_r.grid(alpha=0.3)
-    ax_r.legend(fontsize="small")
     ax_e.set_xlabel(
         "ε spent by the worst-off unit (upper bound at the budget's δ)"
         if not differ
@@ -169,8 +168,17 @@ def plot_runs(
     )
     ax_e.set_ylabel("test accuracy")
     ax_e.grid(alpha=0.3)
-    if any_eps:
-        ax_e.legend(fontsize="small")
+    # one legend for both panels, below them: long labels carry the terms
+    handles, names = ax_r.get_legend_handles_labels()
+    wide = max(len(n) for n in names) > 55
+    names = [textwrap.fill(n, 110 if wide else 55) for n in names]
+    fig.legend(
+        handles,
+        names,
+        loc="outside lower center",
+        ncols=1 if wide else 2,
+        fontsize="small",
+    )
     if title:
         fig.suptitle(title)
     out = Path(out_path)
