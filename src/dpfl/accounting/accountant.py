@@ -21,9 +21,9 @@ from typing import Any, TypeAlias
 
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
+from dpfl._validate import check_count, check_delta, check_nonnegative
 from dpfl.accounting import events as ev
 from dpfl.accounting import gaussian, pld, schemes
-from dpfl.accounting._checks import check_count, check_delta, check_nonnegative
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.accounting.bounds import Bound
 from dpfl.errors import InvalidParameterError, UnsupportedEventError

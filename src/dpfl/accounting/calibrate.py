@@ -29,13 +29,13 @@ from collections.abc import Callable
 
 from scipy import stats
 
-from dpfl.accounting import schemes
-from dpfl.accounting._checks import (
+from dpfl._validate import (
     check_count,
     check_delta,
     check_positive,
     check_probability,
 )
+from dpfl.accounting import schemes
 from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.events import Event
 from dpfl.errors import DpflError

@@ -37,14 +37,14 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from dpfl.accounting import composition, fdp, gaussian
-from dpfl.accounting._checks import (
+from dpfl._validate import (
     check_count,
     check_delta,
     check_nonnegative,
     check_positive,
     check_probability,
 )
+from dpfl.accounting import composition, fdp, gaussian
 from dpfl.accounting._quiet import quiet
 from dpfl.errors import InvalidParameterError
 

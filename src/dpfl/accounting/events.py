@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from dpfl.accounting._checks import (
+from dpfl._validate import (
     check_count,
     check_positive,
     check_probability,

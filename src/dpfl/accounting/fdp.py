@@ -50,7 +50,7 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from numpy.typing import ArrayLike
 from scipy import optimize, special
 
-from dpfl.accounting._checks import (
+from dpfl._validate import (
     check_count,
     check_delta,
     check_nonnegative,

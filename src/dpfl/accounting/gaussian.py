@@ -31,7 +31,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import optimize, special
 
-from dpfl.accounting._checks import (
+from dpfl._validate import (
     _real,
     check_delta,
     check_nonnegative,

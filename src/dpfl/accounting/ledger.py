@@ -37,9 +37,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from dpfl._validate import check_delta, check_positive
 from dpfl.accounting import events as ev
 from dpfl.accounting import rdp, schemes
-from dpfl.accounting._checks import check_delta, check_positive
 from dpfl.accounting.accountant import Accountant, canonical
 from dpfl.accounting.bounds import Bound
 from dpfl.errors import (

@@ -61,14 +61,14 @@ import numpy as np
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy import optimize, special, stats
 
-from dpfl.accounting import pld as _pld
-from dpfl.accounting._checks import (
+from dpfl._validate import (
     check_count,
     check_delta,
     check_nonnegative,
     check_positive,
     check_probability,
 )
+from dpfl.accounting import pld as _pld
 from dpfl.accounting.bounds import Bound
 from dpfl.errors import InvalidParameterError
 

@@ -60,7 +60,7 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy import fft as sp_fft
 from scipy import special
 
-from dpfl.accounting._checks import (
+from dpfl._validate import (
     check_count,
     check_delta,
     check_nonnegative,

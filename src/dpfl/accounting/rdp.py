@@ -47,13 +47,13 @@ from dp_accounting import dp_event
 from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dpfl.accounting import fdp, gaussian
-from dpfl.accounting._checks import (
+from dpfl._validate import (
     check_count,
     check_delta,
     check_nonnegative,
     check_positive,
 )
+from dpfl.accounting import fdp, gaussian
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.errors import InvalidParameterError
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from dpfl.accounting._checks import check_count, check_probability
+from dpfl._validate import check_count, check_probability
 from dpfl.data.dataset import Dataset, ScaledUint8Features
 from dpfl.errors import DpflError, InvalidParameterError
 

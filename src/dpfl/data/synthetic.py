@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from dpfl.accounting._checks import check_count, check_nonnegative, check_positive
+from dpfl._validate import check_count, check_nonnegative, check_positive
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import InvalidParameterError
 

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dpfl.accounting._checks import check_count
+from dpfl._validate import check_count
 from dpfl.experiments.config import RunConfig, config_from_dict
 from dpfl.experiments.runner import CONFIG, read_metrics, run
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dpfl.accounting._checks import check_count
+from dpfl._validate import check_count
 
 __all__ = ["PaperCNN", "PriFedSyncCNN"]
 

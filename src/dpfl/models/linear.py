@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from dpfl.accounting._checks import check_count
+from dpfl._validate import check_count
 
 __all__ = ["MLP", "LogisticRegression"]
 

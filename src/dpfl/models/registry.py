@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from dpfl.accounting._checks import check_count
+from dpfl._validate import check_count
 from dpfl.errors import InvalidParameterError
 from dpfl.models.cnn import PaperCNN, PriFedSyncCNN
 from dpfl.models.linear import MLP, LogisticRegression

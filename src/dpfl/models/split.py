@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dpfl.accounting._checks import check_count, check_probability
+from dpfl._validate import check_count, check_probability
 from dpfl.errors import InvalidParameterError
 
 __all__ = ["ParameterSplit", "split_parameters"]

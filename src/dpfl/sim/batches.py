@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dpfl.accounting._checks import check_count
+from dpfl._validate import check_count
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import InvalidParameterError
 

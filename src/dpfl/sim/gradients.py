@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dpfl.accounting._checks import check_count, check_positive
+from dpfl._validate import check_count, check_positive
 from dpfl.errors import InvalidParameterError, NonFiniteUpdateError
 from dpfl.sim._flat import flat_zeros
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from dpfl.accounting._checks import check_count
+from dpfl._validate import check_count
 from dpfl.accounting.events import Event
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.errors import DpflError, InvalidParameterError

@@ -44,7 +44,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from dpfl.accounting._checks import check_count, check_nonnegative, check_positive
+from dpfl._validate import check_count, check_nonnegative, check_positive
 from dpfl.errors import InvalidParameterError
 from dpfl.sim._flat import flat_view
 

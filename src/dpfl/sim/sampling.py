@@ -29,8 +29,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpfl._validate import check_count, check_probability
 from dpfl.accounting import events as ev
-from dpfl.accounting._checks import check_count, check_probability
 from dpfl.errors import InvalidParameterError
 
 __all__ = [

@@ -91,13 +91,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from dpfl.accounting import events as ev
-from dpfl.accounting._checks import (
+from dpfl._validate import (
     check_count,
     check_nonnegative,
     check_positive,
     check_probability,
 )
+from dpfl.accounting import events as ev
 from dpfl.accounting.ledger import MomentsAccountantLedger
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import (

@@ -42,13 +42,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpfl.accounting import events as ev
-from dpfl.accounting._checks import (
+from dpfl._validate import (
     check_count,
     check_nonnegative,
     check_positive,
     check_probability,
 )
+from dpfl.accounting import events as ev
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import InvalidParameterError
 from dpfl.sim._flat import flat_view, flat_zeros

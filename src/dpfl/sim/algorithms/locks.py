@@ -74,15 +74,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpfl.accounting import events as ev
-from dpfl.accounting import rdp, schemes
-from dpfl.accounting._checks import (
+from dpfl._validate import (
     check_count,
     check_delta,
     check_nonnegative,
     check_positive,
     check_probability,
 )
+from dpfl.accounting import events as ev
+from dpfl.accounting import rdp, schemes
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import DpflError, InvalidParameterError

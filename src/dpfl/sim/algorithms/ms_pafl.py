@@ -63,15 +63,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from dpfl.accounting import checkin, gaussian
-from dpfl.accounting import events as ev
-from dpfl.accounting._checks import (
+from dpfl._validate import (
     check_count,
     check_delta,
     check_nonnegative,
     check_positive,
     check_probability,
 )
+from dpfl.accounting import checkin, gaussian
+from dpfl.accounting import events as ev
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import DpflError, InvalidParameterError
@@ -851,7 +851,7 @@ class MsPafl:
                 delta=delta,
             )
             local["caveat"] = (
-                "uses the expected p·R rounds and γ amplification (docs/analyses.md "")"
+                "uses the expected p·R rounds and γ amplification (docs/analyses.md )"
             )
             out["paper_local_total"] = local
         else:

@@ -1,4 +1,4 @@
-"""Input validation at the public boundary of the accounting package.
+"""Input validation at the public boundary, shared by every layer of dpfl.
 
 Each check raises :class:`dpfl.errors.InvalidParameterError` whose message
 names the parameter, the constraint and the value received.
