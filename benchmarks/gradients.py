@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from dpfl.models import PaperCNN
-from dpfl.sim.gradients import clipped_grad_sum
+from dpfl.sim.grad import clipped_grad_sum
 
 VARIANTS = {
     "non-private backward": {},

@@ -25,7 +25,7 @@ from dpfl.sim.algorithms import (
     algorithm_parameters,
     build_algorithm,
 )
-from dpfl.sim.gradients import clipped_grad_sum
+from dpfl.sim.grad import clipped_grad_sum
 from dpfl.sim.loop import Algorithm, Trainer, round_generators
 
 

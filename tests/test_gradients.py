@@ -1,4 +1,4 @@
-"""Tests of dpfl.sim.gradients against per-example Python loops.
+"""Tests of dpfl.sim.grad against per-example Python loops.
 
 Tolerance: float32 throughout; per-example gradients and clipped sums are
 compared with the loop reference at atol 1e-5 (rtol 1e-4 where sums of many
@@ -18,15 +18,15 @@ from torch import nn
 
 from dpfl.errors import InvalidParameterError, NonFiniteUpdateError
 from dpfl.models import MLP, PaperCNN
-from dpfl.sim.gradients import (
+from dpfl.sim.grad import (
     batched_client_grads,
     check_finite,
     clipped_grad_sum,
-    cohort_sgd_step,
     ghost_supported,
     per_sample_grads,
     stack_params,
 )
+from dpfl.sim.grad._conv import conv2d_per_sample_weight_grad
 
 ATOL = 1e-5
 RTOL = 1e-4
@@ -277,14 +277,12 @@ def test_conv_per_sample_weight_grads_equal_per_example_autograd(
     # The im2col gather (cached index) and the one-channel forward-convolution
     # kernels of per-example Conv2d weight gradients against autograd on each
     # example (strides, dilations and paddings that differ by axis).
-    from dpfl.sim.gradients import _conv2d_per_sample_weight_grad
-
     torch.manual_seed(10)
     conv = nn.Conv2d(cin, 4, kernel, stride=stride, padding=padding, dilation=dilation)
     a = torch.randn(batch, cin, 11, 9)
     out = conv(a)
     g = torch.randn_like(out)
-    got = _conv2d_per_sample_weight_grad(conv, a, g.detach())
+    got = conv2d_per_sample_weight_grad(conv, a, g.detach())
     assert got.shape == (batch, *conv.weight.shape)
     for i in range(0, batch, max(1, batch // 4)):
         (want,) = torch.autograd.grad(
@@ -425,39 +423,6 @@ def test_stack_params_copies():
     assert torch.count_nonzero(stacked["net.0.weight"][1]) > 0
 
 
-@pytest.mark.parametrize("clip", [None, 0.1])
-def test_cohort_sgd_step_equals_per_client_loop(clip):
-    model, stacked, xb, yb = cohort_data()
-    mask = torch.ones(3, 4)
-    mask[1, 3] = 0.0  # client 1 has 3 examples (padded)
-    noise = {k: torch.randn_like(v) for k, v in stacked.items()}
-    new = cohort_sgd_step(
-        model,
-        stacked,
-        xb,
-        yb,
-        learning_rate=0.5,
-        clip=clip,
-        noise=noise,
-        sample_mask=mask,
-    )
-    for k in range(3):
-        keep = mask[k] > 0
-        params = {n: v[k] for n, v in stacked.items()}
-        if clip is None:
-            p = {n: t.clone().requires_grad_(True) for n, t in params.items()}
-            out = torch.func.functional_call(model, p, (xb[k][keep],))
-            loss = F.cross_entropy(out, yb[k][keep], reduction="sum")
-            g = dict(zip(p, torch.autograd.grad(loss, list(p.values()))))
-        else:
-            _, g, _ = reference(model, params, xb[k][keep], yb[k][keep], clip)
-        count = int(keep.sum())
-        for n in params:
-            expected = params[n] - 0.5 * (g[n] + noise[n][k]) / count
-            # atol 1e-5 float32 vs the per-client loop
-            torch.testing.assert_close(new[n][k], expected, atol=ATOL, rtol=RTOL)
-
-
 def test_batched_client_grads_chunks_agree_and_shapes():
     model, stacked, xb, yb = cohort_data(n=5)
     full = batched_client_grads(model, stacked, xb, yb, clip=0.2)
@@ -465,17 +430,6 @@ def test_batched_client_grads_chunks_agree_and_shapes():
     for n, v in stacked.items():
         assert full[n].shape == v.shape
     assert_dicts_close(full, chunked)
-
-
-def test_cohort_non_finite_and_shape_errors():
-    model, stacked, xb, yb = cohort_data()
-    xb[0, 0, 0] = float("nan")
-    with pytest.raises(NonFiniteUpdateError):
-        cohort_sgd_step(model, stacked, xb, yb, learning_rate=0.1)
-    with pytest.raises(InvalidParameterError, match="leading dimension"):
-        cohort_sgd_step(model, stacked, xb[:2], yb[:2], learning_rate=0.1)
-    with pytest.raises(InvalidParameterError, match="learning_rate"):
-        cohort_sgd_step(model, stacked, xb, yb, learning_rate=-1.0)
 
 
 # ----------------------------------------------------------------- GPU

@@ -290,24 +290,44 @@ def test_batch_positions_are_uniform_subsets_without_replacement():
 
 
 # -- optimiser and kernels ---------------------------------------------------------
-def test_batched_adam_matches_torch_adam():
+def test_local_adam_matches_torch_adam_client_by_client(monkeypatch):
+    # PriFedSync's local Adam (dpfl.sim.local.cohort_adam_step on the stacked
+    # synced clients, L2 penalty added to the gradient) equals torch.optim.Adam
+    # (weight_decay) run client by client on the same gradients, with one
+    # client's moments and step count carried over from an earlier sync
+    # (atol 1e-6, float32).
     ds = _digits()
-    alg = _algorithm(ds, learning_rate=0.01, betas=(0.8, 0.95))
+    alg = _algorithm(ds, learning_rate=0.01, betas=(0.8, 0.95), weight_decay=0.1)
+    monkeypatch.setattr(
+        alg, "noisy_gradient", lambda theta, xb, yb, gen: torch.sin(3.0 * theta) + 0.1
+    )
     torch.manual_seed(1)
-    theta0 = torch.randn(2, 7)
-    grads = [torch.randn(2, 7) for _ in range(5)]
-    theta = theta0.clone()
-    m1, m2 = torch.zeros(2, 7), torch.zeros(2, 7)
-    steps = torch.zeros(2, dtype=torch.long)
-    for g in grads:
-        theta = alg._adam_step(theta, g, m1, m2, steps)
-    for j in range(2):
-        p = torch.nn.Parameter(theta0[j].clone())
-        opt = torch.optim.Adam([p], lr=0.01, betas=(0.8, 0.95), eps=1e-8)
-        for g in grads:
-            p.grad = g[j].clone()
+    p = alg.num_parameters
+    alg._local[4] = alg._initial + 0.1 * torch.randn(p)
+    alg._moment1[4], alg._moment2[4] = 0.01 * torch.randn(p), 1e-4 * torch.rand(p)
+    alg._steps[4] = 5
+    clients = np.array([1, 4])
+    rng, gen = round_generators(5, 0)
+    theta, state = alg.local_training(clients, rng, gen)
+    for row, k in enumerate(clients.tolist()):
+        param = torch.nn.Parameter(alg._local_flat(k).clone())
+        opt = torch.optim.Adam(
+            [param], lr=0.01, betas=(0.8, 0.95), eps=1e-8, weight_decay=0.1
+        )
+        if k in alg._steps:
+            opt.state[param] = {
+                "step": torch.tensor(float(alg._steps[k])),
+                "exp_avg": alg._moment1[k].clone(),
+                "exp_avg_sq": alg._moment2[k].clone(),
+            }
+        for _ in range(alg.local_steps):
+            param.grad = torch.sin(3.0 * param.detach()) + 0.1
             opt.step()
-        assert torch.allclose(theta[j], p.detach(), atol=1e-6)
+        torch.testing.assert_close(theta[row], param.detach(), atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            state["moment1"][row], opt.state[param]["exp_avg"], atol=1e-6, rtol=0
+        )
+        assert int(state["steps"][row]) == int(opt.state[param]["step"])
 
 
 @pytest.mark.parametrize("model", ["logistic_regression", "mlp"])

@@ -23,6 +23,9 @@ MODULES = [
     "dpfl.data",
     "dpfl.errors",
     "dpfl.cli",
+    "dpfl.sim.grad",
+    "dpfl.sim.grad.layers",
+    "dpfl.sim.local",
 ]
 
 

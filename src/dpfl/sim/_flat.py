@@ -43,7 +43,7 @@ def flat_view(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """One 1-d view of ``tensors`` if they tile one contiguous buffer in order.
 
     True of tensors made by :func:`flat_zeros` (e.g. the sums of
-    :func:`dpfl.sim.gradients.clipped_grad_sum`); elementwise work on them is
+    :func:`dpfl.sim.grad.clipped_grad_sum`); elementwise work on them is
     then one operation instead of one per tensor. ``None`` if they do not (or
     there are none).
     """

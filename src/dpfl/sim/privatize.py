@@ -222,7 +222,7 @@ class Privatizer:
         :meth:`noise_std`), drawn already scaled, ``N(0, (scale·std)²)``;
         results agree with ``scale * add_noise(...)`` up to floating-point
         rounding. When the tensors of ``total`` tile one flat buffer (as
-        returned by :func:`dpfl.sim.gradients.clipped_grad_sum`), the noise is
+        returned by :func:`dpfl.sim.grad.clipped_grad_sum`), the noise is
         added in one operation.
 
         Parameters

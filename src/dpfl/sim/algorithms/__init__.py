@@ -1,9 +1,9 @@
 """Federated algorithms by name: ``build_algorithm("dsgd-rp", model=..., dataset=...)``.
 
 Each paper's system is one module here that reads like its pseudo-code over
-the shared pieces (:mod:`dpfl.sim.sampling`, :mod:`dpfl.sim.gradients`,
-:mod:`dpfl.sim.privatize`); the :class:`~dpfl.sim.loop.Trainer` runs any of
-them.
+the shared pieces (:mod:`dpfl.sim.sampling`, :mod:`dpfl.sim.grad`,
+:mod:`dpfl.sim.local`, :mod:`dpfl.sim.privatize`); the
+:class:`~dpfl.sim.loop.Trainer` runs any of them.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ One round ``t``, as in the paper's pseudo-code::
 
 **The whole cohort trains as one batched computation**: the clients' copies of
 the model are stacked along a leading dimension and every local SGD step is
-one call of :func:`dpfl.sim.gradients.cohort_sgd_step`. Clients with fewer
+one call of :func:`dpfl.sim.local.cohort_sgd_step`. Clients with fewer
 records are padded and masked (``sample_mask``): a client whose records are
 used up for this epoch takes a zero step. ``execution="loop"`` runs the same
 computation one client at a time (the benchmark's reference).
@@ -104,7 +104,8 @@ from dpfl.errors import (
     InvalidParameterError,
 )
 from dpfl.sim.evaluation import evaluate_model
-from dpfl.sim.gradients import check_finite, cohort_sgd_step, stack_params
+from dpfl.sim.grad import check_finite, stack_params
+from dpfl.sim.local import cohort_sgd_step
 from dpfl.sim.loop import check_state_owner, model_state
 from dpfl.sim.privatize import CentralGaussian
 from dpfl.sim.sampling import FixedCohortSampler, PoissonClientSampler, RoundSample

@@ -10,7 +10,7 @@ One round, as in the paper's pseudo-code (docs/analyses.md)::
     v    <- μ v + ĝ ;  w <- w - η v             (momentum SGD)
 
 All sampled records of all participants go through **one** batched call of
-:func:`dpfl.sim.gradients.clipped_grad_sum`. Clipping is per record, so the
+:func:`dpfl.sim.grad.clipped_grad_sum`. Clipping is per record, so the
 sum over participants of their per-client sums is the plain sum over all
 sampled records (linearity); no per-client segmentation is needed because
 the server only ever uses the total.
@@ -53,7 +53,7 @@ from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import InvalidParameterError
 from dpfl.sim._flat import flat_view, flat_zeros
 from dpfl.sim.evaluation import evaluate_model
-from dpfl.sim.gradients import check_finite, clipped_grad_sum
+from dpfl.sim.grad import check_finite, clipped_grad_sum
 from dpfl.sim.loop import check_state_owner, model_state
 from dpfl.sim.privatize import CentralGaussian, NoiseOnlyMessages, Privatizer
 from dpfl.sim.sampling import PoissonParticipationSampler, RoundSample

@@ -18,7 +18,7 @@ The update ``g_k`` is the model delta of E local steps (FedAvg's
 pseudo-gradient; with E = 1 it is the local step size times the mini-batch
 gradient), so a server step ``η_t = 1`` with full participation and no noise
 is FedAvg. All S1 clients train together in one batched computation
-(:func:`dpfl.sim.gradients.cohort_sgd_step`).
+(:func:`dpfl.sim.local.cohort_sgd_step`).
 
 **Estimators.** (A) is unbiased for the uniform mean ``(1/K) Σ_k ḡ_k``
 because ``E[1{k∈S2} / (q1 p2_k) | S1, ñ] = 1{k∈S1} / q1`` and
@@ -88,7 +88,8 @@ from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.sim.batches import draw_local_batches, gather_batches
 from dpfl.sim.evaluation import evaluate_model
-from dpfl.sim.gradients import check_finite, cohort_sgd_step, stack_params
+from dpfl.sim.grad import check_finite, stack_params
+from dpfl.sim.local import cohort_sgd_step
 from dpfl.sim.loop import check_state_owner, model_state
 from dpfl.sim.privatize import ClientGaussian
 from dpfl.sim.sampling import PoissonClientSampler

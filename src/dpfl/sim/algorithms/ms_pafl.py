@@ -77,7 +77,8 @@ from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.models.split import ParameterSplit, split_parameters
 from dpfl.sim.batches import draw_local_batches, gather_batches
-from dpfl.sim.gradients import check_finite, cohort_sgd_step
+from dpfl.sim.grad import check_finite
+from dpfl.sim.local import cohort_sgd_step
 from dpfl.sim.loop import check_state_owner, model_state
 from dpfl.sim.privatize import ClientGaussian
 from dpfl.sim.sampling import PoissonClientSampler

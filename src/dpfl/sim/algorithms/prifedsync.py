@@ -52,16 +52,18 @@ releases, so it costs nothing either.
 
 **Batched training.** The synced clients are trained together: their
 parameters are stacked ``[|Ω|, P]`` and each local step is one call of
-:func:`dpfl.sim.gradients.batched_client_grads` followed by a batched SGD or
-Adam update on the stacked tensors. ``grad_method="auto"`` uses its
-cross-client ghost kernel (one forward and one backward pass for all synced
-clients; no per-example gradients of ``nn.Linear`` weights) when every
-parameter sits in ``nn.Linear`` / ``nn.Conv2d``, and its ``vmap`` kernel
+:func:`dpfl.sim.grad.batched_client_grads` followed by a batched SGD or
+Adam update on the stacked tensors (:func:`dpfl.sim.local.cohort_adam_step`).
+``grad_method="auto"`` uses its cross-client ghost kernel (one forward and one
+backward pass for all synced clients; no per-example gradients of
+``nn.Linear`` weights) when every parameter sits in a layer with a ghost rule
+(``nn.Linear``, ``nn.Conv2d``, or one registered with
+:func:`dpfl.sim.grad.register_layer`), and its ``vmap`` kernel
 (per-example gradients ``[|Ω|, B, P]``) otherwise. Measured on 2 shared CPU
 cores, |Ω| = 50, B = 16: an MLP 784-200-10 takes 17 ms per step with the
 ghost kernel, 630 ms with ``vmap``; the paper's MNIST CNN 2.2 ms per client
 with the ghost kernel versus 5.4 ms per client in a loop of
-:func:`dpfl.sim.gradients.clipped_grad_sum` calls (``"per-client"``).
+:func:`dpfl.sim.grad.clipped_grad_sum` calls (``"per-client"``).
 
 References
 ----------
@@ -93,12 +95,13 @@ from dpfl.accounting import fdp
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import DpflError, InvalidParameterError
-from dpfl.sim.gradients import (
+from dpfl.sim.grad import (
     batched_client_grads,
     check_finite,
     clipped_grad_sum,
     ghost_supported,
 )
+from dpfl.sim.local import cohort_adam_step
 from dpfl.sim.loop import check_state_owner
 from dpfl.sim.privatize import gaussian_noise_like
 from dpfl.sim.sampling import PoissonClientSampler
@@ -109,8 +112,6 @@ Params = dict[str, torch.Tensor]
 OPTIMIZERS = ("adam", "sgd")
 HELPERS = ("interpolation", "identity")
 GRAD_METHODS = ("auto", "ghost", "batched", "per-client")
-#: torch's fused (one-pass) Adam kernel, if this torch build has it.
-_FUSED_ADAM: Callable[..., Any] | None = getattr(torch, "_fused_adam_", None)
 
 
 class PriFedSync:
@@ -317,8 +318,9 @@ class PriFedSync:
             grad_method = "ghost" if ghost_supported(self.model) else "batched"
         elif grad_method == "ghost" and not ghost_supported(self.model):
             raise InvalidParameterError(
-                "grad_method='ghost' needs every parameter in nn.Linear or "
-                "nn.Conv2d (see dpfl.sim.gradients.ghost_supported); use 'batched'"
+                "grad_method='ghost' needs every parameter in a layer with a "
+                "ghost rule, e.g. nn.Linear or nn.Conv2d (see "
+                "dpfl.sim.grad.ghost_supported); use 'batched'"
             )
         if grad_method == "per-client" and clip is None:
             grad_method = "batched"
@@ -544,50 +546,6 @@ class PriFedSync:
             sums.add_(gaussian_noise_like({"g": sums}, std, generator)["g"])
         return sums.div_(float(xb.shape[1]))
 
-    def _adam_step(
-        self,
-        theta: torch.Tensor,
-        grad: torch.Tensor,
-        m1: torch.Tensor,
-        m2: torch.Tensor,
-        steps: torch.Tensor,
-    ) -> torch.Tensor:
-        """One Adam step for every client at once (moments updated in place).
-
-        Uses torch's fused Adam kernel (one pass over the ``[m, P]`` tensors,
-        each client's row with its own step count) where available, else the
-        same formula in tensor operations.
-        """
-        b1, b2 = self.betas
-        if _FUSED_ADAM is not None and theta.dtype in (torch.float32, torch.float64):
-            new = theta.detach().clone()
-            steps += 1
-            fsteps = steps.to(theta.dtype)
-            _FUSED_ADAM(
-                list(new.unbind(0)),
-                list(grad.unbind(0)),
-                list(m1.unbind(0)),
-                list(m2.unbind(0)),
-                [],
-                list(fsteps.unbind(0)),
-                amsgrad=False,
-                lr=self.learning_rate,
-                beta1=b1,
-                beta2=b2,
-                weight_decay=0.0,
-                eps=self.adam_epsilon,
-                maximize=False,
-            )
-            return new
-        m1.mul_(b1).add_(grad, alpha=1.0 - b1)
-        m2.mul_(b2).addcmul_(grad, grad, value=1.0 - b2)
-        steps += 1
-        t = steps.to(theta.dtype)[:, None]
-        corr1 = 1.0 - torch.pow(torch.as_tensor(b1, dtype=theta.dtype), t)
-        corr2 = 1.0 - torch.pow(torch.as_tensor(b2, dtype=theta.dtype), t)
-        denom = (m2 / corr2).sqrt_().add_(self.adam_epsilon)
-        return theta - self.learning_rate * (m1 / corr1) / denom
-
     def local_training(
         self,
         clients: np.ndarray,
@@ -630,7 +588,16 @@ class PriFedSync:
             if self.weight_decay:
                 grad = grad + self.weight_decay * theta
             if self.optimizer == "adam":
-                theta = self._adam_step(theta, grad, m1, m2, steps)
+                theta = cohort_adam_step(
+                    theta,
+                    grad,
+                    m1,
+                    m2,
+                    steps,
+                    learning_rate=self.learning_rate,
+                    betas=self.betas,
+                    eps=self.adam_epsilon,
+                )
             else:
                 theta = theta - self.learning_rate * grad
         check_finite(theta, "local models")
