@@ -1,54 +1,107 @@
-"""Executors: how independent pieces of client work are run (injected).
+"""Executors: how a round's client steps are run.
 
-An executor is "an object with a ``map`` method" (like emcee's ``pool``).
-Algorithms that batch a whole round into one tensor computation (as
-DP-DSGD with random participation does) need no executor; algorithms with
-per-client local loops hand them to one. Ray is a later adapter with the same
-method; results must not depend on the executor, because every task carries
-its own seed.
+``loop``
+    One client at a time through
+    :meth:`~dpfl.sim.algorithms.base.FederatedAlgorithm.client_step`: the
+    reference, and the shape of one client in a real federation.
+``batched``
+    The whole cohort as one vectorised computation through
+    :meth:`~dpfl.sim.algorithms.base.FederatedAlgorithm.client_steps` (the
+    fast kernels of :mod:`dpfl.sim.grad` and :mod:`dpfl.sim.local`).
+
+Every client draws from its own generators (:mod:`dpfl.sim.randomness`), so
+both give the same messages up to floating-point rounding, and the same
+ledger exactly; the contract tests check it for every algorithm. A
+distributed executor (Ray, Flower) is a third class with the same ``run``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["Executor", "SerialExecutor"]
+import torch
 
-T = TypeVar("T")
-R = TypeVar("R")
+from dpfl.errors import InvalidParameterError
+
+if TYPE_CHECKING:
+    from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages, Task
+    from dpfl.sim.randomness import Streams
+
+__all__ = ["EXECUTORS", "BatchedExecutor", "Executor", "LoopExecutor", "executor"]
 
 
 class Executor(Protocol):
-    """Runs ``fn`` on each task and returns the results in task order."""
+    """Runs a round's client steps and returns their stacked messages."""
 
-    def map(self, fn: Callable[[T], R], tasks: Sequence[T]) -> list[R]:
-        """Return ``[fn(t) for t in tasks]``, possibly computed in parallel."""
+    name: str
+
+    def run(
+        self,
+        algorithm: FederatedAlgorithm,
+        weights: torch.Tensor,
+        tasks: Sequence[Task],
+        streams: Sequence[Streams],
+    ) -> Messages:
+        """The messages of ``tasks``, in task order."""
         ...
 
 
-class SerialExecutor:
-    """Runs tasks one after another in this process.
+class LoopExecutor:
+    """One client at a time, in this process (the reference)."""
 
-    Examples
-    --------
-    >>> SerialExecutor().map(lambda x: x * x, [1, 2, 3])
-    [1, 4, 9]
+    name = "loop"
+
+    def run(
+        self,
+        algorithm: FederatedAlgorithm,
+        weights: torch.Tensor,
+        tasks: Sequence[Task],
+        streams: Sequence[Streams],
+    ) -> Messages:
+        """Run each task's client step and stack the messages."""
+        from dpfl.sim.algorithms.base import Messages
+
+        return Messages.stack(
+            [algorithm.client_step(weights, t, s) for t, s in zip(tasks, streams)],
+            weights,
+        )
+
+
+class BatchedExecutor:
+    """The cohort as one vectorised computation, in this process."""
+
+    name = "batched"
+
+    def run(
+        self,
+        algorithm: FederatedAlgorithm,
+        weights: torch.Tensor,
+        tasks: Sequence[Task],
+        streams: Sequence[Streams],
+    ) -> Messages:
+        """Run the algorithm's batched client steps."""
+        return algorithm.client_steps(weights, tasks, streams)
+
+
+#: Executors by the name ``execution:`` takes in a run configuration.
+EXECUTORS: dict[str, type[Executor]] = {
+    LoopExecutor.name: LoopExecutor,
+    BatchedExecutor.name: BatchedExecutor,
+}
+
+
+def executor(name: str) -> Executor:
+    """A new executor by name (``"loop"`` or ``"batched"``).
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        If ``name`` is not one of :data:`EXECUTORS`.
     """
-
-    def map(self, fn: Callable[[T], R], tasks: Sequence[T]) -> list[R]:
-        """Return ``[fn(t) for t in tasks]``.
-
-        Parameters
-        ----------
-        fn : callable
-            Function of one task.
-        tasks : sequence
-            The tasks.
-
-        Returns
-        -------
-        list
-            Results, in task order.
-        """
-        return [fn(t) for t in tasks]
+    cls = EXECUTORS.get(name)
+    if cls is None:
+        raise InvalidParameterError(
+            f"execution must be one of {sorted(EXECUTORS)}; got {name!r}"
+        )
+    return cls()

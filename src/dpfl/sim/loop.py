@@ -1,67 +1,44 @@
 """The round loop: guard the budget, run a round, charge the ledger.
 
-:class:`Trainer` drives any :class:`Algorithm`. Each :meth:`Trainer.step`
+:class:`Trainer` drives any :class:`~dpfl.sim.algorithms.base.FederatedAlgorithm`.
+Each :meth:`Trainer.step`
 
 1. asks the algorithm for the accounting event of the next round and calls
    :meth:`~dpfl.accounting.ledger.PrivacyLedger.check` *before any
    computation*: a round that would exceed the budget raises
    :class:`~dpfl.errors.BudgetExceededError` and nothing changes;
-2. derives the round's generators from ``SeedSequence(seed)`` keyed by the
-   round index and runs the round;
-3. records the event in the ledger (with the participants only if the
+2. lets the server select the cohort with the round's server generators,
+   runs the client steps through the executor, each client with its own
+   generators (:mod:`dpfl.sim.randomness`), and lets the server step
+   aggregate, privatize and update;
+3. records the event in the ledger (with the participants when the
    algorithm's guarantee is per client), and saves the ledger if it has a
    path.
 
-Randomness is keyed by position, not carried as stream state: round ``t``
-uses ``SeedSequence(seed, spawn_key=(t,))`` — the ``t``-th child of
-``SeedSequence(seed).spawn`` — split into one numpy and one torch generator.
-A checkpoint therefore needs no generator state, a resumed run draws exactly
-what the uninterrupted run drew, and round ``t``'s numbers do not depend on
-what earlier rounds consumed.
+Randomness is keyed by position (seed, round, client), not carried as
+stream state: a checkpoint needs no generator state, a resumed run draws
+exactly what the uninterrupted run drew, and the result does not depend on
+the executor or on how a cohort is split.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
-import torch
 
 from dpfl._validate import check_count
 from dpfl.accounting.events import Event
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.errors import DpflError, InvalidParameterError
+from dpfl.sim.algorithms.base import FederatedAlgorithm
+from dpfl.sim.executors import Executor, executor
+from dpfl.sim.randomness import client_streams, server_streams
 
-__all__ = [
-    "Algorithm",
-    "RoundReport",
-    "Trainer",
-    "check_state_owner",
-    "model_state",
-    "round_generators",
-]
+__all__ = ["RoundReport", "Trainer"]
 
-_STATE_FORMAT = 1
-
-
-def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """CPU copies of ``model``'s state, for an algorithm's ``state_dict``."""
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-
-
-def check_state_owner(state: dict[str, Any], name: str) -> None:
-    """Raise unless ``state`` was saved by the algorithm called ``name``.
-
-    Raises
-    ------
-    InvalidParameterError
-        If the state names another algorithm.
-    """
-    if state.get("name") != name:
-        raise InvalidParameterError(
-            f"state is for algorithm {state.get('name')!r}, not {name!r}"
-        )
+_STATE_FORMAT = 2
 
 
 @dataclasses.dataclass
@@ -75,96 +52,33 @@ class RoundReport:
     event : Event or None
         The accounting event charged (``None``: a non-private round, not
         charged).
-    participants : numpy.ndarray or None
-        The clients that took part, when the algorithm reports them.
+    participants : numpy.ndarray
+        The clients that took part.
     metrics : dict of str to float
         The algorithm's round metrics.
     """
 
     round: int
     event: Event | None
-    participants: np.ndarray | None
+    participants: np.ndarray
     metrics: dict[str, float]
 
 
-@runtime_checkable
-class Algorithm(Protocol):
-    """A federated algorithm as the :class:`Trainer` sees it.
-
-    Optional attributes read by the trainer: ``device`` (where the torch
-    generator lives; default ``"cpu"``) and ``per_client_accounting`` (record
-    participants in the ledger; default ``False``).
-    """
-
-    name: str
-
-    def event(self) -> Event | None:
-        """The accounting event of the next round (``None``: not private)."""
-        ...
-
-    def run_round(
-        self, round_index: int, rng: np.random.Generator, generator: torch.Generator
-    ) -> tuple[np.ndarray | None, dict[str, float]]:
-        """Run one round; return the participants and the round's metrics."""
-        ...
-
-    def evaluate(self) -> dict[str, float]:
-        """Evaluate the current model (``test_loss``, ``test_accuracy``, ...)."""
-        ...
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue training exactly."""
-        ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict`."""
-        ...
-
-
-def round_generators(
-    seed: int, round_index: int, device: str | torch.device = "cpu"
-) -> tuple[np.random.Generator, torch.Generator]:
-    """The numpy and torch generators of round ``round_index`` of a run.
-
-    Parameters
-    ----------
-    seed : int
-        The run's seed (>= 0).
-    round_index : int
-        The round (>= 0).
-    device : str or torch.device
-        Device of the torch generator.
-
-    Returns
-    -------
-    tuple
-        ``(numpy.random.Generator, torch.Generator)``, both from
-        ``SeedSequence(seed, spawn_key=(round_index,))``.
-
-    Raises
-    ------
-    dpfl.errors.InvalidParameterError
-        If ``seed`` or ``round_index`` is not a non-negative integer.
-    """
-    seed = check_count("seed", seed, minimum=0)
-    round_index = check_count("round_index", round_index, minimum=0)
-    np_seq, torch_seq = np.random.SeedSequence(seed, spawn_key=(round_index,)).spawn(2)
-    generator = torch.Generator(device=device)
-    generator.manual_seed(int(torch_seq.generate_state(1, np.uint64)[0]))
-    return np.random.default_rng(np_seq), generator
-
-
 class Trainer:
-    """Runs an :class:`Algorithm` round by round against a :class:`PrivacyLedger`.
+    """Runs a federated algorithm round by round against a :class:`PrivacyLedger`.
 
     Parameters
     ----------
-    algorithm : Algorithm
-        The algorithm (holds the model and its optimiser state).
+    algorithm : FederatedAlgorithm
+        The algorithm (holds the model and its state).
     ledger : PrivacyLedger
         Where each private round is charged; its budget guards every round.
     seed : int
         Seed of the run's randomness (>= 0).
+    execution : str or Executor
+        How client steps run: ``"batched"`` (default, the cohort as one
+        vectorised computation) or ``"loop"`` (one client at a time, the
+        reference); or an executor object.
 
     Attributes
     ----------
@@ -178,15 +92,23 @@ class Trainer:
     """
 
     def __init__(
-        self, algorithm: Algorithm, *, ledger: PrivacyLedger, seed: int
+        self,
+        algorithm: FederatedAlgorithm,
+        *,
+        ledger: PrivacyLedger,
+        seed: int,
+        execution: str | Executor = "batched",
     ) -> None:
+        if not isinstance(algorithm, FederatedAlgorithm):
+            raise InvalidParameterError(
+                "algorithm must be a FederatedAlgorithm; got "
+                f"{type(algorithm).__name__}"
+            )
         self.algorithm = algorithm
         self.ledger = ledger
-        self.seed = seed
+        self.seed = check_count("seed", seed, minimum=0)
+        self.executor = executor(execution) if isinstance(execution, str) else execution
         self.round = 0
-
-    def _device(self) -> str | torch.device:
-        return getattr(self.algorithm, "device", "cpu")
 
     def step(self) -> RoundReport:
         """Run one round.
@@ -205,32 +127,35 @@ class Trainer:
             If the round produced NaN or Inf; the model is unchanged and the
             ledger not charged (nothing was released).
         """
-        event = self.algorithm.event()
+        alg = self.algorithm
+        event = alg.event()
         if event is not None:
             self.ledger.check(event)
         index = self.round
-        rng, generator = round_generators(self.seed, index, self._device())
-        participants, metrics = self.algorithm.run_round(index, rng, generator)
+        server = server_streams(self.seed, index, alg.device)
+        cohort = alg.select(index, server)
+        streams = [
+            client_streams(self.seed, index, task.client, alg.device)
+            for task in cohort.tasks
+        ]
+        messages = self.executor.run(alg, alg.weights, cohort.tasks, streams)
+        metrics = alg.server_step(cohort, messages, server)
         if event is not None:
             # Some schemes learn facts only during the round (LOCKS: the largest
             # second-stage probability, who was in the second stage); their
             # realised event prices the same as the one checked above.
-            realised = getattr(self.algorithm, "realised_event", None)
-            if realised is not None:
-                event = realised()
-            ledger_extra = getattr(self.algorithm, "ledger_extra", None)
-            per_client = bool(getattr(self.algorithm, "per_client_accounting", False))
+            event = alg.realised_event(cohort) or event
             self.ledger.record(
                 event,
-                participants=participants if per_client else None,
+                participants=cohort.participants if alg.per_client_accounting else None,
                 round=index,
-                extra=ledger_extra() if ledger_extra is not None else None,
+                extra=alg.ledger_extra(cohort),
             )
             if self.ledger.path is not None:
                 self.ledger.flush()
         self.round = index + 1
         return RoundReport(
-            round=index, event=event, participants=participants, metrics=metrics
+            round=index, event=event, participants=cohort.participants, metrics=metrics
         )
 
     def run(self, num_rounds: int) -> list[RoundReport]:
@@ -253,10 +178,9 @@ class Trainer:
         """Return the algorithm's state, the round counter and the seed.
 
         No generator state is stored: round ``t``'s generators are derived
-        from ``(seed, t)`` alone (see the module docstring). The number of
-        rounds the ledger has charged is stored to detect a checkpoint loaded
-        against the wrong ledger. The ledger itself is persisted by
-        :meth:`PrivacyLedger.save`.
+        from ``(seed, t[, client])`` alone. The number of rounds the ledger
+        has charged is stored to detect a checkpoint loaded against the wrong
+        ledger. The ledger itself is persisted by :meth:`PrivacyLedger.save`.
 
         Returns
         -------
@@ -291,7 +215,9 @@ class Trainer:
             under-states, the spend.
         """
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise DpflError("state is not a dpfl Trainer checkpoint (format 1)")
+            raise DpflError(
+                f"state is not a dpfl Trainer checkpoint (format {_STATE_FORMAT})"
+            )
         if state["seed"] != self.seed:
             raise InvalidParameterError(
                 f"checkpoint was taken with seed {state['seed']!r}; this trainer "

@@ -1,138 +1,109 @@
-"""Federated algorithms by name: ``build_algorithm("dsgd-rp", model=..., dataset=...)``.
+"""Federated algorithms by name: ``build_algorithm("dsgd-rp", params, model=..., dataset=...)``.
 
 Each paper's system is one module here that reads like its pseudo-code over
-the shared pieces (:mod:`dpfl.sim.sampling`, :mod:`dpfl.sim.grad`,
-:mod:`dpfl.sim.local`, :mod:`dpfl.sim.privatize`); the
-:class:`~dpfl.sim.loop.Trainer` runs any of them.
+the shared pieces (:mod:`dpfl.sim.algorithms.base`, :mod:`dpfl.sim.sampling`,
+:mod:`dpfl.sim.grad`, :mod:`dpfl.sim.local`, :mod:`dpfl.sim.privatize`); the
+:class:`~dpfl.sim.loop.Trainer` runs any of them. A module registers its
+algorithm with :func:`~dpfl.sim.algorithms.base.register`; importing it here
+is the one registration line.
 """
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
 
 from dpfl.data.dataset import FederatedDataset
-from dpfl.errors import DpflError
-from dpfl.sim.algorithms.dp_fedavg import DpFedAvg
-from dpfl.sim.algorithms.dsgd_rp import DsgdRandomParticipation
-from dpfl.sim.algorithms.locks import Locks
-from dpfl.sim.algorithms.ms_pafl import MsPafl
-from dpfl.sim.algorithms.prifedsync import PriFedSync
-from dpfl.sim.loop import Algorithm
+from dpfl.errors import InvalidParameterError
+from dpfl.sim.algorithms import (  # noqa: F401  (each import registers one algorithm)
+    dsgd_rp,
+)
+from dpfl.sim.algorithms.base import (
+    ALGORITHMS,
+    AlgorithmParams,
+    FederatedAlgorithm,
+    algorithm_class,
+)
 
 __all__ = [
     "ALGORITHMS",
-    "DpFedAvg",
-    "DsgdRandomParticipation",
-    "Locks",
-    "MsPafl",
-    "PriFedSync",
-    "algorithm_parameters",
+    "AlgorithmParams",
+    "FederatedAlgorithm",
+    "algorithm_class",
     "build_algorithm",
+    "make_params",
 ]
 
-#: Registered algorithms, by name.
-ALGORITHMS: dict[str, type] = {
-    DsgdRandomParticipation.name: DsgdRandomParticipation,
-    DpFedAvg.name: DpFedAvg,
-    MsPafl.name: MsPafl,
-    Locks.name: Locks,
-    PriFedSync.name: PriFedSync,
-}
 
-_COMMON = ("model", "dataset", "device")
-
-
-def _key(name: str) -> str:
-    return str(name).strip().lower().replace("_", "-")
-
-
-def algorithm_parameters(name: str) -> dict[str, Any]:
-    """The parameters an algorithm takes, with their defaults.
-
-    A required parameter has the default ``inspect.Parameter.empty``.
-
-    Parameters
-    ----------
-    name : str
-        A key of :data:`ALGORITHMS` (case and ``_``/``-`` ignored).
-
-    Returns
-    -------
-    dict of str to object
-        Parameter name to default, without ``model``, ``dataset`` and ``device``.
+def make_params(
+    name: str, params: Mapping[str, Any] | AlgorithmParams | None = None
+) -> AlgorithmParams:
+    """The validated parameters of algorithm ``name`` from keywords.
 
     Raises
     ------
-    dpfl.errors.DpflError
-        If the name is unknown.
+    dpfl.errors.InvalidParameterError
+        If the name or a keyword is unknown (the message lists the accepted
+        ones), or a value is out of its domain.
     """
-    cls = _lookup(name)
-    sig = inspect.signature(cls)  # the constructor's parameters, without self
-    return {p.name: p.default for p in sig.parameters.values() if p.name not in _COMMON}
-
-
-def _lookup(name: str) -> type:
-    cls = ALGORITHMS.get(_key(name))
-    if cls is None:
-        raise DpflError(
-            f"unknown algorithm {name!r}; available: {', '.join(sorted(ALGORITHMS))}"
+    cls = algorithm_class(name)
+    if isinstance(params, AlgorithmParams):
+        if not isinstance(params, cls.Params):
+            raise InvalidParameterError(
+                f"params must be {cls.Params.__qualname__} for {cls.name!r}; got "
+                f"{type(params).__name__}"
+            )
+        return params
+    kwargs = dict(params or {})
+    fields = {f.name for f in dataclasses.fields(cls.Params)}
+    unknown = sorted(set(kwargs) - fields)
+    if unknown:
+        raise InvalidParameterError(
+            f"algorithm {cls.name!r} does not take parameter(s) {unknown}; it takes "
+            f"{sorted(fields)}"
         )
-    return cls
+    return cls.Params(**kwargs)
 
 
 def build_algorithm(
     name: str,
+    params: Mapping[str, Any] | AlgorithmParams | None = None,
     *,
     model: nn.Module,
     dataset: FederatedDataset,
-    device: str = "cpu",
-    **params: Any,
-) -> Algorithm:
+    noise_multiplier: float = 0.0,
+    **options: Any,
+) -> FederatedAlgorithm:
     """Build a registered algorithm.
 
     Parameters
     ----------
     name : str
-        ``"dsgd-rp"`` (DP-DSGD with random participation); case and ``_`` are
-        ignored.
+        A key of :data:`ALGORITHMS` (case and ``_``/``-`` ignored).
+    params : mapping or AlgorithmParams, optional
+        The algorithm's parameters (its ``Params`` or keywords of it).
     model : torch.nn.Module
         The model to train.
     dataset : FederatedDataset
         The federated data.
-    device : str
-        Torch device.
-    **params
-        The algorithm's own parameters (see :func:`algorithm_parameters`).
+    noise_multiplier : float
+        σ (0: non-private).
+    **options
+        ``device``, ``max_clients``, ``eval_batch_size``, ``loss_fn``.
 
     Returns
     -------
-    Algorithm
-        The algorithm, ready for a :class:`~dpfl.sim.loop.Trainer`.
-
-    Raises
-    ------
-    dpfl.errors.DpflError
-        If the name is unknown, a parameter is unknown or a required one is
-        missing (the message names it and lists the accepted ones);
-        :class:`~dpfl.errors.InvalidParameterError` for a bad value.
+    FederatedAlgorithm
+        Ready for a :class:`~dpfl.sim.loop.Trainer`.
     """
-    cls = _lookup(name)
-    accepted = algorithm_parameters(name)
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise DpflError(
-            f"algorithm {_key(name)!r} does not take parameter(s) {unknown}; "
-            f"it takes {sorted(accepted)}"
-        )
-    missing = sorted(
-        k
-        for k, v in accepted.items()
-        if v is inspect.Parameter.empty and k not in params
+    cls = algorithm_class(name)
+    return cls(
+        make_params(name, params),
+        model=model,
+        dataset=dataset,
+        noise_multiplier=noise_multiplier,
+        **options,
     )
-    if missing:
-        raise DpflError(f"algorithm {_key(name)!r} needs parameter(s) {missing}")
-    algorithm: Algorithm = cls(model=model, dataset=dataset, device=device, **params)
-    return algorithm

@@ -25,71 +25,67 @@ so ``E[Σ sampled clip(g)] = pq Σ_all clip(g)`` and
 ``ĝ = (Σ sampled clip(g) + noise) / (p q n)`` is unbiased for the mean clipped
 gradient over all records. The paper's ``1/(p N_t q d)`` is the equal-size case.
 
-**Non-private baseline.** ``noise_multiplier=None`` (or 0): same sampling and
-scaling, no noise, :meth:`event` returns ``None`` and the trainer charges
-nothing. ``clip`` may stay (clipped, noise-free) or be ``None`` (plain summed
-gradients, the paper's non-private curve).
+**Non-private baseline.** σ = 0: same sampling and scaling, no noise, no
+event, nothing charged. ``clip`` may stay (clipped, noise-free) or be
+``None`` (plain summed gradients, the paper's non-private curve).
+
+**Who draws what.** The server's sampler draws the participants and their
+records (the :class:`~dpfl.sim.sampling.PoissonParticipationSampler` whose
+event the ledger prices); a client's step is the clipped gradient sum of its
+records; the noise is the privatizer's, drawn by the server (one draw of the
+sum of every message's noise, :mod:`dpfl.sim.privatize`). The batched client
+step computes the cohort's sum in one kernel call, since the server uses
+only the sum.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from dpfl._validate import (
-    check_count,
-    check_nonnegative,
-    check_positive,
-    check_probability,
-)
-from dpfl.accounting import events as ev
-from dpfl.data.dataset import FederatedDataset
+from dpfl._validate import check_positive, check_probability
+from dpfl.accounting.events import Event
 from dpfl.errors import InvalidParameterError
-from dpfl.sim._flat import flat_view, flat_zeros
-from dpfl.sim.evaluation import evaluate_model
+from dpfl.sim.algorithms.base import (
+    AlgorithmParams,
+    Cohort,
+    DataStats,
+    FederatedAlgorithm,
+    Message,
+    Messages,
+    Task,
+    register,
+)
 from dpfl.sim.grad import check_finite, clipped_grad_sum
-from dpfl.sim.loop import check_state_owner, model_state
 from dpfl.sim.privatize import CentralGaussian, NoiseOnlyMessages, Privatizer
-from dpfl.sim.sampling import PoissonParticipationSampler, RoundSample
+from dpfl.sim.randomness import Streams
+from dpfl.sim.sampling import PoissonParticipationSampler
 
-__all__ = ["DsgdRandomParticipation"]
+__all__ = ["DsgdRandomParticipation", "DsgdRpParams"]
 
-Params = dict[str, torch.Tensor]
 SERVERS = ("trusted", "untrusted")
 
 
-class DsgdRandomParticipation:
-    """DP-DSGD with random participation (name ``"dsgd-rp"``).
+@dataclasses.dataclass(frozen=True)
+class DsgdRpParams(AlgorithmParams):
+    """Parameters of DP-DSGD with random participation.
 
-    Parameters
+    Attributes
     ----------
-    model : torch.nn.Module
-        The model (moved to ``device``; trained in place). No BatchNorm.
-    dataset : FederatedDataset
-        Clients' records; its test set (if any) is used by :meth:`evaluate`.
-    device : str
-        Torch device of the model and the noise (``"cpu"``, ``"cuda"``).
     participation_probability : float
         p in (0, 1]: each available client joins a round w.p. p.
     record_probability : float
         q in (0, 1]: a participant samples each of its records w.p. q.
-    noise_multiplier : float or None
-        σ: noise std on the sum in units of ``clip``. ``None`` or 0: the
-        non-private baseline (no noise, nothing charged).
     clip : float or None
-        Per-record clipping norm C (> 0); ``None`` only when non-private.
+        Per-record clipping norm C (> 0); ``None`` only for a non-private run.
     learning_rate : float
         Server step size η (> 0); the paper uses 0.002 (App. B.2).
     momentum : float
         Momentum μ in [0, 1) (the paper: 0.9).
-    eval_batch_size : int
-        Batch size of :meth:`evaluate`.
     server : {"trusted", "untrusted"}
         Who adds the noise (see the module docstring).
     secure_aggregation : bool
@@ -99,13 +95,47 @@ class DsgdRandomParticipation:
         message) if False, the default.
     max_batch : int or None
         Examples per chunk of the gradient kernel (memory bound).
-    loss_fn : callable
-        ``loss_fn(output, target)``, mean over the batch (default cross-entropy).
+    """
 
-    Raises
-    ------
-    dpfl.errors.InvalidParameterError
-        On a parameter outside its domain (the message names it).
+    participation_probability: float = 0.1
+    record_probability: float = 0.5
+    clip: float | None = 1.0
+    learning_rate: float = 0.002
+    momentum: float = 0.9
+    server: str = "trusted"
+    secure_aggregation: bool = False
+    max_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        self._set(
+            "participation_probability",
+            check_probability("participation_probability", self.participation_probability),
+        )
+        self._set(
+            "record_probability",
+            check_probability("record_probability", self.record_probability),
+        )
+        if self.clip is not None:
+            self._set("clip", check_positive("clip", self.clip))
+        self._set("learning_rate", check_positive("learning_rate", self.learning_rate))
+        if not 0.0 <= float(self.momentum) < 1.0:
+            raise InvalidParameterError(
+                f"momentum must be in [0, 1); got {self.momentum!r}"
+            )
+        if self.server not in SERVERS:
+            raise InvalidParameterError(
+                f"server must be one of {SERVERS}; got {self.server!r}"
+            )
+        if self.max_batch is not None and int(self.max_batch) < 1:
+            raise InvalidParameterError(f"max_batch must be >= 1; got {self.max_batch!r}")
+
+
+@register
+class DsgdRandomParticipation(FederatedAlgorithm):
+    """DP-DSGD with random participation (name ``"dsgd-rp"``).
+
+    See :class:`~dpfl.sim.algorithms.base.FederatedAlgorithm` for the
+    arguments; the parameters are :class:`DsgdRpParams`.
 
     References
     ----------
@@ -115,360 +145,178 @@ class DsgdRandomParticipation:
     """
 
     name = "dsgd-rp"
-    per_client_accounting = False
+    Params = DsgdRpParams
+    params: DsgdRpParams
 
-    def __init__(
-        self,
-        *,
-        model: nn.Module,
-        dataset: FederatedDataset,
-        device: str = "cpu",
-        participation_probability: float,
-        record_probability: float,
-        noise_multiplier: float | None = None,
-        clip: float | None = 1.0,
-        learning_rate: float = 0.002,
-        momentum: float = 0.9,
-        eval_batch_size: int = 1024,
-        server: str = "trusted",
-        secure_aggregation: bool = False,
-        max_batch: int | None = None,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
-    ) -> None:
-        if not isinstance(model, nn.Module):
-            raise InvalidParameterError(
-                f"model must be a torch.nn.Module; got {type(model).__name__}"
-            )
-        if not isinstance(dataset, FederatedDataset):
-            raise InvalidParameterError(
-                f"dataset must be a FederatedDataset; got {type(dataset).__name__}"
-            )
-        self.participation_probability = check_probability(
-            "participation_probability", participation_probability
+    @staticmethod
+    def sampler(params: DsgdRpParams, stats: DataStats) -> PoissonParticipationSampler:
+        """Clients w.p. p, then each of their records w.p. q."""
+        return PoissonParticipationSampler(
+            num_clients=stats.num_clients,
+            participation_probability=params.participation_probability,
+            record_probability=params.record_probability,
+            client_sizes=stats.sizes,
         )
-        self.record_probability = check_probability(
-            "record_probability", record_probability
-        )
-        if noise_multiplier is not None:
-            noise_multiplier = check_nonnegative("noise_multiplier", noise_multiplier)
-        self.noise_multiplier = noise_multiplier
-        self.private = bool(noise_multiplier)
-        if clip is None:
-            if self.private:
-                raise InvalidParameterError(
-                    "clip must be given (> 0) when noise_multiplier > 0; got None"
+
+    @classmethod
+    def round_event(
+        cls, params: AlgorithmParams, stats: DataStats, noise_multiplier: float
+    ) -> Event:
+        """``ClientPoisson(p, RecordPoisson(q, d, Gaussian(σ)))``, d the largest client."""
+        return cls.sampler(cast(DsgdRpParams, params), stats).event(noise_multiplier)
+
+    def setup(self) -> None:
+        """Sampler, privatizer, the 1/(pqn) scale and the momentum buffer."""
+        p = self.params
+        if self.private and p.clip is None:
+            raise InvalidParameterError(
+                "clip must be given (> 0) when noise_multiplier > 0; got None"
+            )
+        self._sampler = self.sampler(p, self.stats)
+        self.privatizer: Privatizer | None = None
+        if self.private:
+            clip = cast(float, p.clip)
+            self.privatizer = (
+                CentralGaussian(noise_multiplier=self.noise_multiplier, clip=clip)
+                if p.server == "trusted"
+                else NoiseOnlyMessages(
+                    noise_multiplier=self.noise_multiplier,
+                    clip=clip,
+                    secure_aggregation=p.secure_aggregation,
                 )
-        else:
-            clip = check_positive("clip", clip)
-        self.clip = clip
-        self.learning_rate = check_positive("learning_rate", learning_rate)
-        self.momentum = check_nonnegative("momentum", momentum)
-        if self.momentum >= 1:
-            raise InvalidParameterError(f"momentum must be in [0, 1); got {momentum!r}")
-        self.eval_batch_size = check_count(
-            "eval_batch_size", eval_batch_size, minimum=1
-        )
-        if server not in SERVERS:
-            raise InvalidParameterError(
-                f"server must be one of {SERVERS}; got {server!r}"
             )
-        self.server = server
-        self.secure_aggregation = bool(secure_aggregation)
-        self.max_batch = (
-            None
-            if max_batch is None
-            else check_count("max_batch", max_batch, minimum=1)
-        )
-        self.loss_fn = loss_fn
-        self.device = str(device)
-        self.dataset = dataset
-        self.model = model.to(self.device)
-
-        sizes = dataset.client_sizes()
-        self.num_available = dataset.num_clients
-        self.num_records_total = int(sizes.sum())
-        if self.num_records_total == 0:
-            raise InvalidParameterError("dataset has no training records")
-        self.sampler = PoissonParticipationSampler(
-            num_clients=self.num_available,
-            participation_probability=self.participation_probability,
-            record_probability=self.record_probability,
-            client_sizes=sizes,
-            client_indices=dataset.client_indices,
-        )
         #: 1 / (p q n): n = Σ_k n_k = N d for equal sizes (paper eq. 4).
         self.scale = 1.0 / (
-            self.participation_probability
-            * self.record_probability
-            * self.num_records_total
+            p.participation_probability * p.record_probability * self.stats.num_records
         )
-        self.privatizer: Privatizer | None = None
-        if self.private and clip is not None:
-            sigma = float(noise_multiplier or 0.0)
-            if server == "trusted":
-                self.privatizer = CentralGaussian(noise_multiplier=sigma, clip=clip)
-            else:
-                self.privatizer = NoiseOnlyMessages(
-                    noise_multiplier=sigma,
-                    clip=clip,
-                    secure_aggregation=self.secure_aggregation,
-                )
-        # Views into one flat buffer: the momentum step is one operation.
-        self.velocity: Params = flat_zeros(self._params(), ())
+        self.velocity = torch.zeros_like(self.weights)
 
-    # -- accounting -----------------------------------------------------------
-    def event(self) -> ev.Event | None:
-        """The accounting event of a round, or ``None`` for the non-private baseline.
+    # -- Algorithm 1, one round -----------------------------------------------------
+    def select(self, round_index: int, server: Streams) -> Cohort:
+        """P_t ← clients w.p. p; S_i ← their records w.p. q.
 
-        Returns
-        -------
-        Event or None
-            ``ClientPoisson(p, RecordPoisson(q, d, Gaussian(σ)))`` with ``d``
-            the largest client size; ``None`` when ``noise_multiplier`` is
-            ``None`` or 0.
+        The privatizer's noise does not depend on the gradients: its draw
+        starts here (on a worker thread, on CPU) and overlaps the client steps.
         """
-        if not self.private or self.noise_multiplier is None:
-            return None
-        return self.sampler.event(self.noise_multiplier)
+        sample = self._sampler.sample(server.rng).resolve(self.dataset.client_indices)
+        records = cast(np.ndarray, sample.records)
+        offsets = sample.record_offsets
+        tasks = [
+            Task(int(k), records[offsets[j] : offsets[j + 1]])
+            for j, k in enumerate(sample.clients)
+        ]
+        info: dict[str, object] = {"records": records}
+        if self.privatizer is not None:
+            info["noise"] = self.privatizer.start_noise(
+                {"w": self.weights},
+                num_participants=sample.num_clients,
+                num_available=self.stats.num_clients,
+                generator=server.generator,
+                scale=self.scale,
+            )
+        return Cohort(sample.clients, tasks, info)
 
-    # -- one round --------------------------------------------------------------
-    def _params(self) -> Params:
-        return {n: p.detach() for n, p in self.model.named_parameters()}
-
-    def _gradient_sum(
-        self, sample: RoundSample, params: Params | None = None
-    ) -> tuple[Params, dict[str, float]]:
-        """Sum of (clipped) per-record gradients over every sampled record."""
-        if params is None:
-            params = self._params()
-        metrics: dict[str, float] = {}
-        if sample.num_records == 0:
-            return {n: torch.zeros_like(p) for n, p in params.items()}, metrics
-        if sample.records is None:  # the sampler was built with client_indices
-            sample = sample.resolve(self.dataset.client_indices)
-        x_np, y_np = self.dataset.take(cast(np.ndarray, sample.records))
-        x = torch.as_tensor(np.ascontiguousarray(x_np))
-        y = torch.as_tensor(np.ascontiguousarray(y_np))
-        if self.clip is not None:
+    def _gradient_sum(self, weights: torch.Tensor, rows: np.ndarray) -> Message:
+        """Σ over ``rows`` of clip_C(∇ℓ(w, s)) (plain gradients when C is None)."""
+        if len(rows) == 0:
+            return Message(torch.zeros_like(weights), {"records": 0.0, "clipped": 0.0})
+        x, y = self.client_data(rows)
+        params = self.unflatten(weights)
+        clip = self.params.clip
+        if clip is not None:
             sums, norms = clipped_grad_sum(
                 self.model,
                 params,
                 x,
                 y,
-                clip=self.clip,
+                clip=clip,
                 loss_fn=self.loss_fn,
-                max_batch=self.max_batch,
+                max_batch=self.params.max_batch,
                 return_norms=True,
             )
-            metrics["clipped_fraction"] = float((norms > self.clip).float().mean())
-            metrics["grad_norm_median"] = float(norms.median())
-            return sums, metrics
-        # Non-private, unclipped: one ordinary backward per chunk of the summed
-        # loss. With the model's own trainable weights the model is called
-        # directly (functional_call's weight swapping cost ~10% of a round at
-        # the paper's scenario-1 scale).
-        own = dict(self.model.named_parameters())
-        direct = all(
-            own[n].requires_grad and own[n].data_ptr() == p.data_ptr()
-            for n, p in params.items()
-        )
-        leaves = (
-            [own[n] for n in params]
-            if direct
-            else [p.detach().requires_grad_(True) for p in params.values()]
-        )
-        total = flat_zeros(params, ())  # one buffer: scaling and momentum fuse
-        chunk = self.max_batch or x.shape[0]
+            total = self.flatten(sums)
+            clipped = float((norms > clip).sum())
+        else:
+            total = self._plain_gradient_sum(x, y)
+            clipped = 0.0
+        return Message(total, {"records": float(len(rows)), "clipped": clipped})
+
+    def _plain_gradient_sum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Unclipped Σ ∇ℓ: one ordinary backward per chunk (the non-private curve).
+
+        The model's own weights are the global weights (views of one buffer),
+        so the model is called directly.
+        """
+        leaves = [p for p in self.model.parameters() if p.requires_grad]
+        total = torch.zeros_like(self.weights)
+        chunk = self.params.max_batch or x.shape[0]
         for start in range(0, x.shape[0], chunk):
-            xc = x[start : start + chunk].to(self.device)
-            yc = y[start : start + chunk].to(self.device)
+            xc, yc = x[start : start + chunk], y[start : start + chunk]
             with torch.enable_grad():
-                if direct:
-                    out = self.model(xc)
-                else:
-                    weights = dict(zip(params, leaves))
-                    out = torch.func.functional_call(self.model, weights, (xc,))
-                loss = self.loss_fn(out, yc) * xc.shape[0]
+                loss = self.loss_fn(self.model(xc), yc) * xc.shape[0]
                 grads = torch.autograd.grad(loss, leaves)
-            for t, g in zip(total.values(), grads):
-                t.add_(g)
-        check_finite(total, "gradient sum")
-        return total, metrics
+            total.add_(torch.cat([g.reshape(-1) for g in grads]))
+        check_finite({"gradient sum": total}, "gradient sum")
+        return total
 
-    def gradient_estimate(
-        self, rng: np.random.Generator, generator: torch.Generator
-    ) -> tuple[Params, RoundSample, dict[str, float]]:
-        """Sample a round and return the server's estimate ĝ (model unchanged).
+    def client_step(self, weights: torch.Tensor, task: Task, streams: Streams) -> Message:
+        """g_i ← Σ_{s ∈ S_i} clip_C(∇ℓ(w_t, s))."""
+        return self._gradient_sum(weights, cast(np.ndarray, task.rows))
 
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-            Draws participants and records.
-        generator : torch.Generator
-            Draws the noise.
+    def client_steps(
+        self, weights: torch.Tensor, tasks: list[Task], streams: list[Streams]
+    ) -> Messages:
+        """Σ_i g_i over the cohort in one kernel call (the server uses only the sum).
 
-        Returns
-        -------
-        tuple
-            ``(ĝ by parameter name, the RoundSample, metrics)``.
-
-        Raises
-        ------
-        dpfl.errors.NonFiniteUpdateError
-            If a per-record gradient or the estimate holds NaN or Inf (checked
-            before aggregation and before the step).
+        Clipping is per record, so the sum of per-client sums is the plain sum
+        over every sampled record (linearity).
         """
-        sample = self.sampler.sample(rng)
-        if self.privatizer is None:
-            total, metrics = self._gradient_sum(sample)
-            flat = flat_view(list(total.values()))
-            if flat is not None:
-                flat.mul_(self.scale)
-                estimate = total
-            else:
-                estimate = {n: t.mul_(self.scale) for n, t in total.items()}
+        rows = [cast(np.ndarray, t.rows) for t in tasks]
+        all_rows = np.concatenate(rows) if rows else np.empty(0, np.int64)
+        m = self._gradient_sum(weights, all_rows)
+        return Messages(
+            m.vector[None],
+            {k: torch.tensor([v], dtype=torch.float64) for k, v in m.scalars.items()},
+            summed=True,
+        )
+
+    def server_step(
+        self, cohort: Cohort, messages: Messages, server: Streams
+    ) -> dict[str, float]:
+        """ĝ ← (Σ_i g_i + N(0, σ²C²)) / (pqn);  v ← μv + ĝ;  w ← w − ηv."""
+        total = messages.total().clone()
+        pending = cohort.info.get("noise")
+        if pending is not None:
+            estimate = pending.add_to_({"w": total})["w"]
         else:
-            # The noise does not depend on the gradients: it is drawn (on a
-            # worker thread, on CPU) while they are computed, then added to the
-            # sum in place with the 1/(pqn) scaling (one operation each when
-            # the sum is one flat buffer, as clipped_grad_sum returns it).
-            params = self._params()
-            pending = self.privatizer.start_noise(
-                params,
-                num_participants=sample.num_clients,
-                num_available=self.num_available,
-                generator=generator,
-                scale=self.scale,
-            )
-            try:
-                total, metrics = self._gradient_sum(sample, params)
-            finally:
-                pending.wait()  # the generator is free again, even on error
-            estimate = pending.add_to_(total)
-        flat = flat_view(list(estimate.values()))
-        if flat is not None:
-            sq = float(torch.linalg.vector_norm(flat).square())
-        else:
-            sq = float(
-                torch.stack(
-                    [torch.linalg.vector_norm(t).square() for t in estimate.values()]
-                ).sum()
-            )
-        # One fused pass: the squared norm is finite iff every entry is finite
-        # (barring overflow of the square, which check_finite then tells apart).
-        if not math.isfinite(sq):
-            check_finite(estimate, "model update")
-        metrics["update_norm"] = math.sqrt(sq)
-        return estimate, sample, metrics
-
-    def run_round(
-        self, round_index: int, rng: np.random.Generator, generator: torch.Generator
-    ) -> tuple[np.ndarray, dict[str, float]]:
-        """Run Algorithm 1 for one round and take the momentum-SGD step.
-
-        Parameters
-        ----------
-        round_index : int
-            Index of the round (for the record; randomness comes from the
-            generators).
-        rng : numpy.random.Generator
-            Draws participants and records.
-        generator : torch.Generator
-            Draws the noise.
-
-        Returns
-        -------
-        tuple
-            ``(participants, metrics)``; metrics hold ``participants``,
-            ``records``, ``update_norm`` and, with clipping,
-            ``clipped_fraction`` and ``grad_norm_median``.
-
-        Raises
-        ------
-        dpfl.errors.NonFiniteUpdateError
-            If gradients or the update are not finite; the model and the
-            momentum are left unchanged.
-        """
-        estimate, sample, metrics = self.gradient_estimate(rng, generator)
-        params = dict(self.model.named_parameters())
+            estimate = total.mul_(self.scale)
+        norm = float(torch.linalg.vector_norm(estimate))
+        if not math.isfinite(norm):
+            check_finite({"update": estimate}, "model update")
         with torch.no_grad():
-            v_flat = flat_view(list(self.velocity.values()))
-            e_flat = flat_view([estimate[n] for n in self.velocity])
-            if v_flat is not None and e_flat is not None:
-                # v <- ĝ + μ v in one operation on the flat buffers.
-                torch.add(e_flat, v_flat, alpha=self.momentum, out=v_flat)
-            else:
-                for n in params:
-                    v = self.velocity[n]
-                    torch.add(estimate[n], v, alpha=self.momentum, out=v)
-            for n, p in params.items():
-                p.add_(self.velocity[n], alpha=-self.learning_rate)
-        metrics.update(
-            participants=float(sample.num_clients), records=float(sample.num_records)
-        )
-        return sample.clients, metrics
-
-    # -- evaluation and state ---------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
-        """Mean loss and accuracy on the dataset's test set.
-
-        Returns
-        -------
-        dict of str to float
-            ``{"test_loss", "test_accuracy"}``; empty if the dataset has no
-            test set.
-        """
-        return evaluate_model(
-            self.model,
-            self.dataset.test_features,
-            self.dataset.test_labels,
-            loss_fn=self.loss_fn,
-            batch_size=self.eval_batch_size,
-            device=self.device,
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        """Model and momentum buffers (CPU copies) for an exact resume.
-
-        Returns
-        -------
-        dict
-            ``{"name", "model", "velocity"}``.
-        """
-        return {
-            "name": self.name,
-            "model": model_state(self.model),
-            "velocity": {k: v.detach().cpu().clone() for k, v in self.velocity.items()},
+            self.velocity.mul_(self.params.momentum).add_(estimate)
+            self.weights.add_(self.velocity, alpha=-self.params.learning_rate)
+        records = messages.scalar_total("records") if len(messages.scalars) else 0.0
+        metrics = {
+            "participants": float(len(cohort.participants)),
+            "records": records,
+            "update_norm": norm,
         }
+        if self.params.clip is not None and records:
+            metrics["clipped_fraction"] = messages.scalar_total("clipped") / records
+        return metrics
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`.
+    # -- state ------------------------------------------------------------------------
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        """The momentum buffer."""
+        return {"velocity": self.velocity.detach().cpu().clone()}
 
-        Parameters
-        ----------
-        state : dict
-            From :meth:`state_dict`.
-
-        Raises
-        ------
-        dpfl.errors.InvalidParameterError
-            If the state belongs to another algorithm or model.
-        """
-        check_state_owner(state, self.name)
-        if set(state["velocity"]) != set(self.velocity):
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore the momentum buffer."""
+        v = state["velocity"]
+        if tuple(v.shape) != tuple(self.velocity.shape):
             raise InvalidParameterError(
-                "state's parameters do not match the model's: "
-                f"{sorted(state['velocity'])[:5]} vs {sorted(self.velocity)[:5]}"
+                f"state's velocity has shape {tuple(v.shape)}; the model has "
+                f"{tuple(self.velocity.shape)} weights"
             )
-        velocity = flat_zeros(self._params(), ())
-        for k, v in velocity.items():
-            saved = state["velocity"][k]
-            if tuple(saved.shape) != tuple(v.shape):
-                raise InvalidParameterError(
-                    f"state's velocity {k!r} has shape {tuple(saved.shape)}; the "
-                    f"model's parameter has {tuple(v.shape)}"
-                )
-        self.model.load_state_dict(state["model"])
-        for k, v in velocity.items():
-            v.copy_(state["velocity"][k])
-        self.velocity = velocity
+        self.velocity.copy_(v)

@@ -1,0 +1,546 @@
+"""The shape of every federated algorithm: parameters, a client step, a server step.
+
+An algorithm is
+
+* a frozen, validated :class:`AlgorithmParams` dataclass: its hyper-parameters,
+  which *is* the ``algorithm.params`` section of a run configuration;
+* :meth:`FederatedAlgorithm.round_event`: a pure function of the parameters,
+  the data's statistics and σ giving the accounting event of one round (the
+  event of the sampler and privatizer the round uses; no model is built, so
+  calibration needs no torch work);
+* :meth:`FederatedAlgorithm.select`: the server picks the round's
+  participants and their work (a :class:`Cohort` of :class:`Task`), with the
+  server's generators;
+* :meth:`FederatedAlgorithm.client_step`: one client's work from the global
+  weights, its data and its *own* generators (:mod:`dpfl.sim.randomness`) to
+  a :class:`Message`; :meth:`FederatedAlgorithm.client_steps` does the whole
+  cohort as one vectorised computation and must give the same messages;
+* :meth:`FederatedAlgorithm.server_step`: aggregate, privatize and update the
+  global state from the stacked :class:`Messages`.
+
+The :class:`~dpfl.sim.loop.Trainer` drives the round; an executor
+(:mod:`dpfl.sim.executors`) decides whether client steps run one at a time or
+batched. What every algorithm shares (the flat weights, the model's data,
+evaluation, state) lives here once.
+
+Register an algorithm with :func:`register`; :data:`ALGORITHMS` is the only
+list of algorithm names.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dpfl._validate import check_count, check_nonnegative
+from dpfl.accounting.events import Event
+from dpfl.data.dataset import FederatedDataset
+from dpfl.errors import DpflError, InvalidParameterError
+from dpfl.sim.evaluation import evaluate_model
+from dpfl.sim.grad import check_finite
+from dpfl.sim.randomness import Streams
+
+__all__ = [
+    "ALGORITHMS",
+    "AlgorithmParams",
+    "Cohort",
+    "DataStats",
+    "FederatedAlgorithm",
+    "Message",
+    "Messages",
+    "Task",
+    "algorithm_class",
+    "register",
+]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+_STATE_FORMAT = 2
+
+
+# -- parameters and data statistics -----------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class AlgorithmParams:
+    """Base of every algorithm's parameters (frozen; validated in ``__post_init__``).
+
+    A subclass declares its fields with type hints and defaults (the run
+    configuration reads them from there) and validates them with the checks
+    of :mod:`dpfl._validate`, storing the coerced values with :meth:`_set`.
+    """
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (YAML/JSON ready)."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataStats:
+    """What accounting needs to know of the data: how many clients and records.
+
+    Attributes
+    ----------
+    num_clients : int
+        Clients in the federation.
+    client_sizes : tuple of int
+        Training records held by each client.
+    """
+
+    num_clients: int
+    client_sizes: tuple[int, ...]
+
+    @classmethod
+    def of(cls, dataset: FederatedDataset) -> DataStats:
+        """The statistics of ``dataset``."""
+        sizes = tuple(int(n) for n in dataset.client_sizes())
+        return cls(num_clients=len(sizes), client_sizes=sizes)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """``client_sizes`` as an int64 array."""
+        return np.asarray(self.client_sizes, dtype=np.int64)
+
+    @property
+    def num_records(self) -> int:
+        """Training records over all clients."""
+        return int(sum(self.client_sizes))
+
+    @property
+    def largest(self) -> int:
+        """The largest client's number of records."""
+        return max(self.client_sizes, default=0)
+
+
+# -- a round's work and messages --------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One client's work in a round, as the server hands it out.
+
+    Attributes
+    ----------
+    client : int
+        The client's index (its random streams are keyed by it).
+    rows : numpy.ndarray or None
+        Global dataset rows the client uses this round (``None``: the
+        client's own choice, from its whole data, with its own generators).
+    options : mapping
+        Anything else the server sends (a clip bound, a weight, ...).
+    """
+
+    client: int
+    rows: np.ndarray | None = None
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Cohort:
+    """The server's plan for one round.
+
+    Attributes
+    ----------
+    participants : numpy.ndarray
+        Clients that take part (charged to the ledger when the guarantee is
+        per client).
+    tasks : list of Task
+        The work handed out, one task per client that computes.
+    info : dict
+        What the server step needs besides the messages.
+    """
+
+    participants: np.ndarray
+    tasks: list[Task]
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Message:
+    """What one client sends: a flat vector and named scalars."""
+
+    vector: torch.Tensor
+    scalars: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Messages:
+    """A cohort's messages, stacked in task order.
+
+    Attributes
+    ----------
+    vectors : torch.Tensor
+        ``[clients, d]``, row ``j`` from task ``j``; or, when ``summed``,
+        ``[1, d]``: their sum (a batched path whose server uses only the sum
+        need not form the rows).
+    scalars : dict of str to torch.Tensor
+        ``[clients]`` per name (``[1]``, summed, when ``summed``).
+    summed : bool
+        Whether ``vectors`` and ``scalars`` hold the cohort's sums.
+    """
+
+    vectors: torch.Tensor
+    scalars: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    summed: bool = False
+
+    @classmethod
+    def stack(cls, messages: Sequence[Message], like: torch.Tensor) -> Messages:
+        """Stack per-client messages (``like``: a ``[d]`` template for none)."""
+        if not messages:
+            return cls(like.new_zeros(0, like.numel()), {})
+        names = messages[0].scalars.keys()
+        return cls(
+            torch.stack([m.vector for m in messages]),
+            {
+                k: torch.tensor([m.scalars[k] for m in messages], dtype=torch.float64)
+                for k in names
+            },
+        )
+
+    def total(self) -> torch.Tensor:
+        """The sum of the vectors, ``[d]``."""
+        return self.vectors[0] if self.summed else self.vectors.sum(dim=0)
+
+    def scalar_total(self, name: str) -> float:
+        """The sum of one named scalar over the cohort."""
+        return float(self.scalars[name].sum())
+
+
+# -- the registry -----------------------------------------------------------------
+ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {}
+
+A = TypeVar("A", bound="type[FederatedAlgorithm]")
+
+
+def register(cls: A) -> A:
+    """Class decorator: make an algorithm buildable by its ``name``."""
+    if cls.name in ALGORITHMS and ALGORITHMS[cls.name] is not cls:
+        raise DpflError(f"an algorithm named {cls.name!r} is already registered")
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def _key(name: str) -> str:
+    return str(name).strip().lower().replace("_", "-")
+
+
+def algorithm_class(name: str) -> type[FederatedAlgorithm]:
+    """The registered algorithm called ``name`` (case and ``_``/``-`` ignored).
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        If no algorithm has that name (the message lists them).
+    """
+    import dpfl.sim.algorithms  # noqa: F401  (registers the built-in algorithms)
+
+    cls = ALGORITHMS.get(_key(name))
+    if cls is None:
+        raise InvalidParameterError(
+            f"algorithm must be one of {sorted(ALGORITHMS)}; got {name!r}"
+        )
+    return cls
+
+
+# -- the algorithm ----------------------------------------------------------------
+class FederatedAlgorithm(abc.ABC):
+    """Base of the federated algorithms: holds the model, data and shared parts.
+
+    The global model's parameters are views into one flat buffer,
+    :attr:`weights` (``[d]``), so server updates are single operations.
+
+    Parameters
+    ----------
+    params : AlgorithmParams
+        The algorithm's own parameters (its ``Params`` class).
+    model : torch.nn.Module
+        The model to train (moved to ``device``; trained in place).
+    dataset : FederatedDataset
+        The federated data; its test set is used by :meth:`evaluate`.
+    noise_multiplier : float
+        σ, the run's one noise multiplier (``privacy.noise_multiplier``); 0 is
+        the non-private run (no noise, :meth:`event` is ``None``). What σ
+        scales is the algorithm's to say (its ``round_event``).
+    device : str
+        Torch device.
+    max_clients : int or None
+        Clients per chunk of a batched computation (memory bound).
+    eval_batch_size : int
+        Batch size of :meth:`evaluate`.
+    loss_fn : callable
+        ``loss_fn(output, target)``, mean over the batch.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        On a bad argument (the message names it).
+    """
+
+    #: Registered name (``algorithm.name`` in a configuration).
+    name: ClassVar[str]
+    #: The parameters' dataclass.
+    Params: ClassVar[type[AlgorithmParams]]
+    #: Record the participants of each round in the ledger (client-level,
+    #: per-participant accounting).
+    per_client_accounting: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        params: AlgorithmParams,
+        *,
+        model: nn.Module,
+        dataset: FederatedDataset,
+        noise_multiplier: float = 0.0,
+        device: str = "cpu",
+        max_clients: int | None = None,
+        eval_batch_size: int = 1024,
+        loss_fn: LossFn = F.cross_entropy,
+    ) -> None:
+        if not isinstance(params, self.Params):
+            raise InvalidParameterError(
+                f"params must be {self.Params.__qualname__}; got {type(params).__name__}"
+            )
+        if not isinstance(model, nn.Module):
+            raise InvalidParameterError(
+                f"model must be a torch.nn.Module; got {type(model).__name__}"
+            )
+        if not isinstance(dataset, FederatedDataset):
+            raise InvalidParameterError(
+                f"dataset must be a FederatedDataset; got {type(dataset).__name__}"
+            )
+        self.params = params
+        self.noise_multiplier = check_nonnegative("noise_multiplier", noise_multiplier)
+        self.private = self.noise_multiplier > 0
+        self.device = str(device)
+        self.max_clients = (
+            None
+            if max_clients is None
+            else check_count("max_clients", max_clients, minimum=1)
+        )
+        self.eval_batch_size = check_count(
+            "eval_batch_size", eval_batch_size, minimum=1
+        )
+        self.loss_fn = loss_fn
+        self.dataset = dataset
+        self.stats = DataStats.of(dataset)
+        if self.stats.num_records == 0:
+            raise InvalidParameterError("dataset has no training records")
+        self.model = model.to(self.device)
+        self.weights = self._flatten_model()
+        self.setup()
+
+    def _flatten_model(self) -> torch.Tensor:
+        """Re-point the model's parameters at views of one flat buffer."""
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        if not named:
+            raise InvalidParameterError("model has no trainable parameters")
+        dtypes = {p.dtype for _, p in named}
+        if len(dtypes) != 1:
+            raise InvalidParameterError(
+                f"model parameters must share one dtype; got {sorted(map(str, dtypes))}"
+            )
+        self.shapes = {n: tuple(p.shape) for n, p in named}
+        flat = torch.cat([p.detach().reshape(-1) for _, p in named])
+        views = self.unflatten(flat)
+        with torch.no_grad():
+            for n, p in named:
+                p.data = views[n]
+        return flat
+
+    # -- shared helpers ------------------------------------------------------------
+    @property
+    def num_weights(self) -> int:
+        """d: trainable parameters of the model."""
+        return int(self.weights.numel())
+
+    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Views of ``flat`` (``[..., d]``) shaped like the parameters (``[..., *shape]``)."""
+        lead = tuple(flat.shape[:-1])
+        out: dict[str, torch.Tensor] = {}
+        offset = 0
+        for n, shape in self.shapes.items():
+            size = int(np.prod(shape, dtype=np.int64))
+            out[n] = flat[..., offset : offset + size].reshape(*lead, *shape)
+            offset += size
+        return out
+
+    def flatten(self, tensors: Mapping[str, torch.Tensor], lead: int = 0) -> torch.Tensor:
+        """One ``[..., d]`` tensor from parameter-shaped tensors (``lead`` leading dims)."""
+        return torch.cat(
+            [t.reshape(*t.shape[:lead], -1) for t in (tensors[n] for n in self.shapes)],
+            dim=-1,
+        )
+
+    def client_data(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and labels of dataset ``rows`` as tensors on the device."""
+        x, y = self.dataset.take(np.asarray(rows, dtype=np.int64))
+        return (
+            torch.as_tensor(np.ascontiguousarray(x)).to(self.device),
+            torch.as_tensor(np.ascontiguousarray(y)).to(self.device),
+        )
+
+    def client_rows(self, client: int) -> np.ndarray:
+        """Global dataset rows of ``client``'s training records."""
+        return np.asarray(self.dataset.client_indices[client], dtype=np.int64)
+
+    def apply_update(self, delta: torch.Tensor, *, scale: float = 1.0) -> None:
+        """``weights += scale · delta``, after checking ``delta`` is finite.
+
+        Raises
+        ------
+        dpfl.errors.NonFiniteUpdateError
+            If ``delta`` holds NaN or Inf; the weights are unchanged.
+        """
+        check_finite({"update": delta}, "model update")
+        self.weights.add_(delta.to(self.weights.dtype), alpha=scale)
+
+    # -- accounting (pure, no model) ------------------------------------------------
+    @classmethod
+    @abc.abstractmethod
+    def round_event(
+        cls, params: AlgorithmParams, stats: DataStats, noise_multiplier: float
+    ) -> Event:
+        """The accounting event of one round at noise multiplier σ > 0.
+
+        The event of the sampler and privatizer the round uses, built without
+        a model: :func:`dpfl.accounting.calibrate.calibrate_noise_multiplier`
+        calibrates σ through it.
+        """
+
+    @classmethod
+    def unproven_reason(cls, params: AlgorithmParams) -> str | None:
+        """Why the mechanism with these parameters has no proven bound (None: it has)."""
+        return None
+
+    @classmethod
+    def resolve_noise(
+        cls, params: AlgorithmParams, stats: DataStats
+    ) -> tuple[float, AlgorithmParams] | None:
+        """σ set by the parameters themselves (e.g. a per-round local ε), if any.
+
+        Returns ``(σ, params without that setting)``, or ``None`` (default):
+        σ comes from ``privacy.noise_multiplier``.
+        """
+        return None
+
+    @classmethod
+    def paper_report(
+        cls,
+        params: AlgorithmParams,
+        stats: DataStats,
+        noise_multiplier: float,
+        ledger: Any,
+        delta: float,
+    ) -> dict[str, Any] | None:
+        """The paper's own privacy figures for a run, with their caveats (None: none)."""
+        return None
+
+    def event(self) -> Event | None:
+        """The event of the next round (``None``: non-private, not charged)."""
+        if not self.private:
+            return None
+        return type(self).round_event(self.params, self.stats, self.noise_multiplier)
+
+    def realised_event(self, cohort: Cohort) -> Event | None:
+        """The event as the round realised it, when it learns facts during the round.
+
+        It must price as :meth:`event` (the ledger checked that one). Default
+        ``None``: the round realised :meth:`event`.
+        """
+        return None
+
+    def ledger_extra(self, cohort: Cohort) -> dict[str, Any] | None:
+        """Extra facts of the round for the ledger entry (default none)."""
+        return None
+
+    # -- the round --------------------------------------------------------------------
+    def setup(self) -> None:  # noqa: B027  (optional hook)
+        """Build the algorithm's own state (called at the end of ``__init__``)."""
+
+    @abc.abstractmethod
+    def select(self, round_index: int, server: Streams) -> Cohort:
+        """The server picks the round's participants and hands out their tasks."""
+
+    @abc.abstractmethod
+    def client_step(self, weights: torch.Tensor, task: Task, streams: Streams) -> Message:
+        """One client's work: the reference the batched path is checked against."""
+
+    def client_steps(
+        self, weights: torch.Tensor, tasks: Sequence[Task], streams: Sequence[Streams]
+    ) -> Messages:
+        """The cohort's work as one computation; default: one client at a time."""
+        return Messages.stack(
+            [self.client_step(weights, t, s) for t, s in zip(tasks, streams)],
+            weights,
+        )
+
+    @abc.abstractmethod
+    def server_step(
+        self, cohort: Cohort, messages: Messages, server: Streams
+    ) -> dict[str, float]:
+        """Aggregate, privatize and update the global state; return round metrics.
+
+        Must check the update is finite before changing any state (see
+        :meth:`apply_update`).
+        """
+
+    # -- evaluation and state ---------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss and accuracy of the global model on the test set."""
+        return evaluate_model(
+            self.model,
+            self.dataset.test_features,
+            self.dataset.test_labels,
+            loss_fn=self.loss_fn,
+            batch_size=self.eval_batch_size,
+            device=self.device,
+        )
+
+    def extra_state(self) -> dict[str, Any]:
+        """The algorithm's state besides the model (CPU tensors or plain data)."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`extra_state`."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue training exactly (CPU copies)."""
+        return {
+            "format": _STATE_FORMAT,
+            "name": self.name,
+            "model": {
+                k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()
+            },
+            "extra": self.extra_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`.
+
+        Raises
+        ------
+        dpfl.errors.InvalidParameterError
+            If the state belongs to another algorithm or model.
+        """
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise InvalidParameterError("state is not a dpfl algorithm state (format 2)")
+        if state.get("name") != self.name:
+            raise InvalidParameterError(
+                f"state is for algorithm {state.get('name')!r}, not {self.name!r}"
+            )
+        try:
+            self.model.load_state_dict(state["model"])
+        except RuntimeError as exc:
+            raise InvalidParameterError(
+                f"state's model does not match this model: {exc}"
+            ) from None
+        self.load_extra_state(state["extra"])
+
+    def __repr__(self) -> str:
+        """Return the name, σ and parameters."""
+        return f"{type(self).__name__}(σ={self.noise_multiplier:g}, {self.params})"

@@ -1,0 +1,192 @@
+"""The algorithm contract, checked for every registered algorithm on both executors.
+
+For each algorithm (one small, fast configuration in :data:`SPECS`):
+
+* seeded determinism: the same seed gives the same weights and ledger;
+* loop = batched: the one-client-at-a-time reference and the vectorised
+  cohort give the same weights after several rounds (to ``atol`` in float32,
+  stated per algorithm) and the same ledger exactly;
+* exact resume: a run checkpointed and resumed equals the uninterrupted run;
+* the budget guard refuses a round before any work (weights, state and
+  ledger unchanged);
+* a non-finite update is rejected (weights unchanged, ledger not charged);
+* the realised event prices as the event checked before the round, and the
+  event is the pure ``round_event`` of the parameters (no model needed);
+* a non-private run (σ = 0) has no event and charges nothing.
+
+:data:`SPECS` must name every registered algorithm: a new algorithm cannot be
+registered without joining the contract.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dpfl.accounting.accountant import Accountant
+from dpfl.accounting.ledger import Budget, PrivacyLedger
+from dpfl.data import get_dataset
+from dpfl.errors import BudgetExceededError, NonFiniteUpdateError
+from dpfl.models import build_model
+from dpfl.sim.algorithms import ALGORITHMS, build_algorithm
+from dpfl.sim.algorithms.base import DataStats
+from dpfl.sim.loop import Trainer
+
+#: name -> (algorithm parameters, noise multiplier, model, float tolerance of
+#: loop vs batched after ROUNDS rounds). Tolerances: float32 sums taken in
+#: another order (a batched kernel sums a cohort at once) differ by ~1e-7
+#: relative per step.
+SPECS: dict[str, tuple[dict, float, str, float]] = {
+    "dsgd-rp": (
+        dict(participation_probability=0.5, record_probability=0.5, learning_rate=0.5),
+        1.0,
+        "mlp",
+        1e-5,
+    ),
+}
+ROUNDS = 3
+
+
+def _dataset():
+    return get_dataset("digits", num_clients=12, seed=0, flatten=True)
+
+
+DATASET = _dataset()
+
+
+def _algorithm(name, sigma=None):
+    params, default_sigma, model, _ = SPECS[name]
+    torch.manual_seed(0)
+    net = build_model(
+        model, input_shape=DATASET.input_shape, num_classes=DATASET.num_classes
+    )
+    return build_algorithm(
+        name,
+        params,
+        model=net,
+        dataset=DATASET,
+        noise_multiplier=default_sigma if sigma is None else sigma,
+    )
+
+
+def _trainer(name, execution="batched", budget=None, sigma=None):
+    ledger = PrivacyLedger(budget)
+    return Trainer(_algorithm(name, sigma), ledger=ledger, seed=7, execution=execution)
+
+
+def _ledger_json(trainer):
+    return [e.to_json() for e in trainer.ledger.entries]
+
+
+def _same(a, b):
+    """Exact equality of nested states (tensors, arrays, containers, scalars)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+NAMES = sorted(SPECS)
+
+
+def test_every_registered_algorithm_is_under_contract():
+    assert sorted(ALGORITHMS) == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_seeded_runs_are_identical(name):
+    a, b = _trainer(name), _trainer(name)
+    a.run(ROUNDS)
+    b.run(ROUNDS)
+    assert torch.equal(a.algorithm.weights, b.algorithm.weights)
+    assert _ledger_json(a) == _ledger_json(b)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_loop_and_batched_executors_agree(name):
+    atol = SPECS[name][3]
+    loop, batched = _trainer(name, "loop"), _trainer(name, "batched")
+    for _ in range(ROUNDS):
+        ra, rb = loop.step(), batched.step()
+        np.testing.assert_array_equal(ra.participants, rb.participants)
+    torch.testing.assert_close(
+        loop.algorithm.weights, batched.algorithm.weights, atol=atol, rtol=0
+    )
+    assert _ledger_json(loop) == _ledger_json(batched)
+    assert not torch.equal(loop.algorithm.weights, _algorithm(name).weights)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_resume_is_exact(name, tmp_path):
+    whole = _trainer(name)
+    whole.run(ROUNDS)
+    first = _trainer(name)
+    first.run(1)
+    torch.save(first.state_dict(), tmp_path / "ckpt.pt")
+    first.ledger.save(tmp_path / "ledger.json")
+    resumed = _trainer(name)
+    resumed.ledger = PrivacyLedger.load(tmp_path / "ledger.json")
+    resumed.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=True))
+    resumed.run(ROUNDS - 1)
+    assert torch.equal(whole.algorithm.weights, resumed.algorithm.weights)
+    assert _same(whole.algorithm.state_dict(), resumed.algorithm.state_dict())
+    assert _ledger_json(whole) == _ledger_json(resumed)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_budget_guard_refuses_before_any_work(name):
+    # A budget far below one round's cost (every scheme here costs > 0.01).
+    trainer = _trainer(name, budget=Budget(0.01, 1e-5))
+    before = trainer.algorithm.state_dict()
+    with pytest.raises(BudgetExceededError):
+        trainer.step()
+    after = trainer.algorithm.state_dict()
+    assert trainer.round == 0 and trainer.ledger.rounds == 0
+    assert _same(before, after)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_non_finite_updates_are_rejected_and_not_charged(name):
+    trainer = _trainer(name)
+    with torch.no_grad():
+        trainer.algorithm.weights[0] = math.nan
+    before = trainer.algorithm.weights.clone()
+    with pytest.raises(NonFiniteUpdateError):
+        trainer.step()
+    assert trainer.ledger.rounds == 0 and trainer.round == 0
+    torch.testing.assert_close(trainer.algorithm.weights, before, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_realised_event_prices_as_the_pure_round_event(name):
+    trainer = _trainer(name)
+    alg = trainer.algorithm
+    cls = type(alg)
+    params, sigma = SPECS[name][0], SPECS[name][1]
+    pure = cls.round_event(alg.params, DataStats.of(DATASET), sigma)
+    assert pure == alg.event()
+    reports = trainer.run(ROUNDS)
+    want = Accountant().compose(pure).epsilon(1e-5).upper
+    for r in reports:
+        assert Accountant().compose(r.event).epsilon(1e-5).upper == pytest.approx(
+            want, rel=1e-9
+        )
+    assert trainer.ledger.rounds == ROUNDS
+    del params
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_non_private_runs_are_not_charged(name):
+    trainer = _trainer(name, sigma=0.0)
+    assert trainer.algorithm.event() is None
+    reports = trainer.run(2)
+    assert all(r.event is None for r in reports)
+    assert trainer.ledger.rounds == 0
