@@ -128,10 +128,10 @@ class Trainer:
             ledger not charged (nothing was released).
         """
         alg = self.algorithm
-        event = alg.event()
+        index = self.round
+        event = alg.event(index)
         if event is not None:
             self.ledger.check(event)
-        index = self.round
         server = server_streams(self.seed, index, alg.device)
         cohort = alg.select(index, server)
         streams = [

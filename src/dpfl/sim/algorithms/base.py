@@ -403,13 +403,18 @@ class FederatedAlgorithm(abc.ABC):
     @classmethod
     @abc.abstractmethod
     def round_event(
-        cls, params: AlgorithmParams, stats: DataStats, noise_multiplier: float
+        cls,
+        params: AlgorithmParams,
+        stats: DataStats,
+        noise_multiplier: float,
+        round_index: int = 0,
     ) -> Event:
-        """The accounting event of one round at noise multiplier σ > 0.
+        """The accounting event of round ``round_index`` at noise multiplier σ > 0.
 
         The event of the sampler and privatizer the round uses, built without
         a model: :func:`dpfl.accounting.calibrate.calibrate_noise_multiplier`
-        calibrates σ through it.
+        calibrates σ through it. It depends on the round only where a
+        parameter is a per-round schedule.
         """
 
     @classmethod
@@ -440,11 +445,13 @@ class FederatedAlgorithm(abc.ABC):
         """The paper's own privacy figures for a run, with their caveats (None: none)."""
         return None
 
-    def event(self) -> Event | None:
-        """The event of the next round (``None``: non-private, not charged)."""
+    def event(self, round_index: int = 0) -> Event | None:
+        """The event of round ``round_index`` (``None``: non-private, not charged)."""
         if not self.private:
             return None
-        return type(self).round_event(self.params, self.stats, self.noise_multiplier)
+        return type(self).round_event(
+            self.params, self.stats, self.noise_multiplier, round_index
+        )
 
     def realised_event(self, cohort: Cohort) -> Event | None:
         """The event as the round realised it, when it learns facts during the round.

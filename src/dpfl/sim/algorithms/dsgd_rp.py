@@ -160,7 +160,11 @@ class DsgdRandomParticipation(FederatedAlgorithm):
 
     @classmethod
     def round_event(
-        cls, params: AlgorithmParams, stats: DataStats, noise_multiplier: float
+        cls,
+        params: AlgorithmParams,
+        stats: DataStats,
+        noise_multiplier: float,
+        round_index: int = 0,
     ) -> Event:
         """``ClientPoisson(p, RecordPoisson(q, d, Gaussian(σ)))``, d the largest client."""
         return cls.sampler(cast(DsgdRpParams, params), stats).event(noise_multiplier)
