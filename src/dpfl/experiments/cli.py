@@ -87,8 +87,20 @@ def _train(args: argparse.Namespace) -> int:
     _logging()
     config = load_config(args.config, args.set or [])
     result = run(config, progress=not args.no_progress)
+    _figure(result.run_dir)
     print(_summary(result))
     return 0
+
+
+def _figure(run_dir: Path) -> None:
+    """Draw ``RUN_DIR/accuracy.png`` (nothing when no round was evaluated)."""
+    from dpfl.errors import DpflError
+    from dpfl.plotting import plot_runs
+
+    try:
+        plot_runs([run_dir], Path(run_dir) / "accuracy.png")
+    except DpflError as exc:
+        logging.getLogger("dpfl.experiments").info("no figure: %s", exc)
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -96,6 +108,7 @@ def _resume(args: argparse.Namespace) -> int:
 
     _logging()
     result = resume(args.run_dir, progress=not args.no_progress)
+    _figure(result.run_dir)
     print(_summary(result))
     return 0
 

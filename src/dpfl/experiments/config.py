@@ -18,9 +18,9 @@ Examples
 --------
 >>> cfg = config_from_dict(
 ...     {"name": "demo", "rounds": 5, "privacy": {"epsilon": 4.0, "delta": 1e-5}},
-...     overrides=["algorithm.learning_rate=0.5"],
+...     overrides=["algorithm.params.learning_rate=0.5"],
 ... )
->>> cfg.algorithm.learning_rate, cfg.privacy.noise_multiplier is None
+>>> cfg.algorithm.params.learning_rate, cfg.privacy.noise_multiplier is None
 (0.5, True)
 """
 
@@ -41,9 +41,9 @@ import yaml
 from dpfl.accounting.ledger import GUARDS as LEDGER_GUARDS
 from dpfl.accounting.schemes import all_analyses
 from dpfl.errors import InvalidParameterError
+from dpfl.sim.executors import EXECUTORS
 
 __all__ = [
-    "ALGORITHMS",
     "AlgorithmConfig",
     "ConfigError",
     "DataConfig",
@@ -55,10 +55,7 @@ __all__ = [
     "load_config",
 ]
 
-#: Algorithms the runner can build (names of ``dpfl.sim.algorithms``).
-ALGORITHMS = ("dsgd-rp", "dp-fedavg", "prifedsync", "ms-pafl", "locks")
 GUARDS = tuple(LEDGER_GUARDS)
-_SERVERS = ("trusted", "untrusted")
 _DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -82,16 +79,8 @@ def _nonnegative(v: Any) -> str | None:
     return None if v is None or v >= 0 else "must be >= 0"
 
 
-def _probability(v: Any) -> str | None:
-    return None if v is None or 0 < v <= 1 else "must be in (0, 1]"
-
-
 def _open_unit(v: Any) -> str | None:
     return None if v is None or 0 < v < 1 else "must be in (0, 1)"
-
-
-def _momentum(v: Any) -> str | None:
-    return None if 0 <= v < 1 else "must be in [0, 1)"
 
 
 def _one_of(choices: Sequence[str | None]) -> Any:
@@ -151,115 +140,55 @@ class ModelConfig:
     options: dict[str, Any] = _field(default_factory=dict)
 
 
-#: Defaults a run config gives an algorithm (beyond the algorithm's own).
-_ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
-    "dsgd-rp": {
-        "participation_probability": 0.1,
-        "record_probability": 0.5,
-        "clip": 1.0,
-        "learning_rate": 0.5,
-        "momentum": 0.0,
-        "server": "trusted",
-    },
-}
-
-#: Range checks by parameter name, whichever algorithm takes it.
-_PARAM_CHECKS: dict[str, Any] = {
-    "participation_probability": _probability,
-    "record_probability": _probability,
-    "first_stage_probability": _probability,
-    "checkin_probability": _probability,
-    "momentum": _momentum,
-    "clip": _positive,
-    "learning_rate": _positive,
-    "server": _one_of(_SERVERS),
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
-    """The federated algorithm and its hyper-parameters.
+    """The federated algorithm and its parameters.
 
-    In YAML the hyper-parameters sit beside ``name`` (or under ``params``);
-    each must be a keyword of the algorithm's class (see
-    :func:`dpfl.sim.algorithms.algorithm_parameters`), and is readable as an
-    attribute (``config.algorithm.learning_rate``).
+    ``params`` is the algorithm's own frozen parameters dataclass
+    (:attr:`dpfl.sim.algorithms.base.FederatedAlgorithm.Params`): its fields,
+    types, defaults and checks are the schema of this section. In YAML the
+    parameters sit under ``params`` (or beside ``name``).
 
     Attributes
     ----------
     name : str
-        One of :data:`ALGORITHMS`.
-    params : dict
-        Keyword arguments of ``build_algorithm`` (dsgd-rp: p, q, clip, ...).
+        A registered algorithm (:data:`dpfl.sim.algorithms.ALGORITHMS`).
+    params : AlgorithmParams
+        The algorithm's validated parameters.
     """
 
-    name: str = _field("dsgd-rp", _one_of(ALGORITHMS))
-    params: dict[str, Any] = _field(default_factory=dict)
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            params = object.__getattribute__(self, "params")
-        except AttributeError:
-            raise AttributeError(key) from None
-        if key in params:
-            return params[key]
-        raise AttributeError(
-            f"algorithm {object.__getattribute__(self, 'name')!r} has no "
-            f"parameter {key!r}"
-        )
+    name: str
+    params: Any
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat plain data: ``name`` beside the parameters."""
-        return {"name": self.name, **self.params}
+        """Plain data: ``{"name": ..., "params": {...}}``."""
+        return {"name": self.name, "params": self.params.to_dict()}
 
 
 def _build_algorithm_config(data: Mapping[str, Any], prefix: str) -> AlgorithmConfig:
+    from dpfl.sim.algorithms import algorithm_class
+
     if not isinstance(data, Mapping):
         raise ConfigError(f"{prefix.rstrip('.')} must be a mapping; got {data!r}")
     data = dict(data)
     name = data.pop("name", "dsgd-rp")
-    problem = _one_of(ALGORITHMS)(name)
-    if problem:
-        raise ConfigError(f"{prefix}name {problem}; got {name!r}")
-    params: dict[str, Any] = dict(_ALGORITHM_DEFAULTS.get(name, {}))
-    for section in ("params", "options"):
-        extra = data.pop(section, None) or {}
-        if not isinstance(extra, Mapping):
-            raise ConfigError(f"{prefix}{section} must be a mapping; got {extra!r}")
-        params.update(extra)
-    params.update(data)
+    try:
+        cls = algorithm_class(name)
+    except InvalidParameterError as exc:
+        raise ConfigError(f"{prefix}name: {exc}") from None
+    params = data.pop("params", None) or {}
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"{prefix}params must be a mapping; got {params!r}")
+    params = {**params, **data}
     if "noise_multiplier" in params:
         raise ConfigError(
-            f"{prefix}noise_multiplier is not an algorithm key: the noise "
+            f"{prefix}params.noise_multiplier is not an algorithm key: the noise "
             "multiplier lives in privacy.noise_multiplier (null: calibrate to the "
             f"budget; 0: no noise); got {params['noise_multiplier']!r}"
         )
-    known = _algorithm_keywords(name)
-    for key, raw in list(params.items()):
-        value = raw
-        if known is not None and key not in known:
-            raise _unknown(prefix, key, sorted(known))
-        default = None if known is None else known[key]
-        if type(default) in (bool, int, float, str) and value is not None:
-            # Same type as the algorithm's default (ints accepted for floats).
-            want = float if type(default) is int and isinstance(value, float) else None
-            value = params[key] = _coerce(prefix + key, value, want or type(default))
-        check = _PARAM_CHECKS.get(key)
-        problem = check(value) if check is not None else None
-        if problem:
-            raise ConfigError(f"{prefix}{key} {problem}; got {raw!r}")
-    return AlgorithmConfig(name=name, params=params)
-
-
-def _algorithm_keywords(name: str) -> dict[str, Any] | None:
-    """The algorithm's keywords and defaults (None if torch is unavailable)."""
-    try:
-        from dpfl.sim.algorithms import algorithm_parameters
-    except ImportError:  # training extras not installed: checked at run time
-        return None
-    params = algorithm_parameters(name)
-    params.pop("noise_multiplier", None)  # set by privacy.noise_multiplier
-    return params
+    return AlgorithmConfig(
+        name=cls.name, params=_build(cls.Params, params, prefix + "params.")
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,6 +265,13 @@ class RunConfig:
         Parent folder of the run folder.
     device : str
         ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
+    execution : str
+        How client steps run: ``"batched"`` (the cohort as one vectorised
+        computation, default) or ``"loop"`` (one client at a time, the
+        reference); both give the same model to float rounding and the same
+        ledger.
+    max_clients : int or None
+        Clients per chunk of a batched computation (bounds memory).
     """
 
     name: str = _field("run", _name)
@@ -343,12 +279,16 @@ class RunConfig:
     rounds: int = _field(100, _at_least(1))
     data: DataConfig = _field(default_factory=DataConfig)
     model: ModelConfig = _field(default_factory=ModelConfig)
-    algorithm: AlgorithmConfig = _field(default_factory=AlgorithmConfig)
+    algorithm: AlgorithmConfig = _field(
+        default_factory=lambda: _build_algorithm_config({}, "algorithm.")
+    )
     privacy: PrivacyConfig = _field(default_factory=PrivacyConfig)
     eval_every: int = _field(10, _at_least(1))
     checkpoint_every: int = _field(50, _at_least(1))
     output_dir: str = "runs"
     device: str = _field("cpu", _one_of(_DEVICES))
+    execution: str = _field("batched", _one_of(tuple(EXECUTORS)))
+    max_clients: int | None = _field(None, _at_least(1))
 
     def __post_init__(self) -> None:
         priv = self.privacy
@@ -361,7 +301,9 @@ class RunConfig:
             params = self.algorithm.params
             needs = {
                 "algorithm.name 'dp-fedavg'": self.algorithm.name == "dp-fedavg",
-                "algorithm.params.sampling 'fixed'": params.get("sampling", "fixed")
+                "algorithm.params.sampling 'fixed'": getattr(
+                    params, "sampling", "fixed"
+                )
                 == "fixed",
                 "privacy.analysis null (the guard's own rule)": priv.analysis is None,
                 "a noise multiplier (privacy.noise_multiplier)": bool(
@@ -436,6 +378,20 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         raise ConfigError(
             f"{key} must be {_type_name(tp)}; got {value!r} ({type(value).__name__})"
         )
+    if tp is Any:
+        return value
+    if origin in (list, tuple) or tp in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key} must be a list; got {value!r}")
+        args = typing.get_args(tp)
+        item = args[0] if args else Any
+        return [_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(
+                f"{key} must be one of {list(typing.get_args(tp))}; got {value!r}"
+            )
+        return value
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key} must be a mapping; got {value!r}")
@@ -513,7 +469,13 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
             if problem:
                 raise ConfigError(f"{dotted} {problem}; got {value!r}")
         kwargs[key] = v
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except InvalidParameterError as exc:
+        # A section's own validation (e.g. an algorithm's Params): name the key.
+        raise ConfigError(f"{prefix}{exc}") from None
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:

@@ -22,8 +22,9 @@ folder ``output_dir/name/`` holding
     unit at the budget's δ, with the unit, neighbouring relation, adversary,
     analysis and its status; beside an unproven analysis, the proven ε; and
     every other analysis of the scheme with its status.
-``accuracy.png``
-    Accuracy against rounds and against ε spent.
+
+The command line (``dpfl train``) adds ``accuracy.png``: accuracy against
+rounds and against ε spent (the runner itself draws nothing).
 
 The run stops cleanly when the ledger's guard refuses a round
 (:class:`~dpfl.errors.BudgetExceededError`): "budget reached at round k".
@@ -88,7 +89,6 @@ METRICS = "metrics.jsonl"
 LEDGER = "ledger.json"
 CHECKPOINT = "checkpoint.pt"
 GUARANTEE = "guarantee.json"
-FIGURE = "accuracy.png"
 _CKPT_FORMAT = 1
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
@@ -272,24 +272,18 @@ def _build_model(config: RunConfig, dataset: Any) -> Any:
         )
 
 
-def _build_algorithm(config: RunConfig, dataset: Any, model: Any | None = None) -> Any:
-    """The configured algorithm, with ``privacy.noise_multiplier`` as its σ.
+def _build_algorithm(config: RunConfig, dataset: Any) -> Any:
+    """The configured algorithm, with ``privacy.noise_multiplier`` as its σ."""
+    from dpfl.sim.algorithms import build_algorithm
 
-    σ = 0 builds the non-private algorithm (its event is ``None``).
-    """
-    from dpfl.sim.algorithms import algorithm_parameters, build_algorithm
-
-    alg = config.algorithm
-    params = dict(alg.params)
-    sigma = config.privacy.noise_multiplier
-    if "noise_multiplier" in algorithm_parameters(alg.name):
-        params["noise_multiplier"] = sigma if sigma else None
     return build_algorithm(
-        alg.name,
-        model=_build_model(config, dataset) if model is None else model,
+        config.algorithm.name,
+        config.algorithm.params,
+        model=_build_model(config, dataset),
         dataset=dataset,
+        noise_multiplier=config.privacy.noise_multiplier or 0.0,
         device=_device(config.device),
-        **params,
+        max_clients=config.max_clients,
     )
 
 
@@ -301,32 +295,43 @@ def _units(event: ev.Event, dataset: Any) -> tuple[str, int]:
     return "records", int(dataset.client_sizes().sum())
 
 
-def _resolve(config: RunConfig, dataset: Any) -> tuple[RunConfig, Any | None]:
+def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
     """Check the privacy settings against the algorithm; fill in analysis and σ.
 
-    Returns the resolved configuration and, when σ was given, the algorithm
-    already built for the check (``None`` when it must be built again).
-
-    Refuses (ConfigError, one line naming the key) an analysis the algorithm's
-    scheme does not offer, an unproven analysis or mechanism without
-    ``privacy.allow_unproven``, and δ >= 1/n without
-    ``privacy.allow_large_delta``; calibrates σ when it is not given (the
-    calibration plans for the guard that will run, see
-    :func:`dpfl.accounting.calibrate.calibrate_noise_multiplier`).
+    Everything here reads the algorithm's pure event function
+    (``round_event``): no model is built. Refuses (ConfigError, one line
+    naming the key) an analysis the algorithm's scheme does not offer, an
+    unproven analysis or mechanism without ``privacy.allow_unproven``, and
+    δ >= 1/n without ``privacy.allow_large_delta``; calibrates σ when it is
+    not given (:func:`dpfl.accounting.calibrate.calibrate_noise_multiplier`,
+    planning for the guard that will run).
     """
+    from dpfl.sim.algorithms import algorithm_class
+    from dpfl.sim.algorithms.base import DataStats
+
+    cls = algorithm_class(config.algorithm.name)
+    params = config.algorithm.params
+    stats = DataStats.of(dataset)
     priv = config.privacy
-    config = _local_epsilon_to_sigma(config, dataset)
-    priv = config.privacy
+    own = cls.resolve_noise(params, stats)
+    if own is not None:
+        if priv.noise_multiplier is not None:
+            raise ConfigError(
+                "the algorithm's parameters set the noise multiplier themselves "
+                f"({own[0]:.4g}); leave privacy.noise_multiplier null; got "
+                f"{priv.noise_multiplier!r}"
+            )
+        sigma_own, params = own
+        log.info("noise multiplier %.4f from the algorithm's parameters", sigma_own)
+        tree = config.to_dict()
+        tree["algorithm"]["params"] = params.to_dict()
+        tree["privacy"]["noise_multiplier"] = sigma_own
+        config = config_from_dict(tree)
+        priv = config.privacy
     if priv.noise_multiplier == 0:
         log.info("privacy.noise_multiplier is 0: a NON-PRIVATE run (no noise)")
-        return config, None
-    probe = config
-    if priv.noise_multiplier is None:
-        probe = _with_privacy(config, noise_multiplier=1.0)
-    algorithm = _build_algorithm(probe, dataset)
-    event = algorithm.event()
-    if event is None:  # pragma: no cover - every algorithm is private at σ > 0
-        raise DpflError(f"algorithm {config.algorithm.name!r} emits no privacy event")
+        return config
+    event = cls.round_event(params, stats, priv.noise_multiplier or 1.0)
     if priv.guard == "accountant":
         analysis = schemes.resolve_analysis(event, priv.analysis)
     else:
@@ -338,7 +343,7 @@ def _resolve(config: RunConfig, dataset: Any) -> tuple[RunConfig, Any | None]:
             f"privacy.analysis {analysis!r} is not a proven bound ({info.status}: "
             f"{info.basis})"
         )
-    unproven = getattr(algorithm, "unproven", None)
+    unproven = cls.unproven_reason(params)
     if unproven:
         reasons.append(unproven)
     if reasons and not priv.allow_unproven:
@@ -364,47 +369,19 @@ def _resolve(config: RunConfig, dataset: Any) -> tuple[RunConfig, Any | None]:
             config.rounds,
             analysis,
         )
-        unit_event = event
         sigma = calibrate_noise_multiplier(
-            lambda s: ev.scale_noise(unit_event, s),
+            lambda s: cls.round_event(params, stats, s),
             epsilon=priv.epsilon,
             delta=priv.delta,
             rounds=config.rounds,
             analysis=analysis,
-            population=int(dataset.num_clients),
+            population=stats.num_clients,
             bound_tolerance=PrivacyLedger(analysis=analysis).tolerance,
             tolerance=2e-3,
         )
         log.info("noise multiplier: %.4f", sigma)
     keep = None if priv.guard != "accountant" else analysis
-    resolved = _with_privacy(config, noise_multiplier=sigma, analysis=keep)
-    return resolved, algorithm if probe is config else None
-
-
-def _local_epsilon_to_sigma(config: RunConfig, dataset: Any) -> RunConfig:
-    """MS-PAFL's ``local_epsilon`` sets σ: resolve it into privacy.noise_multiplier.
-
-    The resolved configuration then carries σ in its one place (a resumed run
-    reads it there).
-    """
-    params = config.algorithm.params
-    if params.get("local_epsilon") is None:
-        return config
-    if config.privacy.noise_multiplier is not None:
-        raise ConfigError(
-            "give privacy.noise_multiplier or algorithm.params.local_epsilon (which "
-            "sets it from a per-round local epsilon), not both; got "
-            f"noise_multiplier={config.privacy.noise_multiplier!r}, "
-            f"local_epsilon={params['local_epsilon']!r}"
-        )
-    sigma = _build_algorithm(config, dataset).noise_multiplier
-    tree = config.to_dict()
-    tree["algorithm"].pop("local_epsilon")
-    tree["privacy"]["noise_multiplier"] = sigma
-    log.info(
-        "noise multiplier %.4f from local_epsilon %g", sigma, params["local_epsilon"]
-    )
-    return config_from_dict(tree)
+    return _with_privacy(config, noise_multiplier=sigma, analysis=keep)
 
 
 def _with_privacy(config: RunConfig, **changes: Any) -> RunConfig:
@@ -471,9 +448,8 @@ def run(config: RunConfig, *, progress: bool = True, resume: bool = False) -> Ru
     run_dir.mkdir(parents=True, exist_ok=True)
 
     dataset = _build_dataset(config)
-    config, algorithm = _resolve(config, dataset)
-    if algorithm is None:
-        algorithm = _build_algorithm(config, dataset)
+    config = _resolve(config, dataset)
+    algorithm = _build_algorithm(config, dataset)
 
     from dpfl.sim.loop import Trainer
 
@@ -482,7 +458,9 @@ def run(config: RunConfig, *, progress: bool = True, resume: bool = False) -> Ru
         _check_ledger(ledger, config)
     else:
         ledger = _ledger(config, run_dir)
-    trainer = Trainer(algorithm, ledger=ledger, seed=config.seed)
+    trainer = Trainer(
+        algorithm, ledger=ledger, seed=config.seed, execution=config.execution
+    )
     if resume and ckpt_path.exists():
         import torch
 
@@ -534,14 +512,20 @@ def _check_ledger(ledger: PrivacyLedger, config: RunConfig) -> None:
 
 
 def _guarantee(
-    ledger: PrivacyLedger, event: ev.Event | None, delta: float
+    ledger: PrivacyLedger,
+    event: ev.Event | None,
+    delta: float,
+    config: RunConfig,
+    stats: Any,
 ) -> dict[str, Any]:
     """What the run's privacy amounts to: ``guarantee.json``.
 
     The ledger's summary (worst-off unit's ε under the run's analysis, with
-    every term, and the proven ε beside an unproven one), and the figure of
+    every term, and the proven ε beside an unproven one), the figure of
     every other analysis the scheme offers, each with its status and
-    adversary (e.g. LOCKS: the server and the model observer).
+    adversary (e.g. LOCKS: the server and the model observer), and under
+    ``"paper"`` the paper's own figures with their caveats, where the
+    algorithm states them.
     """
     if event is None:
         return {
@@ -551,13 +535,13 @@ def _guarantee(
     out: dict[str, Any] = {"private": True, **ledger.summary(delta)}
     if not ledger.rounds:
         return out
+    scheme = schemes.scheme_of(event)
     analyses: dict[str, Any] = {}
-    for a in schemes.scheme_of(event).analyses:
+    for a in scheme.analyses:
         try:
             bound = ledger.epsilon(delta, analysis=a.name)
         except DpflError:  # an analysis the accountant cannot price (RDP)
             continue
-        scheme = schemes.scheme_of(event)
         analyses[a.name] = {
             "epsilon": bound.upper,
             "status": a.status,
@@ -565,7 +549,33 @@ def _guarantee(
             "adversary": a.adversary or scheme.adversary,
         }
     out["analyses"] = analyses
+    from dpfl.sim.algorithms import algorithm_class
+
+    cls = algorithm_class(config.algorithm.name)
+    try:
+        paper = cls.paper_report(
+            config.algorithm.params,
+            stats,
+            float(config.privacy.noise_multiplier or 0.0),
+            ledger,
+            delta,
+        )
+    except DpflError as exc:
+        paper = {"error": str(exc)}
+    if paper is not None:
+        out["paper"] = json.loads(json.dumps(paper, default=_json_default))
     return out
+
+
+def _json_default(value: Any) -> Any:
+    """JSON for the values reports hold (dataclasses, arrays, bounds)."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
 
 
 def _loop(
@@ -662,10 +672,11 @@ def _loop(
         bar.close()
     if not last_eval and trainer.round:
         evaluate()
-    guarantee = _guarantee(ledger, event, config.privacy.delta)
+    guarantee = _guarantee(
+        ledger, event, config.privacy.delta, config, trainer.algorithm.stats
+    )
     text = json.dumps(guarantee, indent=1, default=str)
     _atomic_write(run_dir / GUARANTEE, lambda fh: fh.write(text), binary=False)
-    _plot(run_dir)
     return RunResult(
         run_dir=run_dir,
         config=config,
@@ -712,15 +723,6 @@ def _postfix(
     else:
         out["eps"] = f"{spent:.3g}"
     return out
-
-
-def _plot(run_dir: Path) -> None:
-    from dpfl.plotting import plot_runs
-
-    try:
-        plot_runs([run_dir], run_dir / FIGURE)
-    except DpflError as exc:  # nothing evaluated yet: no figure
-        log.info("no figure: %s", exc)
 
 
 def resume(run_dir: str | Path, *, progress: bool = True) -> RunResult:

@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-import torch
-
 from dpfl.errors import InvalidParameterError
 
 if TYPE_CHECKING:
+    import torch
+
     from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages, Task
     from dpfl.sim.randomness import Streams
 
