@@ -57,11 +57,13 @@ DEMO_CONFIG: dict[str, Any] = {
     "model": {"name": "mlp"},
     "algorithm": {
         "name": "dsgd-rp",
-        "participation_probability": 0.2,
-        "record_probability": 0.5,
-        "clip": 1.0,
-        "learning_rate": 0.5,
-        "momentum": 0.5,
+        "params": {
+            "participation_probability": 0.2,
+            "record_probability": 0.5,
+            "clip": 1.0,
+            "learning_rate": 0.5,
+            "momentum": 0.5,
+        },
     },
     "privacy": {"epsilon": 4.0, "delta": 1e-5},
     "eval_every": 10,
@@ -242,7 +244,7 @@ def _write_report(
     timings: dict[str, float],
     figure: str,
 ) -> None:
-    a, p, d = base.algorithm, base.privacy, base.data
+    a, p, d = base.algorithm.params, base.privacy, base.data
     lines = [
         "# dpfl demo: one budget, three analyses",
         "",

@@ -284,19 +284,30 @@ class DsgdRandomParticipation(FederatedAlgorithm):
             summed=True,
         )
 
-    def server_step(
-        self, cohort: Cohort, messages: Messages, server: Streams
-    ) -> dict[str, float]:
-        """ĝ ← (Σ_i g_i + N(0, σ²C²)) / (pqn);  v ← μv + ĝ;  w ← w − ηv."""
+    def estimate(self, cohort: Cohort, messages: Messages) -> torch.Tensor:
+        """ĝ ← (Σ_i g_i + N(0, σ²C²)) / (pqn), flat; checked finite.
+
+        Raises
+        ------
+        dpfl.errors.NonFiniteUpdateError
+            If ĝ holds NaN or Inf.
+        """
         total = messages.total().clone()
         pending = cohort.info.get("noise")
         if pending is not None:
-            estimate = pending.add_to_({"w": total})["w"]
+            estimate: torch.Tensor = pending.add_to_({"w": total})["w"]
         else:
             estimate = total.mul_(self.scale)
-        norm = float(torch.linalg.vector_norm(estimate))
-        if not math.isfinite(norm):
+        if not math.isfinite(float(torch.linalg.vector_norm(estimate))):
             check_finite({"update": estimate}, "model update")
+        return estimate
+
+    def server_step(
+        self, cohort: Cohort, messages: Messages, server: Streams
+    ) -> dict[str, float]:
+        """ĝ as in :meth:`estimate`;  v ← μv + ĝ;  w ← w − ηv."""
+        estimate = self.estimate(cohort, messages)
+        norm = float(torch.linalg.vector_norm(estimate))
         with torch.no_grad():
             self.velocity.mul_(self.params.momentum).add_(estimate)
             self.weights.add_(self.velocity, alpha=-self.params.learning_rate)
