@@ -42,8 +42,8 @@ def test_unknown_key_suggests_closest():
     msg = _error({"round": 5})
     assert "'round'" in msg and "did you mean 'rounds'" in msg
     msg = _error({"algorithm": {"learning_rat": 0.1}})
-    assert "'algorithm.learning_rat'" in msg
-    assert "did you mean 'algorithm.learning_rate'" in msg
+    assert "'algorithm.params.learning_rat'" in msg
+    assert "did you mean 'algorithm.params.learning_rate'" in msg
     # far from every key: no suggestion, but the known keys are listed
     msg = _error({"privacy": {"zzz": 1}})
     assert "privacy.zzz" in msg and "did you mean" not in msg and "analysis" in msg
@@ -80,13 +80,17 @@ def test_wrong_type_names_key_and_value(data, key, shown):
         ({"rounds": 0}, "rounds", "0"),
         (
             {"algorithm": {"participation_probability": 1.5}},
-            "algorithm.participation_probability",
+            "algorithm.params.participation_probability",
             "1.5",
         ),
-        ({"algorithm": {"record_probability": 0}}, "algorithm.record_probability", "0"),
-        ({"algorithm": {"momentum": 1.0}}, "algorithm.momentum", "1.0"),
-        ({"algorithm": {"clip": -1}}, "algorithm.clip", "-1"),
-        ({"algorithm": {"server": "semi"}}, "algorithm.server", "'semi'"),
+        (
+            {"algorithm": {"record_probability": 0}},
+            "algorithm.params.record_probability",
+            "0.0",
+        ),
+        ({"algorithm": {"momentum": 1.0}}, "algorithm.params.momentum", "1.0"),
+        ({"algorithm": {"clip": -1}}, "algorithm.params.clip", "-1.0"),
+        ({"algorithm": {"server": "semi"}}, "algorithm.params.server", "'semi'"),
         ({"privacy": {"delta": 1}}, "privacy.delta", "1"),
         ({"privacy": {"epsilon": 0}}, "privacy.epsilon", "0"),
         ({"privacy": {"analysis": "tight"}}, "privacy.analysis", "'tight'"),
@@ -117,7 +121,7 @@ def test_overrides_are_parsed_as_yaml():
             "rounds=7",
             "data.options.beta=0.3",  # creates the nested mapping
             "model.options.hidden=[32, 16]",
-            "algorithm.server=untrusted",
+            "algorithm.params.server=untrusted",
             "name=x=y",  # only the first '=' splits
         ],
     )
@@ -126,7 +130,7 @@ def test_overrides_are_parsed_as_yaml():
     assert cfg.rounds == 7
     assert cfg.data.options == {"beta": 0.3}
     assert cfg.model.options == {"hidden": [32, 16]}
-    assert cfg.algorithm.server == "untrusted"
+    assert cfg.algorithm.params.server == "untrusted"
     assert cfg.name == "x=y"
 
 
