@@ -3,7 +3,7 @@
 23,264 clients x 30 procedural 28x28 images (``synthetic_images``, 62 classes),
 p = 0.001, q = 0.1 (about 23 participants and 70 records a round), the paper
 CNN (random-participation App. B). Four variants on the *same* sampled
-records (round t of each uses ``round_generators(seed, t)``):
+records (round t of each uses the server streams ``server_streams(seed, t)``):
 
 ``dp``
     ``Trainer.step()`` of ``dsgd-rp``: sample, build the records, clipped
@@ -75,7 +75,8 @@ from dpfl.cli import GOMP_SPINCOUNT, openmp_defaults
 from dpfl.data import synthetic_images
 from dpfl.models import PaperCNN
 from dpfl.sim.algorithms import build_algorithm
-from dpfl.sim.loop import Trainer, round_generators
+from dpfl.sim.loop import Trainer
+from dpfl.sim.randomness import server_streams
 
 SEED = 0
 
@@ -101,34 +102,33 @@ def setup(args: argparse.Namespace):
     np_model.load_state_dict(dp_model.state_dict())
     base_model = PaperCNN(num_classes=62)
     base_model.load_state_dict(dp_model.state_dict())
-    common = dict(
-        dataset=ds,
-        device=args.device,
+    params = dict(
         participation_probability=args.p,
         record_probability=args.q,
         learning_rate=0.002,
         momentum=0.9,
     )
+    common = dict(dataset=ds, device=args.device)
     alg = build_algorithm(
         "dsgd-rp",
+        {**params, "clip": 1.0},
         model=dp_model,
         noise_multiplier=args.noise_multiplier,
-        clip=1.0,
         **common,
     )
     clip_model = PaperCNN(num_classes=62)
     clip_model.load_state_dict(dp_model.state_dict())
     clip_only = build_algorithm(
-        "dsgd-rp", model=clip_model, noise_multiplier=None, clip=1.0, **common
+        "dsgd-rp", {**params, "clip": 1.0}, model=clip_model, **common
     )
     base = build_algorithm(
-        "dsgd-rp", model=base_model, noise_multiplier=None, clip=None, **common
+        "dsgd-rp", {**params, "clip": None}, model=base_model, **common
     )
     trainer = Trainer(alg, ledger=PrivacyLedger(), seed=SEED)
     clip_trainer = Trainer(clip_only, ledger=PrivacyLedger(), seed=SEED)
     base_trainer = Trainer(base, ledger=PrivacyLedger(), seed=SEED)
     opt = torch.optim.SGD(np_model.parameters(), lr=0.002, momentum=0.9)
-    sampler = alg.sampler
+    sampler = alg.sampler(alg.params, alg.stats)
 
     def dp_round() -> int:
         return int(trainer.step().metrics["records"])
@@ -142,9 +142,9 @@ def setup(args: argparse.Namespace):
     counter = {"t": 0}
 
     def non_private_round() -> int:
-        rng, _ = round_generators(SEED, counter["t"])
+        server = server_streams(SEED, counter["t"])
         counter["t"] += 1
-        sample = sampler.sample(rng)
+        sample = sampler.sample(server.rng).resolve(ds.client_indices)
         x, y = ds.take(sample.records)
         x = torch.as_tensor(x).to(args.device)
         y = torch.as_tensor(y).to(args.device)
