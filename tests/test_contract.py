@@ -46,6 +46,20 @@ SPECS: dict[str, tuple[dict, float, str, float]] = {
         "mlp",
         1e-5,
     ),
+    # Adam on a digits MLP: loop (clipped_grad_sum per client) and batched
+    # (cross-client ghost kernel) agree to float32 rounding per step.
+    "prifedsync": (
+        dict(
+            sync_probability=0.5,
+            batch_size=8,
+            local_steps=2,
+            learning_rate=0.01,
+            optimizer="adam",
+        ),
+        1.0,
+        "mlp",
+        1e-5,
+    ),
 }
 ROUNDS = 3
 
