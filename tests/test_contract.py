@@ -46,8 +46,9 @@ SPECS: dict[str, tuple[dict, float, str, float]] = {
         "mlp",
         1e-5,
     ),
-    # Adam on a digits MLP: loop (clipped_grad_sum per client) and batched
-    # (cross-client ghost kernel) agree to float32 rounding per step.
+    # Noisy Adam on a digits MLP: loop (clipped_grad_sum per client) and
+    # batched (cross-client ghost kernel) differ by float32 rounding only
+    # (measured 1.5e-8 after 5 rounds).
     "prifedsync": (
         dict(
             sync_probability=0.5,
@@ -58,7 +59,7 @@ SPECS: dict[str, tuple[dict, float, str, float]] = {
         ),
         1.0,
         "mlp",
-        1e-5,
+        1e-6,
     ),
 }
 ROUNDS = 3

@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -109,6 +109,7 @@ __all__ = ["PriFedSync", "PriFedSyncParams"]
 OPTIMIZERS = ("adam", "sgd")
 HELPERS = ("interpolation", "identity")
 GRAD_METHODS = ("auto", "ghost", "batched", "per-client")
+Kernel = Literal["auto", "vmap", "ghost"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,7 +320,9 @@ class PriFedSync(FederatedAlgorithm):
             )
         self.alphas = alphas
         #: batched_client_grads' method ("auto" falls back to vmap with a warning).
-        self._kernel = {"ghost": "ghost", "batched": "vmap"}.get(p.grad_method, "auto")
+        self._kernel = cast(
+            Kernel, {"ghost": "ghost", "batched": "vmap"}.get(p.grad_method, "auto")
+        )
         method = p.grad_method
         if method == "auto":
             method = "ghost" if ghost_supported(self.model) else "batched"
@@ -454,6 +457,10 @@ class PriFedSync(FederatedAlgorithm):
     ) -> Message:
         """K noisy local steps from the client's helper model; sends ``w̃^(i)``.
 
+        ``weights`` (the global model) is not read: a client trains from its
+        helper ``h̃^(i)``, the synchronised state the server pushed to it at
+        its last sync (``w0`` before).
+
         The batches come from the client's own ``streams.rng``, the noise from
         its ``streams.generator``; the gradient is one
         :func:`~dpfl.sim.grad.clipped_grad_sum` per step (the reference of
@@ -475,7 +482,7 @@ class PriFedSync(FederatedAlgorithm):
                     y[idx],
                     clip=clip,
                     loss_fn=self.loss_fn,
-                    method=self._kernel,  # type: ignore[arg-type]
+                    method=self._kernel,
                 )
                 flat = self.flatten(sums)[None]
             else:
@@ -497,7 +504,7 @@ class PriFedSync(FederatedAlgorithm):
             loss_fn=self.loss_fn,
             clip=self.params.clip,
             max_clients=self.max_clients,
-            method=self._kernel,  # type: ignore[arg-type]
+            method=self._kernel,
         )
         return self.flatten(sums, lead=1)
 
@@ -572,8 +579,9 @@ class PriFedSync(FederatedAlgorithm):
             self.helpers[idx] = (1.0 - alpha) * trained + alpha * g
         for k in clients:
             m1, m2, count = self._pending.pop(k)
-            if self.exp_avg is not None and self.exp_avg_sq is not None:
+            if self.exp_avg is not None and m1 is not None:
                 self.exp_avg[k] = m1
+            if self.exp_avg_sq is not None and m2 is not None:
                 self.exp_avg_sq[k] = m2
             self.adam_steps[k] = count
         return {"participants": float(len(clients)), "global_update_norm": update_norm}
@@ -583,8 +591,8 @@ class PriFedSync(FederatedAlgorithm):
         ds = self.dataset
         if ds.client_test_indices is not None:
             x, y = ds.client_test(k)
-        else:
-            x, y = ds.test_features, ds.test_labels
+        else:  # evaluate() checked the test set exists
+            x, y = cast(np.ndarray, ds.test_features), cast(np.ndarray, ds.test_labels)
         return (
             torch.as_tensor(np.ascontiguousarray(np.asarray(x))),
             torch.as_tensor(np.ascontiguousarray(np.asarray(y))),
