@@ -8,7 +8,9 @@ sampler *realises* the value the accountant *prices*):
 - :class:`PoissonParticipationSampler`:
   ``ClientPoisson(p, RecordPoisson(q, d, Gaussian(σ)))`` (record level);
 - :class:`FixedCohortSampler`: ``FixedCohort(m, K, Gaussian(σ))`` (client level);
-- :class:`PoissonClientSampler`: ``ClientPoisson(p, Gaussian(σ))`` (client level).
+- :class:`PoissonClientSampler`: ``ClientPoisson(p, Gaussian(σ))`` (client level);
+- :class:`SyncSampler`: ``CheckIn(p', SelfComposed(WithoutReplacement(B, n,
+  Gaussian(σ)), K))`` (record level; PriFedSync's sync and local steps).
 
 Cost grows with the work of a round, never with the number of clients that
 did not take part: a Poisson(p) cohort is drawn as
@@ -25,6 +27,7 @@ samples each participant's records.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -39,6 +42,7 @@ __all__ = [
     "PoissonParticipationSampler",
     "RoundSample",
     "Sampler",
+    "SyncSampler",
 ]
 
 
@@ -474,4 +478,139 @@ class PoissonClientSampler(Sampler):
         """Return ``ClientPoisson(p, Gaussian(noise_multiplier))`` (client level)."""
         return ev.ClientPoisson(
             self.participation_probability, ev.Gaussian(noise_multiplier)
+        )
+
+
+class SyncSampler(Sampler):
+    """Client sync with local steps on uniform batches (PriFedSync, Algorithm 1).
+
+    Each of ``num_clients`` clients syncs independently w.p.
+    ``sync_probability`` (p), the draw repeated while nobody syncs; each synced
+    client then runs ``local_steps`` (K) steps, each on a uniform size-B
+    subset of its own records drawn without replacement from the *client's*
+    generator (:meth:`local_batches`).
+
+    Parameters
+    ----------
+    num_clients : int
+        Population m (>= 1).
+    sync_probability : float
+        p in (0, 1].
+    client_sizes : numpy.ndarray
+        Records held by each client, shape ``(num_clients,)``; every client
+        holds at least ``batch_size``.
+    batch_size : int
+        B records per local step (>= 1).
+    local_steps : int
+        K local steps per synced client and round (>= 1).
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        On a bad count or probability, or a client holding fewer than B
+        records.
+
+    References
+    ----------
+    Zheng, Chen, Long & Su, "Federated f-differential privacy", AISTATS 2021,
+    Algorithms 1-2.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_clients: int,
+        sync_probability: float,
+        client_sizes: np.ndarray,
+        batch_size: int,
+        local_steps: int,
+    ) -> None:
+        self.num_clients = check_count("num_clients", num_clients, minimum=1)
+        self.sync_probability = check_probability("sync_probability", sync_probability)
+        self.batch_size = check_count("batch_size", batch_size, minimum=1)
+        self.local_steps = check_count("local_steps", local_steps, minimum=1)
+        self._sizes = _check_sizes(client_sizes, self.num_clients)
+        self._client_indices = None
+        self.smallest_client = int(self._sizes.min())
+        if self.smallest_client < self.batch_size:
+            raise InvalidParameterError(
+                "batch_size must be <= every client's number of records (smallest "
+                f"client holds {self.smallest_client}); got {batch_size!r}"
+            )
+
+    @property
+    def synced_probability(self) -> float:
+        """``p' = p / (1 − (1 − p)^m)``: a client's sync chance given Ω ≠ ∅."""
+        p = self.sync_probability
+        if p >= 1.0:
+            return 1.0
+        nonempty = -math.expm1(self.num_clients * math.log1p(-p))
+        return min(1.0, p / nonempty)
+
+    def sample(self, rng: np.random.Generator) -> RoundSample:
+        """Draw Ω: each client w.p. p, re-drawn while empty.
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+            The server's generator of the round.
+
+        Returns
+        -------
+        RoundSample
+            The synced clients (ascending, non-empty) with no records: each
+            client draws its own batches (:meth:`local_batches`).
+        """
+        rng = _check_rng(rng)
+        while True:
+            clients = _poisson_subset(rng, self.num_clients, self.sync_probability)
+            if clients.size:
+                return self._finish(clients, [np.empty(0, np.int64)] * clients.size)
+
+    def local_batches(self, rng: np.random.Generator, client_size: int) -> np.ndarray:
+        """A client's K batches: uniform size-B subsets of its records.
+
+        Each row is the first B entries of the order of ``client_size`` i.i.d.
+        uniform keys, i.e. a uniform subset drawn without replacement.
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+            The client's own generator of the round.
+        client_size : int
+            Records the client holds (>= B).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[K, B]`` positions inside the client's record list (int64).
+        """
+        rng = _check_rng(rng)
+        n = check_count("client_size", client_size, minimum=self.batch_size)
+        keys = rng.random((self.local_steps, n))
+        return np.argsort(keys, axis=1)[:, : self.batch_size].astype(np.int64)
+
+    def event(self, noise_multiplier: float) -> ev.Event:
+        """The event of one round for a client, at noise std ``noise_multiplier · C``.
+
+        Parameters
+        ----------
+        noise_multiplier : float
+            Noise std on a step's clipped sum divided by the clipping norm
+            (> 0); the neighbouring relation is replace-one, which the events
+            price with sensitivity 2C themselves.
+
+        Returns
+        -------
+        Event
+            ``CheckIn(p', SelfComposed(WithoutReplacement(B, n_min,
+            Gaussian(noise_multiplier)), K))`` with ``p'`` =
+            :attr:`synced_probability` (who synced is visible) and ``n_min``
+            the smallest client (a larger client is at least as private).
+        """
+        step = ev.WithoutReplacement(
+            self.batch_size, self.smallest_client, ev.Gaussian(noise_multiplier)
+        )
+        return ev.CheckIn(
+            self.synced_probability, ev.SelfComposed(step, self.local_steps)
         )
