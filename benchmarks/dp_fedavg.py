@@ -13,16 +13,21 @@ Two image geometries, both run by default (``--sizes``):
     28 × 28 images, the size of MNIST (the paper's data); 5 × 5 convolutions
     without padding (5,994 parameters).
 
-The two variants run the *same* round (``DpFedAvg.run_round``: sampling,
-data, local training, clipping, noise, average) and differ only in
-``execution``:
+The two variants run the *same* round (``Trainer.step``: sampling, data,
+local training, clipping, noise, average) and differ only in the executor
+(``Trainer(..., execution=...)``):
 
 ``batched``
-    every local step of the whole cohort is one ``cohort_sgd_step``: one
-    forward/backward pass over the cohort's ``m·B`` examples in which each
-    layer applies each client's own weights;
+    ``DpFedAvg.client_steps``: every local step of the whole cohort is one
+    ``cohort_sgd_step``, one forward/backward pass over the cohort's ``m·B``
+    examples in which each layer applies each client's own weights;
 ``loop``
-    each client in turn, one ordinary forward/backward per mini-batch.
+    ``DpFedAvg.client_step`` for each client in turn, one ordinary
+    forward/backward per mini-batch.
+
+Each client draws its batches from its own generator, so both variants train
+on the same batches and end at the same weights up to float rounding
+(``max |Δθ|``).
 
 ``floor`` times the same number of steps as one plain forward/backward over
 all ``m·B`` examples with *shared* weights: what a perfectly batched step
@@ -61,8 +66,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data import synthetic_images
-from dpfl.sim.algorithms.dp_fedavg import DpFedAvg
+from dpfl.sim.algorithms import build_algorithm
+from dpfl.sim.loop import Trainer
 
 
 class SmallCNN(nn.Module):
@@ -113,35 +120,38 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, float | int]:
     )
     if not args.lazy:
         ds = dataclasses.replace(ds, features=np.asarray(ds.features))
-    algs = {}
+    params = {
+        "cohort_size": args.cohort,
+        "local_epochs": args.epochs,
+        "batch_size": args.batch,
+        "learning_rate": 0.05,
+        "clipping": "median",
+    }
+    trainers = {}
     for execution in ("batched", "loop"):
         torch.manual_seed(0)
-        algs[execution] = DpFedAvg(
+        alg = build_algorithm(
+            "dp-fedavg",
+            params,
             model=SmallCNN(size),
             dataset=ds,
-            device=args.device,
-            cohort_size=args.cohort,
             noise_multiplier=1.0,
-            local_epochs=args.epochs,
-            batch_size=args.batch,
-            learning_rate=0.05,
-            clipping="median",
-            execution=execution,
+            device=args.device,
             max_clients=args.max_clients,
         )
-    times: dict[str, list[float]] = {k: [] for k in algs}
+        trainers[execution] = Trainer(
+            alg, ledger=PrivacyLedger(None), seed=0, execution=execution
+        )
+    times: dict[str, list[float]] = {k: [] for k in trainers}
     for r in range(args.rounds + 1):  # round 0 is warm-up
-        for name, alg in algs.items():
-            rng = np.random.default_rng(r)
-            gen = torch.Generator(device=args.device).manual_seed(r)
-            t = _timed(lambda: alg.run_round(r, rng, gen), args.device)  # noqa: B023
+        for name, trainer in trainers.items():
+            t = _timed(trainer.step, args.device)
             if r > 0:
                 times[name].append(t)
-    drift = max(
-        float((a.detach() - b.detach()).abs().max())
-        for a, b in zip(
-            algs["batched"].model.parameters(), algs["loop"].model.parameters()
-        )
+    drift = float(
+        (trainers["batched"].algorithm.weights - trainers["loop"].algorithm.weights)
+        .abs()
+        .max()
     )
     # The floor: the same number of SGD steps, each one plain forward and
     # backward over all m*B examples with shared weights.
@@ -219,7 +229,10 @@ def main() -> None:
             f"{r['speedup']:>8.2f}× "
             f"{r['loop_over_floor']:>10.2f}× {r['max_abs_param_difference']:>9.1e}"
         )
-    print(f"1-min load average after: {os.getloadavg()[0]:.2f}; target: speed-up >= 5")
+    print(
+        f"1-min load average after: {os.getloadavg()[0]:.2f}; "
+        "target: speed-up >= 10 at 8x8"
+    )
     print(json.dumps(rows))
 
 

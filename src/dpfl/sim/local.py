@@ -21,17 +21,27 @@ cohort is a few batched operations instead of a loop over clients.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
-from dpfl._validate import check_positive, check_probability
+from dpfl._validate import check_count, check_positive, check_probability
 from dpfl.errors import InvalidParameterError
-from dpfl.sim.grad import LossFn, batched_client_grads
+from dpfl.sim.grad import LossFn, batched_client_grads, check_finite
 
-__all__ = ["cohort_adam_step", "cohort_sgd_step"]
+__all__ = [
+    "client_local_sgd",
+    "cohort_adam_step",
+    "cohort_local_sgd",
+    "cohort_sgd_step",
+    "epoch_orders",
+    "pad_cohort",
+    "pad_orders",
+]
 
 Params = dict[str, torch.Tensor]
 #: Entries per block of rows in :func:`cohort_adam_step`: its nine elementwise
@@ -195,3 +205,265 @@ def cohort_adam_step(
         # θ + (−step_size · m) / denom, rounded as addcdiv_ rounds it.
         torch.mul(m, neg_step_size[r], out=new[r]).div_(denom).add_(params[r].detach())
     return new
+
+
+# -- local epochs of mini-batch SGD ---------------------------------------------------
+def epoch_orders(rng: np.random.Generator, num_records: int, epochs: int) -> np.ndarray:
+    """A client's visiting order of its records in each of ``epochs`` epochs.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        The client's own generator (one permutation drawn per epoch, in order).
+    num_records : int
+        n >= 0, the client's records.
+    epochs : int
+        E >= 1.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``[E, n]`` int64; row ``e`` is a permutation of ``0 .. n-1``.
+    """
+    n = check_count("num_records", num_records, minimum=0)
+    e = check_count("epochs", epochs, minimum=1)
+    return np.stack([rng.permutation(n) for _ in range(e)]).astype(np.int64)
+
+
+def pad_orders(orders: Sequence[np.ndarray]) -> np.ndarray:
+    """A cohort's epoch orders as one ``[E, m, n_max]`` array, padded with ``-1``.
+
+    Parameters
+    ----------
+    orders : sequence of numpy.ndarray
+        Client ``j``'s ``[E, n_j]`` orders (:func:`epoch_orders`), one E for all.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``[E, m, n_max]`` int64 (``n_max`` the largest ``n_j``).
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        If the cohort is empty or the clients have different numbers of epochs.
+    """
+    if not orders:
+        raise InvalidParameterError("orders must hold at least one client")
+    epochs = {o.shape[0] for o in orders}
+    if len(epochs) != 1:
+        raise InvalidParameterError(
+            f"every client must have the same number of epochs; got {sorted(epochs)}"
+        )
+    n_max = max(o.shape[1] for o in orders)
+    out = np.full((epochs.pop(), len(orders), n_max), -1, dtype=np.int64)
+    for j, o in enumerate(orders):
+        out[:, j, : o.shape[1]] = o
+    return out
+
+
+def pad_cohort(
+    x: torch.Tensor, y: torch.Tensor, counts: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clients' records, concatenated, as ``[m, n_max, ...]`` padded with zeros.
+
+    Parameters
+    ----------
+    x, y : torch.Tensor
+        Features and targets of the cohort's records, client after client
+        (``sum(counts)`` rows).
+    counts : sequence of int
+        Records of each client, in order.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``x_pad`` ``[m, n_max, ...]`` and ``y_pad`` ``[m, n_max, ...]``; client
+        ``j``'s records are rows ``[j, :counts[j]]``, the rest zeros.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        If the counts do not add up to the rows of ``x`` and ``y``.
+    """
+    sizes = [check_count("counts", c, minimum=0) for c in counts]
+    if not sizes or sum(sizes) != x.shape[0] or x.shape[0] != y.shape[0]:
+        raise InvalidParameterError(
+            f"counts must be non-empty and add up to the {x.shape[0]} rows of x "
+            f"(and of y, {y.shape[0]}); got {sizes[:10]}"
+        )
+    m, n_max = len(sizes), max(sizes)
+    slots = torch.as_tensor(
+        np.concatenate(
+            [j * n_max + np.arange(n, dtype=np.int64) for j, n in enumerate(sizes)]
+        ),
+        device=x.device,
+    )
+    x_pad = x.new_zeros((m * n_max, *x.shape[1:]))
+    y_pad = y.new_zeros((m * n_max, *y.shape[1:]))
+    x_pad[slots] = x
+    y_pad[slots] = y
+    return x_pad.reshape(m, n_max, *x.shape[1:]), y_pad.reshape(m, n_max, *y.shape[1:])
+
+
+def _batches(orders: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Mini-batches of one epoch: ``[..., B]`` slices of the visiting orders."""
+    n = orders.shape[-1]
+    return [orders[..., s : s + batch_size] for s in range(0, n, batch_size)]
+
+
+def client_local_sgd(
+    model: nn.Module,
+    params: Mapping[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    rng: np.random.Generator,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    loss_fn: LossFn = F.cross_entropy,
+) -> Params:
+    """One client's E epochs of mini-batch SGD from ``params`` (the reference).
+
+    Each epoch visits the client's records in the order of
+    :func:`epoch_orders` (drawn from ``rng``) in mini-batches of
+    ``batch_size`` (the last one smaller); each step is
+    ``θ ← θ − lr · mean gradient``, one ordinary backward.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model (structure and buffers; its parameters are not changed).
+    params : mapping of str to torch.Tensor
+        Starting parameters (not modified).
+    x, y : torch.Tensor
+        The client's features ``[n, ...]`` and targets ``[n, ...]``.
+    rng : numpy.random.Generator
+        The client's own generator (draws the epoch orders).
+    epochs : int
+        E >= 1.
+    batch_size : int
+        B >= 1.
+    learning_rate : float
+        Step size > 0.
+    loss_fn : callable
+        ``loss_fn(output, target)``, mean over the batch.
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        The parameters after E epochs (detached).
+
+    Raises
+    ------
+    dpfl.errors.NonFiniteUpdateError
+        If a gradient is not finite.
+    """
+    batch_size = check_count("batch_size", batch_size, minimum=1)
+    learning_rate = check_positive("learning_rate", learning_rate)
+    orders = epoch_orders(rng, x.shape[0], epochs)
+    w = {k: v.detach().clone() for k, v in params.items()}
+    buffers = dict(model.named_buffers())
+    for epoch in orders:
+        for batch in _batches(epoch, batch_size):
+            if batch.size == 0:
+                continue
+            idx = torch.as_tensor(batch, device=x.device)
+            leaves = {k: v.requires_grad_(True) for k, v in w.items()}
+            with torch.enable_grad():
+                out = functional_call(model, (leaves, buffers), (x[idx],))
+                grads = torch.autograd.grad(loss_fn(out, y[idx]), list(leaves.values()))
+            check_finite(grads, "client gradient")
+            w = {
+                k: (v - learning_rate * g).detach()
+                for (k, v), g in zip(leaves.items(), grads)
+            }
+    return w
+
+
+def cohort_local_sgd(
+    model: nn.Module,
+    stacked_params: Mapping[str, torch.Tensor],
+    x_pad: torch.Tensor,
+    y_pad: torch.Tensor,
+    counts: Sequence[int],
+    *,
+    rngs: Sequence[np.random.Generator],
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    loss_fn: LossFn = F.cross_entropy,
+    max_clients: int | None = None,
+) -> Params:
+    """A cohort's E epochs of mini-batch SGD, every step one batched call.
+
+    Client ``j`` follows exactly the schedule of :func:`client_local_sgd`
+    with ``rngs[j]``: its orders are drawn from its own generator, so the
+    result is that of running :func:`client_local_sgd` client by client, up
+    to float rounding (a batched kernel sums in another order).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model (structure only).
+    stacked_params : mapping of str to torch.Tensor
+        ``[m, *shape]`` per parameter (:func:`dpfl.sim.grad.stack_params`);
+        not modified.
+    x_pad, y_pad : torch.Tensor
+        ``[m, n_max, ...]`` padded records (:func:`pad_cohort`).
+    counts : sequence of int
+        Real records of each client (the rest of its row is padding).
+    rngs : sequence of numpy.random.Generator
+        Each client's own generator, in cohort order.
+    epochs : int
+        E >= 1.
+    batch_size : int
+        B >= 1.
+    learning_rate : float
+        Step size > 0.
+    loss_fn : callable
+        ``loss_fn(output, target)``, mean over the batch.
+    max_clients : int, optional
+        Clients per chunk of a step (memory bound).
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        The stacked parameters after E epochs.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        On mismatched counts, generators or shapes.
+    dpfl.errors.NonFiniteUpdateError
+        If a client's gradient is not finite.
+    """
+    batch_size = check_count("batch_size", batch_size, minimum=1)
+    m = x_pad.shape[0]
+    if len(counts) != m or len(rngs) != m:
+        raise InvalidParameterError(
+            f"counts and rngs must have one entry per client ({m}); got "
+            f"{len(counts)} and {len(rngs)}"
+        )
+    orders = pad_orders([epoch_orders(r, int(n), epochs) for r, n in zip(rngs, counts)])
+    stacked = dict(stacked_params)
+    rows = torch.arange(m, device=x_pad.device)[:, None]
+    for epoch in orders:
+        for batch in _batches(epoch, batch_size):
+            idx = torch.as_tensor(batch, device=x_pad.device)
+            mask = idx >= 0
+            if not bool(mask.any()):
+                continue
+            safe = idx.clamp(min=0)
+            stacked = cohort_sgd_step(
+                model,
+                stacked,
+                x_pad[rows, safe],
+                y_pad[rows, safe],
+                learning_rate=learning_rate,
+                loss_fn=loss_fn,
+                sample_mask=mask,
+                max_clients=max_clients,
+            )
+    return stacked

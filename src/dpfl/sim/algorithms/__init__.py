@@ -19,6 +19,7 @@ from torch import nn
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.algorithms import (  # noqa: F401  (each import registers one algorithm)
+    dp_fedavg,
     dsgd_rp,
     prifedsync,
 )

@@ -3,93 +3,99 @@
 One round ``t``, as in the paper's pseudo-code::
 
     (guard)  the ledger refuses the round if δ(ε) after it would exceed Q
-    Z_t   <- m_t of the K clients, uniformly without replacement
-    for k in Z_t (in parallel):  w <- w_t; E epochs of mini-batch SGD (B, η)
-                                 Δw_k = w - w_t;  ζ_k = ‖Δw_k‖₂
+    Z_t   <- m_t of the K clients, uniformly without replacement   (server)
+    for k in Z_t:  w <- w_t; E epochs of mini-batch SGD (B, η)     (client k)
+                   Δw_k = w - w_t;  ζ_k = ‖Δw_k‖₂
+                   send Δw_k / max(1, ζ_k/S) and ζ_k
     S     <- clipping bound (fixed, median{ζ_k}, or adaptive quantile)
-    w_{t+1} = w_t + (1/m_t) [ Σ_k Δw_k / max(1, ζ_k/S) + N(0, σ_t² S² I) ]
+    w_{t+1} = w_t + (1/m_t) [ Σ_k Δw_k / max(1, ζ_k/S) + N(0, σ_Δ² S² I) ]
 
-**The whole cohort trains as one batched computation**: the clients' copies of
-the model are stacked along a leading dimension and every local SGD step is
-one call of :func:`dpfl.sim.local.cohort_sgd_step`. Clients with fewer
-records are padded and masked (``sample_mask``): a client whose records are
-used up for this epoch takes a zero step. ``execution="loop"`` runs the same
-computation one client at a time (the benchmark's reference).
+**Who draws what.** The server draws the cohort from its round generator
+(:class:`~dpfl.sim.sampling.FixedCohortSampler` or
+:class:`~dpfl.sim.sampling.PoissonClientSampler`, whose event the ledger
+prices) and the noise from its torch generator (the update's, then the
+adaptive bound's count). Client ``k`` draws its visiting order of its records,
+epoch by epoch, from its *own* generator (:func:`dpfl.sim.local.epoch_orders`),
+so the one-client-at-a-time step (:func:`dpfl.sim.local.client_local_sgd`)
+and the batched cohort (:func:`dpfl.sim.local.cohort_local_sgd`: the clients'
+models stacked, every local step one
+:func:`~dpfl.sim.local.cohort_sgd_step` over padded, masked batches) train on
+the same batches and agree to float rounding.
 
 **Stopping at Q.** Algorithm 1 asks the moments accountant for δ at a fixed ε
 before each round and stops when δ > Q. dpfl does this with the ledger's
 budget guard: ``Budget(epsilon=ε, delta=Q)`` refuses the round whose release
-would give ``ε(Q) > ε``, which is the same condition as ``δ(ε) > Q`` (δ(ε) is
-decreasing in ε). Which accountant prices the rounds depends on the ledger:
-
-* ``PrivacyLedger(budget, analysis="sound")`` — fixed-size cohort, replace-one
-  client, exact PLD of C_{m/K}(G_{2/σ}) (valid for Algorithm 1 as written);
-* ``PrivacyLedger(budget, analysis="paper")`` — the cohort read as Poisson(m/K)
-  sampling, add/remove, **tight PLD** (= ``rdp.dp_fedavg_stop_round(...,
-  analysis="pld")``);
-* :class:`MomentsAccountantLedger` — the paper's own rule: moments accountant
-  (RDP) with the Poisson reading (= ``rdp.dp_fedavg_stop_round(...,
-  analysis="paper")``). The RDP bound is looser than the PLD, so this ledger
-  stops earlier (K=100, m=50, σ=1.2, ε=8, Q=1e-3: round 15 vs 19). In a run
-  config: ``privacy: {analysis: paper, guard: moments-accountant}``; the
-  ledger file names its guard, so a resumed run keeps the rule.
+would give ``ε(Q) > ε``, the same condition as ``δ(ε) > Q``. Which accountant
+prices the rounds is the ledger's choice: ``PrivacyLedger(budget,
+analysis="sound")`` (fixed cohort, replace-one, exact PLD: valid for
+Algorithm 1 as written), ``analysis="paper-pld"`` (the cohort read as
+Poisson(m/K), tight PLD), or
+:class:`~dpfl.accounting.ledger.MomentsAccountantLedger` (the paper's own rule:
+moments accountant with the Poisson reading; looser, stops earlier).
 
 **Clipping bounds** (``clipping``):
 
 ``"fixed"``
-    A constant S = ``clip``. Private: the round is the Gaussian mechanism of
-    noise multiplier σ_t on a sum of sensitivity S.
+    A constant S = ``clip``; the client clips. The round is the Gaussian
+    mechanism of noise multiplier σ on a sum of sensitivity S.
 ``"median"``
-    The paper's S = median{ζ_k} over the cohort. **Not private on its own**:
-    S is a data-dependent statistic that is released (it scales the noise)
-    without noise of its own, and its leakage is *not* charged. The event
-    prices only the noisy sum; every round's metrics carry
-    ``clip_bound_private = 0`` and :attr:`DpFedAvg.unproven` says so.
+    The paper's S = median{ζ_k} over the cohort. The bound is known only once
+    every norm is in, so clients send their unclipped updates and the server
+    clips. **Not private on its own**: S is released (it scales the noise)
+    without noise of its own, and its leakage is *not* charged; the event
+    prices only the noisy sum, every round's metrics carry
+    ``clip_bound_private = 0``, and :meth:`DpFedAvg.unproven_reason` says so.
 ``"adaptive"``
     Andrew et al. (2021): the bound follows a target quantile γ of the update
     norms, ``C_{t+1} = C_t · exp(-η_C (b̃_t - γ))`` with
-    ``b̃_t = (Σ_k (1[ζ_k <= C_t] - 1/2) + N(0, σ_b²)) / m + 1/2`` a noisy
-    fraction of clients under the bound. **How its noise is charged**: as
-    Andrew et al. (Thm. 1) do, the round releases two Gaussian queries, the
-    update sum (sensitivity C_t, noise σ_Δ C_t) and the centred count
-    (sensitivity 1/2, noise σ_b); jointly they are one Gaussian mechanism of
-    ``μ = sqrt(σ_Δ⁻² + (2σ_b)⁻²)`` (both sensitivities double under
-    replace-one, so the same holds there). The update noise is therefore set to
-    ``σ_Δ = (σ_t⁻² − (2σ_b)⁻²)^(-1/2)`` so that the joint release is exactly a
-    Gaussian of multiplier σ_t, and the event stays
-    ``FixedCohort(m_t, K, Gaussian(σ_t))``. Requires ``2σ_b > σ_t``; the
-    default ``σ_b = m/20`` is the paper's recommendation. C_t itself is
-    post-processing of earlier releases.
+    ``b̃_t = (Σ_k (1[ζ_k <= C_t] - 1/2) + N(0, σ_b²)) / m_t + 1/2``. The server
+    sends C_t with the task; the client clips to it.
 
-**Schedules.** ``cohort_size`` and ``noise_multiplier`` each take a constant,
-a list (one value per round; the last is held afterwards) or a linear ramp
-``{"start": a, "stop": b, "rounds": n}`` (value ``a`` at round 0, ``b`` from
-round ``n - 1`` on; cohort sizes are rounded to integers).
+**How the one σ is split (adaptive clipping).** σ is the run's one noise
+multiplier (``privacy.noise_multiplier``) and the event is always
+``FixedCohort(m_t, K, Gaussian(σ))`` (or ``ClientPoisson``). With adaptive
+clipping a round releases two Gaussian queries, the update sum (sensitivity
+C_t, noise σ_Δ C_t) and the centred count (sensitivity 1/2, noise σ_b); as
+in Andrew et al. (Thm. 1) they are jointly one Gaussian mechanism of
+multiplier ``(σ_Δ⁻² + (2σ_b)⁻²)^(-1/2)`` (both sensitivities double under
+replace-one, so the same holds there). The update noise is therefore
+
+    σ_Δ = (σ⁻² − (2σ_b)⁻²)^(-1/2)
+
+so that the joint release is exactly the Gaussian of multiplier σ that the
+event charges. σ_b is ``count_noise_multiplier`` (default ``m_t/20``, the
+paper's recommendation) and stays fixed as σ changes: raising σ raises σ_Δ
+(σ_Δ > σ always, σ_Δ → σ as σ_b → ∞), and σ must stay below ``2σ_b``
+(otherwise no σ_Δ exists and the round is refused with an error). C_t itself
+is post-processing of earlier releases.
+
+**Schedules.** ``cohort_size`` takes a constant, a list (one value per round;
+the last is held afterwards) or a linear ramp ``{"start": a, "stop": b,
+"rounds": n}`` (value ``a`` at round 0, ``b`` from round ``n - 1`` on; rounded
+to integers); :meth:`DpFedAvg.round_event` takes the round index. σ is one
+number.
 
 **Poisson clients.** ``sampling="poisson"`` lets each client join w.p.
-``m_t/K`` and divides by the *expected* cohort m_t (docs/analyses.md); the
-event is ``ClientPoisson(m_t/K, Gaussian(σ_t))``, for which the Poisson
-reading is valid.
+``m_t/K`` and divides by the *expected* cohort m_t; the event is
+``ClientPoisson(m_t/K, Gaussian(σ))``, for which the Poisson reading is valid.
 
-**Diagnostics** (Geyer §3, computed on the cohort's *unclipped* updates,
-averaged over all P model parameters — the paper's q×p for one weight
-matrix): between-client variance ``V_c = (1/P) Σ_j (1/m) Σ_k (Δw^k_j −
-μ_j)²`` and update scale ``U_s = (1/P) Σ_j μ_j²`` with ``μ = (1/m) Σ_k Δw^k``;
-communication cost ``CC = Σ_t m_t`` (realised cohort sizes).
+**Diagnostics** (Geyer §3, on the cohort's *unclipped* updates, averaged over
+all P model parameters — the paper's q×p for one weight matrix): between-client
+variance ``V_c = (1/P) Σ_j (1/m) Σ_k (Δw^k_j − μ_j)²`` and update scale
+``U_s = (1/P) Σ_j μ_j²`` with ``μ = (1/m) Σ_k Δw^k``; communication cost
+``CC = Σ_t m_t`` (realised cohorts). A clipped update is scaled back by its
+factor ``max(1, ζ_k/S)`` (the client sends ζ_k) to form them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.func import functional_call
 
 from dpfl._validate import (
     check_count,
@@ -97,35 +103,44 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
-from dpfl.accounting import events as ev
-from dpfl.accounting.ledger import MomentsAccountantLedger
-from dpfl.data.dataset import FederatedDataset
-from dpfl.errors import (
-    InvalidParameterError,
+from dpfl.accounting.events import Event
+from dpfl.errors import InvalidParameterError
+from dpfl.sim.algorithms.base import (
+    AlgorithmParams,
+    Cohort,
+    DataStats,
+    FederatedAlgorithm,
+    Message,
+    Messages,
+    Task,
+    register,
 )
-from dpfl.sim.evaluation import evaluate_model
-from dpfl.sim.grad import check_finite, stack_params
-from dpfl.sim.local import cohort_sgd_step
-from dpfl.sim.loop import check_state_owner, model_state
+from dpfl.sim.grad import stack_params
+from dpfl.sim.local import client_local_sgd, cohort_local_sgd, pad_cohort
 from dpfl.sim.privatize import CentralGaussian
-from dpfl.sim.sampling import FixedCohortSampler, PoissonClientSampler, RoundSample
+from dpfl.sim.randomness import Streams
+from dpfl.sim.sampling import FixedCohortSampler, PoissonClientSampler
 
 __all__ = [
     "DpFedAvg",
-    "MomentsAccountantLedger",
-    "RoundPlan",
+    "DpFedAvgParams",
     "between_client_variance",
     "schedule_value",
     "update_scale",
 ]
 
-Params = dict[str, torch.Tensor]
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ScheduleSpec = float | int | Sequence[float] | Mapping[str, float]
 
 CLIPPINGS = ("fixed", "median", "adaptive")
 SAMPLINGS = ("fixed", "poisson")
-EXECUTIONS = ("batched", "loop")
+
+MEDIAN_UNPROVEN = (
+    "median clipping releases the clipping bound S (the median of the "
+    "cohort's update norms) without noise, and that leak is not "
+    "charged: the reported epsilon covers the noisy sum only, so it is "
+    "not a valid bound for the run (Geyer et al. 2017, Section 3); use "
+    "clipping 'fixed' or 'adaptive'"
+)
 
 
 # ----------------------------------------------------------------- schedules
@@ -244,602 +259,412 @@ def _as_update_matrix(updates: torch.Tensor | np.ndarray) -> torch.Tensor:
     return u
 
 
-# --------------------------------------------------------------- the algorithm
+# --------------------------------------------------------------- parameters
+def _freeze_schedule(spec: Any) -> Any:
+    """A schedule as immutable data: a list becomes a tuple, a ramp a plain dict."""
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    if isinstance(spec, Sequence | np.ndarray) and not isinstance(spec, str):
+        return tuple(spec.tolist() if isinstance(spec, np.ndarray) else spec)
+    return spec
+
+
 @dataclasses.dataclass(frozen=True)
-class RoundPlan:
-    """Everything a round draws before any computation.
+class DpFedAvgParams(AlgorithmParams):
+    """Parameters of client-level DP-FedAvg (the ``algorithm.params`` section).
+
+    σ is not a parameter: it is the run's ``privacy.noise_multiplier`` (see
+    the module docstring for how adaptive clipping splits it).
 
     Attributes
     ----------
-    round : int
-        Round index.
-    sample : RoundSample
-        The cohort (and all of each member's records).
-    cohort_size : int
-        m_t: the scheduled cohort (the divisor of the average).
-    noise_multiplier : float or None
-        σ_t (``None`` for a non-private run).
-    orders : numpy.ndarray
-        ``[E, m, n_max]`` int64: row ``[e, j]`` is client ``j``'s visiting
-        order of its records in epoch ``e`` (positions in the client's record
-        list), padded with ``-1``.
-    """
-
-    round: int
-    sample: RoundSample
-    cohort_size: int
-    noise_multiplier: float | None
-    orders: np.ndarray
-
-
-class DpFedAvg:
-    """Client-level DP-FedAvg (name ``"dp-fedavg"``).
-
-    Parameters
-    ----------
-    model : torch.nn.Module
-        The model (moved to ``device``; trained in place). No BatchNorm.
-    dataset : FederatedDataset
-        Clients' records; its test set (if any) is used by :meth:`evaluate`.
-    device : str
-        Torch device.
     cohort_size : int, list or ramp
-        m_t: clients per round (see the module docstring for schedules).
-    noise_multiplier : float, list, ramp or None
-        σ_t: noise std on the clipped sum in units of the clipping bound.
-        ``None`` or 0: non-private (no noise, nothing charged).
+        m_t: clients per round (constant, per-round list or
+        ``{"start", "stop", "rounds"}`` ramp; rounded to integers, >= 1).
     local_epochs : int
-        E, local epochs per round.
+        E, local epochs per round (>= 1).
     batch_size : int
-        B, local mini-batch size.
+        B, local mini-batch size (>= 1).
     learning_rate : float
-        η, local SGD step size.
+        η, local SGD step size (> 0).
     clipping : {"fixed", "median", "adaptive"}
-        How the clipping bound S is chosen (module docstring).
+        How the clipping bound S is chosen.
     clip : float
-        The fixed bound S, or the initial bound C_0 for ``"adaptive"``.
+        The fixed bound S, or the initial bound C_0 for ``"adaptive"`` (> 0).
     target_quantile : float
         γ in (0, 1) of the adaptive bound (Andrew et al.: 0.5).
     clip_learning_rate : float
-        η_C of the adaptive bound's geometric update (Andrew et al.: 0.2).
+        η_C >= 0 of the adaptive bound's geometric update (Andrew et al.: 0.2).
     count_noise_multiplier : float or None
-        σ_b, the noise std of the adaptive bound's count; default ``m_t/20``.
+        σ_b > 0, the noise std of the adaptive bound's count; default ``m_t/20``.
     sampling : {"fixed", "poisson"}
         Fixed-size cohorts (Algorithm 1) or Poisson client sampling at m_t/K.
     server_learning_rate : float
         Multiplies the noisy average before it is added (paper: 1).
-    execution : {"batched", "loop"}
-        The whole cohort as one batched computation, or one client at a time.
-    max_clients : int or None
-        Clients per chunk of the batched step (memory bound).
-    eval_batch_size : int
-        Batch size of :meth:`evaluate`.
-    loss_fn : callable
-        ``loss_fn(output, target)``, mean over the batch.
-
-    Attributes
-    ----------
-    unproven : str or None
-        Why the run's ε is not a proven bound whatever the analysis (median
-        clipping), or ``None``; a run must opt in to train such a setting.
-    clip_bound : float
-        Current clipping bound (adaptive) or the fixed one.
-    communication_cost : int
-        ``Σ_t m_t`` over the rounds run so far (realised cohorts).
-
-    Raises
-    ------
-    dpfl.errors.InvalidParameterError
-        On a parameter outside its domain (the message names it).
-
-    References
-    ----------
-    Geyer, Klein & Nabi, "Differentially private federated learning: a client
-    level perspective", 2017, Algorithm 1 and §3. Andrew, Thakkar, McMahan &
-    Ramaswamy, "Differentially private learning with adaptive clipping",
-    NeurIPS 2021, Algorithm 1 and Theorem 1.
     """
 
-    name = "dp-fedavg"
-    per_client_accounting = False
+    cohort_size: ScheduleSpec = 10
+    local_epochs: int = 1
+    batch_size: int = 10
+    learning_rate: float = 0.1
+    clipping: str = "fixed"
+    clip: float = 1.0
+    target_quantile: float = 0.5
+    clip_learning_rate: float = 0.2
+    count_noise_multiplier: float | None = None
+    sampling: str = "fixed"
+    server_learning_rate: float = 1.0
 
-    def __init__(
-        self,
-        *,
-        model: nn.Module,
-        dataset: FederatedDataset,
-        device: str = "cpu",
-        cohort_size: ScheduleSpec,
-        noise_multiplier: ScheduleSpec | None = None,
-        local_epochs: int = 1,
-        batch_size: int = 10,
-        learning_rate: float = 0.1,
-        clipping: str = "fixed",
-        clip: float = 1.0,
-        target_quantile: float = 0.5,
-        clip_learning_rate: float = 0.2,
-        count_noise_multiplier: float | None = None,
-        sampling: str = "fixed",
-        server_learning_rate: float = 1.0,
-        execution: str = "batched",
-        max_clients: int | None = None,
-        eval_batch_size: int = 1024,
-        loss_fn: LossFn = F.cross_entropy,
-    ) -> None:
-        if not isinstance(model, nn.Module):
-            raise InvalidParameterError(
-                f"model must be a torch.nn.Module; got {type(model).__name__}"
-            )
-        if not isinstance(dataset, FederatedDataset):
-            raise InvalidParameterError(
-                f"dataset must be a FederatedDataset; got {type(dataset).__name__}"
-            )
+    def __post_init__(self) -> None:
+        self._set("cohort_size", _freeze_schedule(self.cohort_size))
+        self.cohort_at(0)  # validates the schedule's form
+        self._set(
+            "local_epochs", check_count("local_epochs", self.local_epochs, minimum=1)
+        )
+        self._set("batch_size", check_count("batch_size", self.batch_size, minimum=1))
+        self._set("learning_rate", check_positive("learning_rate", self.learning_rate))
         for label, value, allowed in (
-            ("clipping", clipping, CLIPPINGS),
-            ("sampling", sampling, SAMPLINGS),
-            ("execution", execution, EXECUTIONS),
+            ("clipping", self.clipping, CLIPPINGS),
+            ("sampling", self.sampling, SAMPLINGS),
         ):
             if value not in allowed:
                 raise InvalidParameterError(
                     f"{label} must be one of {allowed}; got {value!r}"
                 )
-        self.cohort_size = cohort_size
-        self.noise_multiplier = noise_multiplier
-        self.private = noise_multiplier is not None and not (
-            isinstance(noise_multiplier, int | float) and noise_multiplier == 0
+        self._set("clip", check_positive("clip", self.clip))
+        self._set(
+            "target_quantile",
+            check_probability("target_quantile", self.target_quantile, allow_one=False),
         )
-        self.local_epochs = check_count("local_epochs", local_epochs, minimum=1)
-        self.batch_size = check_count("batch_size", batch_size, minimum=1)
-        self.learning_rate = check_positive("learning_rate", learning_rate)
-        self.clipping = clipping
-        self.clip = check_positive("clip", clip)
-        self.target_quantile = check_probability(
-            "target_quantile", target_quantile, allow_one=False
+        self._set(
+            "clip_learning_rate",
+            check_nonnegative("clip_learning_rate", self.clip_learning_rate),
         )
-        self.clip_learning_rate = check_nonnegative(
-            "clip_learning_rate", clip_learning_rate
-        )
-        self.count_noise_multiplier = (
-            None
-            if count_noise_multiplier is None
-            else check_positive("count_noise_multiplier", count_noise_multiplier)
-        )
-        self.sampling = sampling
-        self.server_learning_rate = check_positive(
-            "server_learning_rate", server_learning_rate
-        )
-        self.execution = execution
-        self.max_clients = (
-            None
-            if max_clients is None
-            else check_count("max_clients", max_clients, minimum=1)
-        )
-        self.eval_batch_size = check_count(
-            "eval_batch_size", eval_batch_size, minimum=1
-        )
-        self.loss_fn = loss_fn
-        self.device = str(device)
-        self.dataset = dataset
-        self.model = model.to(self.device)
-        self.num_clients = dataset.num_clients
-        self._sizes = dataset.client_sizes()
-        if int(self._sizes.sum()) == 0:
-            raise InvalidParameterError("dataset has no training records")
-        # Validate the schedules at round 0 (later rounds are checked when used).
-        self._round_parameters(0)
-        #: Why this run's ε is not a proven bound whatever the analysis
-        #: (``None``: nothing beyond the analysis itself).
-        self.unproven: str | None = (
-            "median clipping releases the clipping bound S (the median of the "
-            "cohort's update norms) without noise, and that leak is not "
-            "charged: the reported epsilon covers the noisy sum only, so it is "
-            "not a valid bound for the run (Geyer et al. 2017, Section 3); use "
-            "clipping 'fixed' or 'adaptive'"
-            if clipping == "median" and self.private
-            else None
-        )
-        self.clip_bound = float(self.clip)
-        self.communication_cost = 0
-        self._round_index = 0
-        self._names = [n for n, _ in self.model.named_parameters()]
-        self._shapes = [p.shape for _, p in self.model.named_parameters()]
-        self._numels = [p.numel() for _, p in self.model.named_parameters()]
-
-    # -- schedules and accounting ---------------------------------------------
-    def _round_parameters(self, t: int) -> tuple[int, float | None]:
-        m_raw = schedule_value(self.cohort_size, t, name="cohort_size")
-        m = check_count(f"cohort_size (round {t})", int(round(m_raw)), minimum=1)
-        if m > self.num_clients:
-            raise InvalidParameterError(
-                f"cohort_size (round {t}) must be <= the number of clients "
-                f"({self.num_clients}); got {m}"
+        if self.count_noise_multiplier is not None:
+            self._set(
+                "count_noise_multiplier",
+                check_positive("count_noise_multiplier", self.count_noise_multiplier),
             )
-        if not self.private or self.noise_multiplier is None:
-            return m, None
-        sigma = check_positive(
-            f"noise_multiplier (round {t})",
-            schedule_value(self.noise_multiplier, t, name="noise_multiplier"),
-        )
-        if self.clipping == "adaptive":
-            self._update_noise_multiplier(sigma, m)  # raises if σ_b is too small
-        return m, sigma
-
-    def _count_noise(self, m: int) -> float:
-        return (
-            self.count_noise_multiplier
-            if self.count_noise_multiplier is not None
-            else m / 20.0
+        self._set(
+            "server_learning_rate",
+            check_positive("server_learning_rate", self.server_learning_rate),
         )
 
-    def _update_noise_multiplier(self, sigma: float, m: int) -> float:
-        """σ_Δ = (σ⁻² − (2σ_b)⁻²)^(-1/2) (Andrew et al. 2021, Thm. 1)."""
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (a list schedule as a list)."""
+        out = super().to_dict()
+        if isinstance(out["cohort_size"], tuple):
+            out["cohort_size"] = list(out["cohort_size"])
+        return out
+
+    def cohort_at(self, round_index: int, num_clients: int | None = None) -> int:
+        """m_t of round ``round_index`` (checked against K when given).
+
+        Raises
+        ------
+        dpfl.errors.InvalidParameterError
+            If the schedule is malformed or m_t is not in ``[1, K]``.
+        """
+        raw = schedule_value(self.cohort_size, round_index, name="cohort_size")
+        m = check_count(f"cohort_size (round {round_index})", round(raw), minimum=1)
+        if num_clients is not None and m > num_clients:
+            raise InvalidParameterError(
+                f"cohort_size (round {round_index}) must be <= the number of "
+                f"clients ({num_clients}); got {m}"
+            )
+        return m
+
+    def count_noise(self, cohort_size: int) -> float:
+        """σ_b of a round with cohort m_t (``count_noise_multiplier`` or m_t/20)."""
+        if self.count_noise_multiplier is not None:
+            return float(self.count_noise_multiplier)
+        return cohort_size / 20.0
+
+    def update_noise_multiplier(
+        self, noise_multiplier: float, cohort_size: int
+    ) -> float:
+        """σ_Δ of the update sum for the run's σ (= σ unless clipping is adaptive).
+
+        Adaptive: ``σ_Δ = (σ⁻² − (2σ_b)⁻²)^(-1/2)``, so that the update sum and
+        the count together are one Gaussian of multiplier σ (Andrew et al.
+        2021, Thm. 1).
+
+        Raises
+        ------
+        dpfl.errors.InvalidParameterError
+            If adaptive clipping's ``2σ_b <= σ`` (no σ_Δ exists).
+        """
         if self.clipping != "adaptive":
-            return sigma
-        sb = self._count_noise(m)
-        rest = sigma**-2 - (2.0 * sb) ** -2
+            return noise_multiplier
+        sb = self.count_noise(cohort_size)
+        rest = noise_multiplier**-2 - (2.0 * sb) ** -2
         if rest <= 0:
             raise InvalidParameterError(
                 f"adaptive clipping needs 2 * count_noise_multiplier > "
                 f"noise_multiplier; got count_noise_multiplier={sb!r}, "
-                f"noise_multiplier={sigma!r} (cohort {m})"
+                f"noise_multiplier={noise_multiplier!r} (cohort {cohort_size})"
             )
         return rest**-0.5
 
-    def _next_round(self) -> int:
-        return self._round_index
 
-    def event(self) -> ev.Event | None:
-        """The accounting event of the next round.
+# --------------------------------------------------------------- the algorithm
+@register
+class DpFedAvg(FederatedAlgorithm):
+    """Client-level DP-FedAvg (name ``"dp-fedavg"``).
 
-        Returns
-        -------
-        Event or None
-            ``FixedCohort(m_t, K, Gaussian(σ_t))`` (fixed cohorts) or
-            ``ClientPoisson(m_t/K, Gaussian(σ_t))`` (Poisson clients); ``None``
-            when non-private. With adaptive clipping σ_t is the *joint*
-            multiplier of the update and the count (module docstring).
-        """
-        m, sigma = self._round_parameters(self._next_round())
-        if sigma is None:
-            return None
-        if self.sampling == "poisson":
-            return ev.ClientPoisson(m / self.num_clients, ev.Gaussian(sigma))
-        return ev.FixedCohort(m, self.num_clients, ev.Gaussian(sigma))
+    See :class:`~dpfl.sim.algorithms.base.FederatedAlgorithm` for the
+    arguments; the parameters are :class:`DpFedAvgParams`. No BatchNorm.
 
-    # -- planning (all randomness of the numpy generator) ---------------------
-    def plan_round(self, round_index: int, rng: np.random.Generator) -> RoundPlan:
-        """Draw the cohort and every client's visiting order of its records.
+    Attributes
+    ----------
+    clip_bound : float
+        Current clipping bound C_t (adaptive) or the fixed one.
+    communication_cost : int
+        ``Σ_t m_t`` over the rounds run so far (realised cohorts).
 
-        Parameters
-        ----------
-        round_index : int
-            The round (selects m_t and σ_t).
-        rng : numpy.random.Generator
-            Draws the cohort, then, epoch by epoch and client by client, a
-            permutation of the client's records.
+    References
+    ----------
+    Geyer, Klein & Nabi, "Differentially private federated learning: a client
+    level perspective", 2017, Algorithm 1 and §3. McMahan, Ramage, Talwar &
+    Zhang, "Learning differentially private recurrent language models", ICLR
+    2018 (DP-FedAvg). Andrew, Thakkar, McMahan & Ramaswamy, "Differentially
+    private learning with adaptive clipping", NeurIPS 2021, Algorithm 1 and
+    Theorem 1.
+    """
 
-        Returns
-        -------
-        RoundPlan
-            The round's draws.
-        """
-        m, sigma = self._round_parameters(round_index)
-        indices = self.dataset.client_indices
-        if self.sampling == "poisson":
-            sampler: FixedCohortSampler | PoissonClientSampler = PoissonClientSampler(
-                num_clients=self.num_clients,
-                participation_probability=m / self.num_clients,
-                client_sizes=self._sizes,
-                client_indices=indices,
+    name = "dp-fedavg"
+    Params = DpFedAvgParams
+    params: DpFedAvgParams
+    per_client_accounting = False
+
+    # -- accounting (pure) ------------------------------------------------------------
+    @staticmethod
+    def sampler(
+        params: DpFedAvgParams, stats: DataStats, round_index: int = 0
+    ) -> FixedCohortSampler | PoissonClientSampler:
+        """The round's client sampler: m_t of K uniformly, or each w.p. m_t/K."""
+        m = params.cohort_at(round_index, stats.num_clients)
+        if params.sampling == "poisson":
+            return PoissonClientSampler(
+                num_clients=stats.num_clients,
+                participation_probability=m / stats.num_clients,
+                client_sizes=stats.sizes,
             )
-        else:
-            sampler = FixedCohortSampler(
-                num_clients=self.num_clients,
-                cohort_size=m,
-                client_sizes=self._sizes,
-                client_indices=indices,
-            )
-        sample = sampler.sample(rng)
-        counts = sample.counts()
-        n_max = int(counts.max()) if counts.size else 0
-        orders = np.full((self.local_epochs, sample.num_clients, n_max), -1, np.int64)
-        for e in range(self.local_epochs):
-            for j, n in enumerate(counts.tolist()):
-                orders[e, j, :n] = rng.permutation(n)
-        return RoundPlan(round_index, sample, m, sigma, orders)
-
-    # -- local training ---------------------------------------------------------
-    def _params(self) -> Params:
-        return {n: p.detach() for n, p in self.model.named_parameters()}
-
-    def _flatten(self, stacked: Mapping[str, torch.Tensor], m: int) -> torch.Tensor:
-        return torch.cat([stacked[n].reshape(m, -1) for n in self._names], dim=1)
-
-    def _unflatten(self, flat: torch.Tensor) -> Params:
-        parts = torch.split(flat, self._numels)
-        return {n: t.reshape(s) for n, t, s in zip(self._names, parts, self._shapes)}
-
-    def _cohort_data(
-        self, sample: RoundSample
-    ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-        """The cohort's records padded to ``[m, n_max, ...]`` (zeros as padding)."""
-        counts = sample.counts()
-        m, n_max = sample.num_clients, int(counts.max()) if counts.size else 0
-        if sample.records is None:  # samplers built with client_indices resolve
-            sample = sample.resolve(self.dataset.client_indices)
-        rows = sample.records if sample.records is not None else np.empty(0, np.int64)
-        x_np, y_np = self.dataset.take(rows)
-        x = torch.as_tensor(np.ascontiguousarray(x_np))
-        y = torch.as_tensor(np.ascontiguousarray(y_np))
-        slots = np.concatenate(
-            [j * n_max + np.arange(n, dtype=np.int64) for j, n in enumerate(counts)]
+        return FixedCohortSampler(
+            num_clients=stats.num_clients, cohort_size=m, client_sizes=stats.sizes
         )
-        x_pad = x.new_zeros((m * n_max, *x.shape[1:]))
-        y_pad = y.new_zeros((m * n_max, *y.shape[1:]))
-        x_pad[torch.as_tensor(slots)] = x
-        y_pad[torch.as_tensor(slots)] = y
-        x_pad = x_pad.reshape(m, n_max, *x.shape[1:]).to(self.device)
-        y_pad = y_pad.reshape(m, n_max, *y.shape[1:]).to(self.device)
-        return x_pad, y_pad, counts
 
-    def client_updates(self, plan: RoundPlan) -> torch.Tensor:
-        """Each cohort member's update Δw_k = w_k − w_t after E local epochs.
+    @classmethod
+    def round_event(
+        cls,
+        params: AlgorithmParams,
+        stats: DataStats,
+        noise_multiplier: float,
+        round_index: int = 0,
+    ) -> Event:
+        """``FixedCohort(m_t, K, Gaussian(σ))``, or ``ClientPoisson(m_t/K, ...)``.
 
-        Parameters
-        ----------
-        plan : RoundPlan
-            From :meth:`plan_round` (the model is read, not changed).
-
-        Returns
-        -------
-        torch.Tensor
-            ``[m, P]`` flattened updates (parameter order of
-            ``model.named_parameters()``); ``[0, P]`` for an empty cohort.
-
-        Raises
-        ------
-        dpfl.errors.NonFiniteUpdateError
-            If a client's gradient or update is NaN or Inf.
+        With adaptive clipping σ is the *joint* multiplier of the update sum
+        and the count (module docstring); the round is refused if no update
+        noise σ_Δ gives it.
         """
-        m = plan.sample.num_clients
-        params = self._params()
-        total = sum(self._numels)
-        if m == 0:
-            return torch.zeros(0, total, device=self.device)
-        x_pad, y_pad, counts = self._cohort_data(plan.sample)
-        if self.execution == "loop":
-            finals = [
-                self._client_loop(params, x_pad[j], y_pad[j], plan.orders[:, j])
-                for j in range(m)
-            ]
-            stacked = {n: torch.stack([f[n] for f in finals]) for n in self._names}
+        p = cast(DpFedAvgParams, params)
+        sampler = cls.sampler(p, stats, round_index)
+        p.update_noise_multiplier(noise_multiplier, p.cohort_at(round_index))
+        return sampler.event(noise_multiplier)
+
+    @classmethod
+    def unproven_reason(cls, params: AlgorithmParams) -> str | None:
+        """Median clipping releases its bound without noise (not charged)."""
+        return (
+            MEDIAN_UNPROVEN
+            if cast(DpFedAvgParams, params).clipping == "median"
+            else None
+        )
+
+    @property
+    def unproven(self) -> str | None:
+        """:meth:`unproven_reason` of a private run (``None`` when non-private)."""
+        return type(self).unproven_reason(self.params) if self.private else None
+
+    def setup(self) -> None:
+        """Validate round 0 against the data and σ; start C_0 and CC = 0."""
+        if self.private:
+            type(self).round_event(self.params, self.stats, self.noise_multiplier, 0)
         else:
-            stacked = self._cohort_batched(params, x_pad, y_pad, plan.orders)
-        start = self._flatten(stack_params(params, m), m)
-        updates = self._flatten(stacked, m) - start
-        check_finite(updates, "client updates")
-        return updates
+            self.params.cohort_at(0, self.stats.num_clients)
+        self.clip_bound = float(self.params.clip)
+        self.communication_cost = 0
 
-    def _steps(self, orders: np.ndarray) -> list[np.ndarray]:
-        """Batches of one epoch: ``[..., B]`` slices of the visiting orders."""
-        n_max = orders.shape[-1]
-        b = self.batch_size
-        return [orders[..., s : s + b] for s in range(0, n_max, b)]
+    # -- Algorithm 1, one round -----------------------------------------------------
+    def select(self, round_index: int, server: Streams) -> Cohort:
+        """Z_t ← m_t of K clients (or each w.p. m_t/K); send w_t and, if known, S."""
+        p = self.params
+        m = p.cohort_at(round_index, self.stats.num_clients)
+        sample = self.sampler(p, self.stats, round_index).sample(server.rng)
+        # The client clips when the bound is known before the round.
+        options = {} if p.clipping == "median" else {"clip": self.clip_bound}
+        tasks = [Task(int(k), options=options) for k in sample.clients]
+        return Cohort(
+            sample.clients,
+            tasks,
+            {"cohort_size": m, "clip_bound": self.clip_bound, "round": round_index},
+        )
 
-    def _cohort_batched(
-        self,
-        params: Params,
-        x_pad: torch.Tensor,
-        y_pad: torch.Tensor,
-        orders: np.ndarray,
-    ) -> Params:
-        m = x_pad.shape[0]
-        stacked = stack_params(params, m)
-        rows = torch.arange(m, device=x_pad.device)[:, None]
-        for e in range(orders.shape[0]):
-            for batch in self._steps(orders[e]):
-                idx = torch.as_tensor(batch, device=x_pad.device)
-                mask = idx >= 0
-                if not bool(mask.any()):
-                    continue
-                safe = idx.clamp(min=0)
-                stacked = cohort_sgd_step(
-                    self.model,
-                    stacked,
-                    x_pad[rows, safe],
-                    y_pad[rows, safe],
-                    learning_rate=self.learning_rate,
-                    loss_fn=self.loss_fn,
-                    sample_mask=mask,
-                    max_clients=self.max_clients,
-                )
-        return stacked
+    def _clipped(self, update: torch.Tensor, task: Task) -> Message:
+        """Clip ``update`` (``[d]``) to the task's bound, if any; send ζ = ‖Δw‖."""
+        norm = float(torch.linalg.vector_norm(update.double()))
+        clip = task.options.get("clip")
+        if clip is not None and norm > clip:
+            update = update * (clip / norm)
+        return Message(update, {"norm": norm})
 
-    def _client_loop(
-        self,
-        params: Params,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        orders: np.ndarray,
-    ) -> Params:
-        """One client's E epochs of mini-batch SGD, one ordinary backward a step."""
-        w = {n: t.clone() for n, t in params.items()}
-        buffers = dict(self.model.named_buffers())
-        for e in range(orders.shape[0]):
-            for batch in self._steps(orders[e]):
-                sel = batch[batch >= 0]
-                if sel.size == 0:
-                    continue
-                idx = torch.as_tensor(sel, device=x.device)
-                leaves = {n: t.requires_grad_(True) for n, t in w.items()}
-                with torch.enable_grad():
-                    out = functional_call(self.model, (leaves, buffers), (x[idx],))
-                    loss = self.loss_fn(out, y[idx])
-                    grads = torch.autograd.grad(loss, list(leaves.values()))
-                check_finite(grads, "client gradient")
-                w = {
-                    n: (t - self.learning_rate * g).detach()
-                    for (n, t), g in zip(leaves.items(), grads)
-                }
-        return w
+    def client_step(
+        self, weights: torch.Tensor, task: Task, streams: Streams
+    ) -> Message:
+        """E epochs of SGD from w_t on the client's data; send clip_S(Δw_k) and ζ_k."""
+        x, y = self.client_data(self.client_rows(task.client))
+        p = self.params
+        final = client_local_sgd(
+            self.model,
+            self.unflatten(weights),
+            x,
+            y,
+            rng=streams.rng,
+            epochs=p.local_epochs,
+            batch_size=p.batch_size,
+            learning_rate=p.learning_rate,
+            loss_fn=self.loss_fn,
+        )
+        return self._clipped(self.flatten(final) - weights, task)
 
-    # -- one round ----------------------------------------------------------------
-    def run_round(
-        self, round_index: int, rng: np.random.Generator, generator: torch.Generator
-    ) -> tuple[np.ndarray, dict[str, float]]:
-        """Run Algorithm 1 for one round and update the global model.
+    def client_steps(
+        self, weights: torch.Tensor, tasks: Sequence[Task], streams: Sequence[Streams]
+    ) -> Messages:
+        """The cohort's local training as one batched computation (same messages)."""
+        if not tasks:
+            return Messages.stack([], weights)
+        rows = [self.client_rows(t.client) for t in tasks]
+        counts = [len(r) for r in rows]
+        x, y = self.client_data(np.concatenate(rows))
+        x_pad, y_pad = pad_cohort(x, y, counts)
+        p = self.params
+        m = len(tasks)
+        stacked = cohort_local_sgd(
+            self.model,
+            stack_params(self.unflatten(weights), m),
+            x_pad,
+            y_pad,
+            counts,
+            rngs=[s.rng for s in streams],
+            epochs=p.local_epochs,
+            batch_size=p.batch_size,
+            learning_rate=p.learning_rate,
+            loss_fn=self.loss_fn,
+            max_clients=self.max_clients,
+        )
+        updates = self.flatten(stacked, lead=1) - weights
+        norms = torch.linalg.vector_norm(updates.double(), dim=1)
+        clips = [t.options.get("clip") for t in tasks]
+        if all(c is not None for c in clips):
+            bound = torch.tensor(clips, dtype=torch.float64, device=norms.device)
+            factor = torch.where(norms > bound, bound / norms, torch.ones_like(norms))
+            updates = updates * factor.to(updates.dtype)[:, None]
+        return Messages(updates, {"norm": norms.cpu()})
 
-        Parameters
-        ----------
-        round_index : int
-            The round (selects m_t and σ_t from the schedules).
-        rng : numpy.random.Generator
-            Draws the cohort and the local batches.
-        generator : torch.Generator
-            Draws the noise (update, then count for adaptive clipping).
-
-        Returns
-        -------
-        tuple
-            ``(participants, metrics)``. Metrics: ``participants``,
-            ``cohort_size`` (m_t), ``noise_multiplier`` (σ_t, 0 if
-            non-private), ``clip_bound`` (S used), ``clip_bound_private``
-            (1/0), ``clipped_fraction``, ``update_norm_median``,
-            ``between_client_variance`` (V_c), ``update_scale`` (U_s),
-            ``communication_cost`` (Σ m_t so far), ``noise_std`` and, for
-            adaptive clipping, ``clip_bound_next`` and ``noisy_fraction_under``.
-
-        Raises
-        ------
-        dpfl.errors.NonFiniteUpdateError
-            If an update is not finite; the model and the clip bound are left
-            unchanged.
-        """
-        plan = self.plan_round(round_index, rng)
-        updates = self.client_updates(plan)
-        m_real = plan.sample.num_clients
-        norms = updates.norm(dim=1) if m_real else updates.new_zeros(0)
-
-        # Clipping bound S.
-        if self.clipping == "median" and m_real:
-            bound = float(torch.quantile(norms.double(), 0.5))
-        else:
-            bound = self.clip_bound
+    def server_step(
+        self, cohort: Cohort, messages: Messages, server: Streams
+    ) -> dict[str, float]:
+        """S; Σ clipped + N(0, σ_Δ²S²); / m_t; adaptive C_{t+1}; w += η_s · average."""
+        p = self.params
+        m_t = int(cohort.info["cohort_size"])
+        c_t = float(cohort.info["clip_bound"])
+        vectors = messages.vectors
+        m_real = int(vectors.shape[0])
+        norms = (
+            messages.scalars["norm"].to(torch.float64)
+            if m_real
+            else torch.zeros(0, dtype=torch.float64)
+        )
         metrics: dict[str, float] = {}
-        if m_real:
-            metrics["between_client_variance"] = between_client_variance(updates)
-            metrics["update_scale"] = update_scale(updates)
-            metrics["update_norm_median"] = float(torch.quantile(norms.double(), 0.5))
+
+        # Clipping bound S, and each update's clip factor min(1, S/ζ_k).
+        if p.clipping == "median" and m_real:
+            bound = float(torch.quantile(norms, 0.5))
+        else:
+            bound = c_t
         if bound > 0:
-            factor = (bound / norms).clamp(max=1.0) if m_real else norms
+            factor = (bound / norms).clamp(max=1.0)
         else:  # median of all-zero updates: nothing to send
             factor = torch.zeros_like(norms)
-        total = (updates * factor[:, None]).sum(0)
+        factor_v = factor.to(device=vectors.device, dtype=vectors.dtype)[:, None]
+        if p.clipping == "median":
+            unclipped, clipped = vectors, vectors * factor_v
+        else:  # clipped by the clients; scale back for the diagnostics
+            clipped = vectors
+            unclipped = vectors / factor_v if m_real and bound > 0 else vectors
+        if m_real:
+            metrics["between_client_variance"] = between_client_variance(unclipped)
+            metrics["update_scale"] = update_scale(unclipped)
+            metrics["update_norm_median"] = float(torch.quantile(norms, 0.5))
+        total = clipped.sum(0) if m_real else torch.zeros_like(self.weights)
 
+        # Central Gaussian noise (update first, then the adaptive count).
         noise_std = 0.0
-        next_bound = self.clip_bound
-        if plan.noise_multiplier is not None and bound > 0:
-            sigma_update = self._update_noise_multiplier(
-                plan.noise_multiplier, plan.cohort_size
-            )
+        if self.private and bound > 0:
+            sigma_update = p.update_noise_multiplier(self.noise_multiplier, m_t)
             privatizer = CentralGaussian(noise_multiplier=sigma_update, clip=bound)
             total = privatizer.add_noise(
                 {"update": total},
                 num_participants=m_real,
-                num_available=self.num_clients,
-                generator=generator,
+                num_available=self.stats.num_clients,
+                generator=server.generator,
             )["update"]
             noise_std = sigma_update * bound
-        if self.clipping == "adaptive":
-            under = float((norms <= self.clip_bound).double().sum())
-            count = under - 0.5 * m_real
-            if plan.noise_multiplier is not None:
-                sb = self._count_noise(plan.cohort_size)
+        next_bound = c_t
+        if p.clipping == "adaptive":
+            count = float((norms <= c_t).double().sum()) - 0.5 * m_real
+            if self.private:
                 z = torch.randn(
                     (),
-                    generator=generator,
-                    device=generator.device,
+                    generator=server.generator,
+                    device=server.generator.device,
                     dtype=torch.float64,
                 )
-                count += float(z) * sb
-            frac = count / plan.cohort_size + 0.5
-            next_bound = self.clip_bound * math.exp(
-                -self.clip_learning_rate * (frac - self.target_quantile)
+                count += float(z) * p.count_noise(m_t)
+            frac = count / m_t + 0.5
+            next_bound = c_t * math.exp(
+                -p.clip_learning_rate * (frac - p.target_quantile)
             )
             metrics["noisy_fraction_under"] = frac
             metrics["clip_bound_next"] = next_bound
 
-        average = total / plan.cohort_size
-        check_finite(average, "model update")
-        step = self._unflatten(self.server_learning_rate * average)
-        with torch.no_grad():
-            for n, p in self.model.named_parameters():
-                p.add_(step[n].to(p.dtype))
+        average = total / m_t
+        self.apply_update(average, scale=p.server_learning_rate)  # checks finiteness
         self.clip_bound = next_bound
         self.communication_cost += m_real
-        self._round_index = round_index + 1
         metrics.update(
             participants=float(m_real),
-            cohort_size=float(plan.cohort_size),
-            noise_multiplier=float(plan.noise_multiplier or 0.0),
+            cohort_size=float(m_t),
+            noise_multiplier=float(self.noise_multiplier),
             clip_bound=bound,
-            clip_bound_private=0.0 if self.clipping == "median" else 1.0,
+            clip_bound_private=0.0 if p.clipping == "median" else 1.0,
             clipped_fraction=float((norms > bound).double().mean()) if m_real else 0.0,
             communication_cost=float(self.communication_cost),
             noise_std=noise_std,
             update_norm=float(average.norm()),
         )
-        return plan.sample.clients, metrics
+        return metrics
 
-    # -- evaluation and state ---------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
-        """Mean loss and accuracy on the dataset's test set.
-
-        Returns
-        -------
-        dict of str to float
-            ``{"test_loss", "test_accuracy"}``; empty if there is no test set.
-        """
-        return evaluate_model(
-            self.model,
-            self.dataset.test_features,
-            self.dataset.test_labels,
-            loss_fn=self.loss_fn,
-            batch_size=self.eval_batch_size,
-            device=self.device,
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        """Model, clip bound, communication cost and next round (CPU copies).
-
-        Returns
-        -------
-        dict
-            ``{"name", "model", "clip_bound", "communication_cost", "round"}``.
-        """
+    # -- state ----------------------------------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        """The adaptive clip bound C_t and the communication cost so far."""
         return {
-            "name": self.name,
-            "model": model_state(self.model),
-            "clip_bound": self.clip_bound,
-            "communication_cost": self.communication_cost,
-            "round": self._next_round(),
+            "clip_bound": float(self.clip_bound),
+            "communication_cost": int(self.communication_cost),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`.
-
-        Parameters
-        ----------
-        state : dict
-            From :meth:`state_dict`.
-
-        Raises
-        ------
-        dpfl.errors.InvalidParameterError
-            If the state belongs to another algorithm.
-        """
-        check_state_owner(state, self.name)
-        self.model.load_state_dict(state["model"])
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`extra_state`."""
         self.clip_bound = float(state["clip_bound"])
         self.communication_cost = int(state["communication_cost"])
-        self._round_index = int(state["round"])
