@@ -69,6 +69,21 @@ SPECS: dict[str, tuple[dict, float, str, float]] = {
         "mlp",
         1e-5,
     ),
+    # Non-private FedAvg (σ = 0: no event; the guard and pricing tests skip it)
+    # with FedProx's proximal local objective, so the objective is under
+    # contract too: float32 rounding only.
+    "fedavg": (
+        dict(
+            cohort_size=4,
+            local_epochs=1,
+            batch_size=8,
+            local_learning_rate=0.1,
+            local_objective={"name": "proximal", "mu": 0.5},
+        ),
+        0.0,
+        "mlp",
+        1e-5,
+    ),
 }
 ROUNDS = 3
 
@@ -98,6 +113,11 @@ def _algorithm(name, sigma=None):
 def _trainer(name, execution="batched", budget=None, sigma=None):
     ledger = PrivacyLedger(budget)
     return Trainer(_algorithm(name, sigma), ledger=ledger, seed=7, execution=execution)
+
+
+def _private(name):
+    if SPECS[name][1] == 0.0:
+        pytest.skip(f"{name} is not private: no event to guard or price")
 
 
 def _ledger_json(trainer):
@@ -166,6 +186,7 @@ def test_resume_is_exact(name, tmp_path):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_budget_guard_refuses_before_any_work(name):
+    _private(name)
     # A budget far below one round's cost (every scheme here costs > 0.01).
     trainer = _trainer(name, budget=Budget(0.01, 1e-5))
     before = trainer.algorithm.state_dict()
@@ -190,6 +211,7 @@ def test_non_finite_updates_are_rejected_and_not_charged(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_realised_event_prices_as_the_pure_round_event(name):
+    _private(name)
     trainer = _trainer(name)
     alg = trainer.algorithm
     cls = type(alg)

@@ -32,6 +32,7 @@ from torch.func import functional_call
 from dpfl._validate import check_count, check_positive, check_probability
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.grad import LossFn, batched_client_grads, check_finite
+from dpfl.sim.objectives import LocalObjective
 
 __all__ = [
     "client_local_sgd",
@@ -323,6 +324,7 @@ def client_local_sgd(
     batch_size: int,
     learning_rate: float,
     loss_fn: LossFn = F.cross_entropy,
+    objective: LocalObjective | None = None,
 ) -> Params:
     """One client's E epochs of mini-batch SGD from ``params`` (the reference).
 
@@ -349,6 +351,10 @@ def client_local_sgd(
         Step size > 0.
     loss_fn : callable
         ``loss_fn(output, target)``, mean over the batch.
+    objective : LocalObjective, optional
+        A regulariser whose gradient (at the current parameters, anchored at
+        ``params``) is added to each step's data gradient
+        (:mod:`dpfl.sim.objectives`); default none.
 
     Returns
     -------
@@ -377,9 +383,23 @@ def client_local_sgd(
             check_finite(grads, "client gradient")
             w = {
                 k: (v - learning_rate * g).detach()
+                - _regulariser_step(objective, v.detach(), params[k], learning_rate)
                 for (k, v), g in zip(leaves.items(), grads)
             }
     return w
+
+
+def _regulariser_step(
+    objective: LocalObjective | None,
+    theta: torch.Tensor,
+    anchor: torch.Tensor,
+    learning_rate: float,
+) -> torch.Tensor | float:
+    """``lr · ∇R(θ; anchor)`` of a local objective (0 without one)."""
+    if objective is None:
+        return 0.0
+    grad = objective.gradient(theta, anchor)
+    return 0.0 if grad is None else learning_rate * grad
 
 
 def cohort_local_sgd(
@@ -395,6 +415,7 @@ def cohort_local_sgd(
     learning_rate: float,
     loss_fn: LossFn = F.cross_entropy,
     max_clients: int | None = None,
+    objective: LocalObjective | None = None,
 ) -> Params:
     """A cohort's E epochs of mini-batch SGD, every step one batched call.
 
@@ -426,6 +447,9 @@ def cohort_local_sgd(
         ``loss_fn(output, target)``, mean over the batch.
     max_clients : int, optional
         Clients per chunk of a step (memory bound).
+    objective : LocalObjective, optional
+        As in :func:`client_local_sgd`, anchored at each client's starting
+        row; a client with no record in a step takes no step at all.
 
     Returns
     -------
@@ -456,6 +480,7 @@ def cohort_local_sgd(
             if not bool(mask.any()):
                 continue
             safe = idx.clamp(min=0)
+            before = stacked
             stacked = cohort_sgd_step(
                 model,
                 stacked,
@@ -466,4 +491,15 @@ def cohort_local_sgd(
                 sample_mask=mask,
                 max_clients=max_clients,
             )
+            if objective is not None:
+                moved = mask.any(dim=1)
+                for k, theta in before.items():
+                    step = _regulariser_step(
+                        objective, theta, stacked_params[k], learning_rate
+                    )
+                    if isinstance(step, torch.Tensor):
+                        shape = (-1,) + (1,) * (theta.dim() - 1)
+                        stacked[k] = stacked[k] - step * moved.view(shape).to(
+                            step.dtype
+                        )
     return stacked

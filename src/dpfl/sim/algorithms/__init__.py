@@ -21,6 +21,7 @@ from dpfl.errors import InvalidParameterError
 from dpfl.sim.algorithms import (  # noqa: F401  (each import registers one algorithm)
     dp_fedavg,
     dsgd_rp,
+    fedavg,
     prifedsync,
 )
 from dpfl.sim.algorithms.base import (

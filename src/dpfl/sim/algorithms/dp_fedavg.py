@@ -117,6 +117,7 @@ from dpfl.sim.algorithms.base import (
 )
 from dpfl.sim.grad import stack_params
 from dpfl.sim.local import client_local_sgd, cohort_local_sgd, pad_cohort
+from dpfl.sim.objectives import make_objective
 from dpfl.sim.privatize import CentralGaussian
 from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling import FixedCohortSampler, PoissonClientSampler
@@ -301,6 +302,11 @@ class DpFedAvgParams(AlgorithmParams):
         Fixed-size cohorts (Algorithm 1) or Poisson client sampling at m_t/K.
     server_learning_rate : float
         Multiplies the noisy average before it is added (paper: 1).
+    local_objective : dict
+        What clients minimise locally: ``{"name": "erm"}`` (default) or a
+        registered objective with its options (:mod:`dpfl.sim.objectives`),
+        e.g. ``{"name": "proximal", "mu": 0.01}``. The update is clipped as a
+        whole, so the guarantee does not depend on it.
     """
 
     cohort_size: ScheduleSpec = 10
@@ -314,10 +320,14 @@ class DpFedAvgParams(AlgorithmParams):
     count_noise_multiplier: float | None = None
     sampling: str = "fixed"
     server_learning_rate: float = 1.0
+    local_objective: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: {"name": "erm"}
+    )
 
     def __post_init__(self) -> None:
         self._set("cohort_size", _freeze_schedule(self.cohort_size))
         self.cohort_at(0)  # validates the schedule's form
+        make_objective(self.local_objective)  # validates its name and options
         self._set(
             "local_epochs", check_count("local_epochs", self.local_epochs, minimum=1)
         )
@@ -495,6 +505,7 @@ class DpFedAvg(FederatedAlgorithm):
             self.params.cohort_at(0, self.stats.num_clients)
         self.clip_bound = float(self.params.clip)
         self.communication_cost = 0
+        self.objective = make_objective(self.params.local_objective)
 
     # -- Algorithm 1, one round -----------------------------------------------------
     def select(self, round_index: int, server: Streams) -> Cohort:
@@ -535,6 +546,7 @@ class DpFedAvg(FederatedAlgorithm):
             batch_size=p.batch_size,
             learning_rate=p.learning_rate,
             loss_fn=self.loss_fn,
+            objective=self.objective,
         )
         return self._clipped(self.flatten(final) - weights, task)
 
@@ -562,6 +574,7 @@ class DpFedAvg(FederatedAlgorithm):
             learning_rate=p.learning_rate,
             loss_fn=self.loss_fn,
             max_clients=self.max_clients,
+            objective=self.objective,
         )
         updates = self.flatten(stacked, lead=1) - weights
         norms = torch.linalg.vector_norm(updates.double(), dim=1)
