@@ -46,3 +46,9 @@ def test_readme_python_snippet_runs():
     exec(compile(blocks[0], "README.md", "exec"), namespace)  # noqa: S102
     bound = namespace["bound"]
     assert 0 < bound.lower <= bound.upper
+    # The training example: three rounds through the batched executor.
+    assert len(blocks) >= 2, "README has no training example"
+    namespace = {}
+    exec(compile(blocks[1], "README.md", "exec"), namespace)  # noqa: S102
+    assert namespace["trainer"].round == 3
+    assert namespace["trainer"].ledger.rounds == 3
