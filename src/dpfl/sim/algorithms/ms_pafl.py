@@ -555,7 +555,7 @@ class MsPafl(FederatedAlgorithm):
             self._staged[k] = private[j]
         return Messages(messages, {"clipped": clipped.to(torch.float64).cpu()})
 
-    def _aggregate(
+    def aggregate(
         self, clients: np.ndarray, received: torch.Tensor, w_pub: torch.Tensor
     ) -> torch.Tensor:
         """Step 7: the next w_pub from the received ``[m, d_pub]`` messages."""
@@ -597,7 +597,7 @@ class MsPafl(FederatedAlgorithm):
                 f"MS-PAFL needs one [{d_pub}] message per participant ({m}); got "
                 f"{tuple(received.shape)} (summed={messages.summed})"
             )
-        new_pub = self._aggregate(clients, received, w_pub)
+        new_pub = self.aggregate(clients, received, w_pub)
         private = (
             torch.stack([self._staged[int(k)] for k in clients])
             if m
