@@ -84,6 +84,14 @@ SPECS: dict[str, tuple[dict, float, str, float]] = {
         "mlp",
         1e-5,
     ),
+    # Local SGD of one client vs the cohort in one kernel: ~1e-7 per step,
+    # E = 2 steps per round; each client's batches and noise from its own streams.
+    "ms-pafl": (
+        dict(checkin_probability=0.5, local_steps=2, batch_size=8, learning_rate=0.1),
+        1.0,
+        "logistic_regression",
+        1e-5,
+    ),
 }
 ROUNDS = 3
 

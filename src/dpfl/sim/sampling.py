@@ -9,6 +9,7 @@ sampler *realises* the value the accountant *prices*):
   ``ClientPoisson(p, RecordPoisson(q, d, Gaussian(σ)))`` (record level);
 - :class:`FixedCohortSampler`: ``FixedCohort(m, K, Gaussian(σ))`` (client level);
 - :class:`PoissonClientSampler`: ``ClientPoisson(p, Gaussian(σ))`` (client level);
+- :class:`CheckInSampler`: ``CheckIn(max_k p_k, Gaussian(σ))`` (visible check-in).
 - :class:`SyncSampler`: ``CheckIn(p', SelfComposed(WithoutReplacement(B, n,
   Gaussian(σ)), K))`` (record level; PriFedSync's sync and local steps).
 
@@ -42,6 +43,7 @@ __all__ = [
     "PoissonParticipationSampler",
     "RoundSample",
     "Sampler",
+    "CheckInSampler",
     "SyncSampler",
 ]
 
@@ -614,3 +616,97 @@ class SyncSampler(Sampler):
         return ev.CheckIn(
             self.synced_probability, ev.SelfComposed(step, self.local_steps)
         )
+
+
+class CheckInSampler(Sampler):
+    """Random check-in: client ``k`` checks in w.p. ``p_k``, independently, visibly.
+
+    MS-PAFL's step 1 (eq. 14). Each client that checks in brings its whole
+    data (it draws its own local batches). A uniform ``p`` is drawn as a
+    Binomial count and a uniform subset (``O(participants)``); per-client
+    ``p_k`` take one uniform draw per client (``O(num_clients)``).
+
+    Parameters
+    ----------
+    num_clients : int
+        Population K (>= 1).
+    probabilities : float or sequence of float
+        p_k in (0, 1]: one value for all clients, or one per client.
+    client_sizes : numpy.ndarray
+        Records held by each client, shape ``(num_clients,)``.
+    client_indices : sequence of numpy.ndarray, optional
+        Each client's global dataset rows.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        On a bad count, probability or sizes array.
+
+    References
+    ----------
+    Li, Wang, Tian, Wang & Su, "MS-PAFL", arXiv 2509.25906, Algorithm 1 step 1.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_clients: int,
+        probabilities: float | Sequence[float] | np.ndarray,
+        client_sizes: np.ndarray,
+        client_indices: Sequence[np.ndarray] | None = None,
+    ) -> None:
+        self.num_clients = check_count("num_clients", num_clients, minimum=1)
+        probs = np.asarray(probabilities, dtype=float)
+        if probs.ndim == 0:
+            p = check_probability("probabilities", float(probs))
+            probs = np.full(self.num_clients, p)
+        elif probs.shape != (self.num_clients,):
+            raise InvalidParameterError(
+                f"probabilities must be a float or {self.num_clients} values (one "
+                f"per client); got shape {probs.shape}"
+            )
+        else:
+            for k, pk in enumerate(probs.tolist()):
+                check_probability(f"probabilities[{k}]", pk)
+        self.probabilities = probs
+        self.uniform = bool(np.all(probs == probs[0]))
+        self._sizes = _check_sizes(client_sizes, self.num_clients)
+        self._client_indices = _check_client_indices(client_indices, self._sizes)
+
+    @property
+    def max_probability(self) -> float:
+        """The largest p_k (the least favourable client)."""
+        return float(self.probabilities.max())
+
+    def sample(self, rng: np.random.Generator) -> RoundSample:
+        """Draw one round's check-ins; each participant brings all its records.
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+            The round's generator.
+
+        Returns
+        -------
+        RoundSample
+            The clients that checked in (ascending) and all of their records.
+        """
+        rng = _check_rng(rng)
+        if self.uniform:
+            p = float(self.probabilities[0])
+            clients = _poisson_subset(rng, self.num_clients, p)
+        else:
+            draws = rng.random(self.num_clients)
+            clients = np.flatnonzero(draws < self.probabilities).astype(np.int64)
+        positions = [
+            np.arange(int(n), dtype=np.int64) for n in self._sizes[clients].tolist()
+        ]
+        return self._finish(clients, positions)
+
+    def event(self, noise_multiplier: float) -> ev.Event:
+        """Return ``CheckIn(max_k p_k, Gaussian(noise_multiplier))``.
+
+        The largest check-in probability prices the least favourable client;
+        the check-in event prices the Gaussian under replace-one (Δ = 2C).
+        """
+        return ev.CheckIn(self.max_probability, ev.Gaussian(noise_multiplier))
