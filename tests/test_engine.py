@@ -1,5 +1,6 @@
 """The engine: per-round generators, noise placement, executors, the Trainer."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -9,9 +10,17 @@ import torch
 from dpfl.accounting import events as ev
 from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.ledger import Budget, PrivacyLedger
+from dpfl.data import FederatedDataset
 from dpfl.errors import BudgetExceededError, DpflError, InvalidParameterError
-from dpfl.sim.executors import SerialExecutor
-from dpfl.sim.loop import Algorithm, RoundReport, Trainer, round_generators
+from dpfl.sim.algorithms.base import (
+    AlgorithmParams,
+    Cohort,
+    FederatedAlgorithm,
+    Message,
+    Task,
+)
+from dpfl.sim.executors import executor
+from dpfl.sim.loop import RoundReport, Trainer
 from dpfl.sim.privatize import (
     CentralGaussian,
     ClientGaussian,
@@ -19,27 +28,46 @@ from dpfl.sim.privatize import (
     Privatizer,
     gaussian_noise_like,
 )
+from dpfl.sim.randomness import client_streams, server_streams
 
 Z = 4.42  # two-sided normal quantile for a false-alarm rate of 1e-5
 
 
-# ------------------------------------------------------------------- generators
-def test_round_generators_are_spawn_children_keyed_by_round():
+# ------------------------------------------------------------------- randomness
+def test_server_streams_are_spawn_children_keyed_by_round():
     # SeedSequence(seed, spawn_key=(t,)) is the t-th child of SeedSequence(seed).spawn:
     # round t's numbers do not depend on how many rounds ran before.
     children = np.random.SeedSequence(42).spawn(6)
     for t in (0, 3, 5):
         expected = np.random.default_rng(children[t].spawn(2)[0]).random(4)
-        rng, _ = round_generators(42, t)
-        assert np.array_equal(rng.random(4), expected)
-    a_np, a_t = round_generators(42, 3)
-    b_np, b_t = round_generators(42, 3)
-    assert np.array_equal(a_np.random(5), b_np.random(5))
-    assert torch.equal(torch.randn(5, generator=a_t), torch.randn(5, generator=b_t))
-    c_np, c_t = round_generators(42, 4)
-    assert not torch.equal(torch.randn(5, generator=c_t), torch.randn(5, generator=a_t))
+        assert np.array_equal(server_streams(42, t).rng.random(4), expected)
+    a, b = server_streams(42, 3), server_streams(42, 3)
+    assert np.array_equal(a.rng.random(5), b.rng.random(5))
+    assert torch.equal(
+        torch.randn(5, generator=a.generator), torch.randn(5, generator=b.generator)
+    )
+    c = server_streams(42, 4)
+    assert not torch.equal(
+        torch.randn(5, generator=c.generator), torch.randn(5, generator=a.generator)
+    )
     with pytest.raises(InvalidParameterError, match="seed"):
-        round_generators(-1, 0)
+        server_streams(-1, 0)
+
+
+def test_client_streams_are_keyed_by_round_and_client_and_never_the_servers():
+    draws = {
+        (t, k): client_streams(9, t, k).rng.random(3).tobytes()
+        for t in range(3)
+        for k in range(4)
+    }
+    draws.update(
+        {(t, "server"): server_streams(9, t).rng.random(3).tobytes() for t in range(3)}
+    )
+    assert len(set(draws.values())) == len(draws)  # all distinct
+    again = client_streams(9, 2, 3)
+    assert again.rng.random(3).tobytes() == draws[(2, 3)]
+    with pytest.raises(InvalidParameterError, match="client"):
+        client_streams(9, 0, -1)
 
 
 # ----------------------------------------------------------------------- noise
@@ -200,46 +228,67 @@ def test_client_gaussian_noise_messages_are_per_client():
     assert torch.all((var - 1).abs() < Z * math.sqrt(2 / 20_000))
 
 
-def test_serial_executor_keeps_order():
-    assert SerialExecutor().map(lambda t: t * 10, [3, 1, 2]) == [30, 10, 20]
+def test_executor_names():
+    assert executor("loop").name == "loop" and executor("batched").name == "batched"
+    with pytest.raises(InvalidParameterError, match="execution"):
+        executor("ray")
 
 
 # ---------------------------------------------------------------------- trainer
-class CountingAlgorithm:
-    """A stub with a known event; its 'model' is one tensor moved by each round."""
+class _StubParams(AlgorithmParams):
+    pass
+
+
+_StubParams = dataclasses.dataclass(frozen=True)(_StubParams)
+
+
+def _stub_data():
+    x = np.zeros((16, 2), np.float32)
+    y = np.zeros(16, np.int64)
+    idx = [np.arange(2 * k, 2 * k + 2) for k in range(8)]
+    return FederatedDataset(features=x, labels=y, client_indices=idx, num_classes=2)
+
+
+class CountingAlgorithm(FederatedAlgorithm):
+    """A stub with a known event: clients {t % 4, 7} each send a normal draw
+    from their own generator; the server adds the mean to the weights."""
 
     name = "stub"
+    Params = _StubParams
 
     def __init__(self, event, per_client=False):
         self._event = event
         self.per_client_accounting = per_client
-        self.param = torch.zeros(3)
         self.calls = 0
+        torch.manual_seed(0)
+        super().__init__(
+            _StubParams(),
+            model=torch.nn.Linear(2, 1),
+            dataset=_stub_data(),
+            noise_multiplier=0.0 if event is None else 1.0,
+        )
 
-    def event(self):
+    @classmethod
+    def round_event(cls, params, stats, noise_multiplier, round_index=0):
+        raise AssertionError("the stub's event is its own")
+
+    def event(self, round_index=0):
         return self._event
 
-    def run_round(self, round_index, rng, generator):
+    def select(self, round_index, server):
         self.calls += 1
-        self.param += torch.randn(3, generator=generator)
-        return np.array([round_index % 4, 7]), {"value": float(rng.random())}
+        clients = np.array([round_index % 4, 7])
+        return Cohort(clients, [Task(int(k)) for k in clients])
 
-    def evaluate(self):
-        return {}
+    def client_step(self, weights, task, streams):
+        return Message(torch.randn(weights.shape, generator=streams.generator))
 
-    def state_dict(self):
-        return {"param": self.param.clone(), "calls": self.calls}
-
-    def load_state_dict(self, state):
-        self.param = state["param"].clone()
-        self.calls = state["calls"]
+    def server_step(self, cohort, messages, server):
+        self.apply_update(messages.total() / len(cohort.tasks))
+        return {"value": float(server.rng.random())}
 
 
 EVENT = ev.PoissonSampled(0.05, ev.Gaussian(1.0))
-
-
-def test_stub_satisfies_protocol():
-    assert isinstance(CountingAlgorithm(EVENT), Algorithm)
 
 
 def test_budget_guard_stops_before_the_round_and_changes_nothing(tmp_path):
@@ -254,11 +303,11 @@ def test_budget_guard_stops_before_the_round_and_changes_nothing(tmp_path):
     trainer.run(allowed)
     assert Accountant().compose(EVENT, allowed).epsilon(1e-5).upper <= 2.0
     assert Accountant().compose(EVENT, allowed + 1).epsilon(1e-5).upper > 2.0
-    before = (alg.param.clone(), alg.calls, ledger.to_json(), trainer.round)
+    before = (alg.weights.clone(), alg.calls, ledger.to_json(), trainer.round)
     on_disk = (tmp_path / "ledger.json").read_text()
     with pytest.raises(BudgetExceededError, match="would exceed the budget"):
         trainer.step()
-    assert torch.equal(alg.param, before[0]) and alg.calls == before[1]
+    assert torch.equal(alg.weights, before[0]) and alg.calls == before[1]
     assert ledger.to_json() == before[2] and trainer.round == before[3]
     assert (tmp_path / "ledger.json").read_text() == on_disk
 
@@ -274,6 +323,13 @@ def test_trainer_records_participants_only_for_per_client_schemes():
         assert report.event == EVENT and report.metrics["value"] >= 0
         assert ledger.entries[1].participants == expected
         assert [e.round for e in ledger.entries] == [0, 1]
+
+
+def test_client_draws_do_not_depend_on_the_executor_or_cohort_order():
+    a, b = CountingAlgorithm(EVENT), CountingAlgorithm(EVENT)
+    Trainer(a, ledger=PrivacyLedger(), seed=1, execution="loop").run(3)
+    Trainer(b, ledger=PrivacyLedger(), seed=1, execution="batched").run(3)
+    assert torch.equal(a.weights, b.weights)
 
 
 def test_non_private_rounds_are_not_charged():
@@ -305,5 +361,5 @@ def test_trainer_resume_is_exact_and_guards_the_ledger(tmp_path):
     )
     resumed.load_state_dict(state)
     resumed.run(4)
-    assert torch.equal(resumed_alg.param, full.param)
+    assert torch.equal(resumed_alg.weights, full.weights)
     assert resumed.ledger.rounds == 6
