@@ -20,6 +20,7 @@ from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.algorithms import (  # noqa: F401  (each import registers one algorithm)
     dsgd_rp,
+    locks,
 )
 from dpfl.sim.algorithms.base import (
     ALGORITHMS,
