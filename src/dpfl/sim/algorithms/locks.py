@@ -112,7 +112,7 @@ from dpfl.sim.algorithms.base import (
     register,
 )
 from dpfl.sim.batches import draw_local_batches, gather_batches
-from dpfl.sim.grad import stack_params
+from dpfl.sim.grad import check_finite, stack_params
 from dpfl.sim.local import cohort_sgd_step
 from dpfl.sim.privatize import ClientGaussian
 from dpfl.sim.randomness import Streams
@@ -367,7 +367,7 @@ class Locks(FederatedAlgorithm):
         Raises
         ------
         dpfl.errors.NonFiniteUpdateError
-            If a gradient is not finite.
+            If a gradient or an update is not finite.
         """
         p = self.params
         m = len(clients)
@@ -400,6 +400,7 @@ class Locks(FederatedAlgorithm):
                 max_clients=self.max_clients,
             )
         g = weights.detach().unsqueeze(0) - self.flatten(stacked, lead=1)
+        check_finite({"update": g}, "LOCKS client updates")
         norms = g.norm(dim=1, keepdim=True)
         return g * (p.clip / norms.clamp_min(1e-30)).clamp(max=1.0)
 
