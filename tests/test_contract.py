@@ -92,6 +92,23 @@ SPECS: dict[str, tuple[dict, float, str, float]] = {
         "logistic_regression",
         1e-5,
     ),
+    # LOCKS: loop (one client) and batched (S1 stacked) run the same kernel with
+    # each client's own streams; float32 sums in another order allow 1e-5 (equal
+    # bit for bit on CPU in practice).
+    "locks": (
+        dict(
+            first_stage_probability=0.5,
+            second_stage_size=3,
+            norm_noise_ratio=4.0,
+            local_steps=2,
+            batch_size=8,
+            local_learning_rate=0.5,
+            server_learning_rate=1.0,
+        ),
+        1.0,
+        "logistic_regression",
+        1e-5,
+    ),
 }
 ROUNDS = 3
 

@@ -1,24 +1,32 @@
 """LOCKS: ledger events, per-client views, unbiasedness of the two-stage estimators."""
 
+import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from dpfl.accounting import events as ev
-from dpfl.accounting import gaussian
+from dpfl.accounting import gaussian, rdp
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data import FederatedDataset, get_dataset
 from dpfl.errors import InvalidParameterError
 from dpfl.models import LogisticRegression, build_model
-from dpfl.sim.algorithms.locks import Locks
-from dpfl.sim.loop import Trainer, round_generators
+from dpfl.sim.algorithms import build_algorithm
+from dpfl.sim.algorithms.base import DataStats, Task
+from dpfl.sim.algorithms.locks import Locks, LocksParams
+from dpfl.sim.loop import Trainer
+from dpfl.sim.randomness import client_streams
+from dpfl.sim.sampling import TwoStageSampler
+
+PRESET = Path(__file__).resolve().parents[1] / "presets" / "locks-digits.yaml"
 
 SETTINGS = dict(
     first_stage_probability=0.3,
     second_stage_size=4,
-    noise_multiplier=1.0,
     norm_noise_ratio=5.0,
     clip=1.0,
     local_steps=2,
@@ -31,23 +39,18 @@ def _digits(num_clients=40):
     return get_dataset("digits", num_clients=num_clients, seed=0, flatten=True)
 
 
-def _locks(ds, seed=0, **kw):
+def _locks(ds, sigma=1.0, seed=0, **kw):
     torch.manual_seed(seed)
     model = build_model(
         "logistic_regression", input_shape=ds.input_shape, num_classes=ds.num_classes
     )
-    return Locks(model=model, dataset=ds, **{**SETTINGS, **kw})
-
-
-def _run(alg, ledger, rounds, seed=0):
-    """The round loop with the realised event and the second stage recorded."""
-    for t in range(rounds):
-        rng, gen = round_generators(seed, t)
-        ledger.check(alg.event())
-        s1, _ = alg.run_round(t, rng, gen)
-        ledger.record(
-            alg.realised_event(), participants=s1, round=t, extra=alg.ledger_extra()
-        )
+    return build_algorithm(
+        "locks",
+        {**SETTINGS, **kw},
+        model=model,
+        dataset=ds,
+        noise_multiplier=sigma,
+    )
 
 
 def _tiny(num_clients=12, dim=2):
@@ -62,26 +65,93 @@ def _tiny(num_clients=12, dim=2):
     )
 
 
+def _tiny_locks(sigma=1.0, **kw):
+    torch.manual_seed(0)
+    return Locks(
+        LocksParams(**{**SETTINGS, **kw}),
+        model=LogisticRegression(2, 2),
+        dataset=_tiny(),
+        noise_multiplier=sigma,
+    )
+
+
+# ----------------------------------------------------------- parameters and events
+def test_preset_parameters_are_the_params_fields():
+    cfg = yaml.safe_load(PRESET.read_text())
+    params = LocksParams(**cfg["algorithm"]["params"])
+    assert params.second_stage_size == 10 and params.norm_noise_ratio == 4.0
+    assert params.floor == pytest.approx(0.01)  # ν defaults to 0.01 C
+    assert "noise_multiplier" not in {f.name for f in dataclasses.fields(LocksParams)}
+
+
+def test_round_event_is_pure_and_the_two_noises_move_together():
+    params = LocksParams(**SETTINGS)
+    stats = DataStats(num_clients=30, client_sizes=(5,) * 30)
+    e = Locks.round_event(params, stats, 2.0)
+    # Before the round only max p2 <= 1 is known; σ_n = norm_noise_ratio · σ_g.
+    assert e == ev.TwoStage(0.3, 4, 1.0, ev.Gaussian(10.0), ev.Gaussian(2.0))
+    assert ev.scale_noise(Locks.round_event(params, stats, 1.0), 2.0) == e
+    assert Locks.round_event(params, stats, 2.0, round_index=7) == e
+
+
+def test_two_stage_sampler():
+    sampler = TwoStageSampler(
+        num_clients=50,
+        first_stage_probability=0.4,
+        second_stage_size=2,
+        client_sizes=np.full(50, 3),
+    )
+    s1 = sampler.first_stage(np.random.default_rng(0))
+    assert np.all(np.diff(s1) > 0) and 0 < len(s1) < 50
+    norms = np.array([1.0, 1.0, 2.0, 4.0])
+    p2 = sampler.second_stage_probabilities(norms)
+    np.testing.assert_allclose(p2, [0.25, 0.25, 0.5, 1.0])  # min(1, m2 ω)
+    chosen, p2b = sampler.second_stage(np.random.default_rng(1), norms)
+    np.testing.assert_array_equal(p2, p2b)
+    assert 3 in chosen  # p2 = 1
+    assert sampler.second_stage(np.random.default_rng(1), np.empty(0))[0].size == 0
+    with pytest.raises(InvalidParameterError):
+        sampler.second_stage_probabilities(np.array([1.0, 0.0]))
+    assert sampler.event(4.0, 1.0) == ev.TwoStage(
+        0.4, 2, 1.0, ev.Gaussian(4.0), ev.Gaussian(1.0)
+    )
+    # The first stage is Poisson(q1): mean size 0.4 · 50 = 20 (5 s.e.).
+    rng = np.random.default_rng(2)
+    sizes = [len(sampler.first_stage(rng)) for _ in range(2000)]
+    assert abs(np.mean(sizes) - 20) < 5 * math.sqrt(50 * 0.4 * 0.6 / 2000)
+
+
 # --------------------------------------------------------------- ledger and views
-def test_seeded_run_records_two_stage_events_and_both_views():
+def test_trainer_records_two_stage_rounds_and_both_views():
     ds = _digits()
     alg = _locks(ds)
     ledger = PrivacyLedger(None)
-    _run(alg, ledger, 5)
+    reports = Trainer(alg, ledger=ledger, seed=0).run(5)
 
     assert ledger.rounds == 5
     n1, n2 = np.zeros(ds.num_clients, int), np.zeros(ds.num_clients, int)
-    for entry in ledger.entries:
+    for rep, entry in zip(reports, ledger.entries):
         e = entry.event
-        assert isinstance(e, ev.TwoStage)
+        assert e == alg.event()  # the event checked before the round
         assert (e.first_stage_probability, e.second_stage_size) == (0.3, 4)
         assert e.norm_event == ev.Gaussian(5.0) and e.update_event == ev.Gaussian(1.0)
-        assert 0 < e.max_second_stage_probability <= 1
+        assert entry.participants == tuple(int(k) for k in rep.participants)
         s2 = entry.extra["second_stage"]
         assert set(s2) <= set(entry.participants)  # S2 ⊆ S1
+        assert len(s2) == rep.metrics["second_stage"]
+        # The realised max p2 is a fact of the round.
+        assert entry.extra["max_p2"] == rep.metrics["max_p2"]
+        assert 0 < entry.extra["max_p2"] <= 1
         n1[list(entry.participants)] += 1
         n2[s2] += 1
-    rep = alg.privacy_report(ledger, delta=1e-5)
+    rep = Locks.paper_report(alg.params, alg.stats, 1.0, ledger, 1e-5)
+    assert rep == rdp.locks_report(
+        ledger,
+        noise_multiplier=1.0,
+        norm_noise_ratio=5.0,
+        event=alg.event(),
+        delta=1e-5,
+    )
     server = rep["server_view"]
     k = server["client"]
     # The worst client maximises the GDP mu = sqrt(N1/σn² + N2/σg²) (exact
@@ -103,39 +173,68 @@ def test_seeded_run_records_two_stage_events_and_both_views():
     obs = rep["observer_view"]
     assert obs["epsilon"] == pytest.approx(server["epsilon"], rel=1e-12)
     assert obs["status"] == "proven" and "released models" in obs["adversary"]
+    assert Locks.paper_report(alg.params, alg.stats, 0.0, ledger, 1e-5) is None
 
 
-def test_trainer_records_both_stages_through_the_trainer():
-    ds = _digits()
-    alg = _locks(ds)
-    ledger = PrivacyLedger(None)
-    reports = Trainer(alg, ledger=ledger, seed=1).run(3)
-    for rep, entry in zip(reports, ledger.entries):
-        # The realised event (this round's max p2) prices like the checked one.
-        assert (
-            entry.event.first_stage_probability == alg.event().first_stage_probability
+def test_locks_report_needs_a_delta_without_a_budget():
+    with pytest.raises(InvalidParameterError):
+        rdp.locks_report(
+            PrivacyLedger(None),
+            noise_multiplier=1.0,
+            norm_noise_ratio=4.0,
+            event=ev.TwoStage(0.5, 2, 1.0, ev.Gaussian(4.0), ev.Gaussian(1.0)),
         )
-        assert entry.participants == tuple(int(k) for k in rep.participants)
-        second = entry.extra["second_stage"]
-        assert set(second) <= set(entry.participants)  # S2 is a subset of S1
-    out = alg.privacy_report(ledger, delta=1e-5)
-    # The server view's mu is the exact Gaussian composition of the recorded
-    # counts: mu^2 = N1/σn² + N2/σg² for the worst client (integers N1, N2).
-    mu2 = out["server_view"]["mu"] ** 2
-    counts = {}
-    for entry in ledger.entries:
-        for k in entry.participants:
-            n1, n2 = counts.get(k, (0, 0))
-            counts[k] = (n1 + 1, n2 + (k in entry.extra["second_stage"]))
-    best = max(n1 / 25 + n2 / 1.0 for n1, n2 in counts.values())
-    assert mu2 == pytest.approx(best, rel=1e-9)
+
+
+# ------------------------------------------------------------------ clients
+def test_client_messages_carry_noisy_update_and_norm_from_own_streams():
+    alg = _locks(_digits(20), sigma=0.5)
+    w = alg.weights
+    task = Task(5)
+    clipped = alg.clipped_updates(w, np.array([5]), [client_streams(3, 0, 5).rng])[0]
+    assert float(clipped.norm()) <= 1.0 + 1e-6
+    m = alg.client_step(w, task, client_streams(3, 0, 5))
+    # Same client, same streams: the same message; another round's streams differ.
+    again = alg.client_step(w, task, client_streams(3, 0, 5))
+    assert torch.equal(m.vector, again.vector) and m.scalars == again.scalars
+    other = alg.client_step(w, task, client_streams(3, 1, 5))
+    assert not torch.equal(m.vector, other.vector)
+    # The update noise is σ_g C per coordinate around ḡ.
+    assert float((m.vector - clipped).std()) == pytest.approx(0.5, rel=0.1)
+    assert m.scalars["noisy_norm"] >= alg.params.floor
+
+
+def test_noisy_norms_are_floored_and_have_std_sigma_n_c():
+    alg = _tiny_locks(clip=2.0, norm_noise_ratio=0.5, norm_floor=0.1)
+    gen = torch.Generator().manual_seed(0)
+    g = torch.zeros(alg.num_weights, dtype=torch.float64)
+    g[0] = 1.5
+    out = np.array([alg.release(g, gen)[1] for _ in range(4000)])
+    assert out.min() >= 0.1
+    # ‖ḡ‖ = 1.5, std σ_n C = 1: the floor at 0.1 clips P(N(1.5,1) < 0.1) ≈ 8%.
+    floored = float((out == 0.1).mean())
+    p = 0.5 * math.erfc((1.5 - 0.1) / math.sqrt(2))
+    assert abs(floored - p) < 5 * math.sqrt(p * (1 - p) / 4000)
+    assert abs(float(np.median(out[out > 0.1])) - 1.5) < 0.1
+
+
+def test_non_private_release_draws_no_noise():
+    alg = _tiny_locks(sigma=0.0)
+    g = torch.zeros(alg.num_weights)
+    g[1] = 0.7
+    gen = torch.Generator().manual_seed(0)
+    state = gen.get_state()
+    noisy, norm = alg.release(g, gen)
+    assert torch.equal(noisy, g) and norm == pytest.approx(0.7)
+    assert torch.equal(gen.get_state(), state)
+    assert alg.event() is None
 
 
 # ------------------------------------------------------------------ estimators
 def _fixed_updates(alg, num_clients, seed=0):
     """Fixed clipped updates with very different norms (<= C)."""
     gen = torch.Generator().manual_seed(seed)
-    g = torch.randn(num_clients, alg.dim, generator=gen, dtype=torch.float64)
+    g = torch.randn(num_clients, alg.num_weights, generator=gen, dtype=torch.float64)
     g = g / g.norm(dim=1, keepdim=True)
     return g * torch.linspace(0.05, 1.0, num_clients, dtype=torch.float64)[:, None]
 
@@ -145,29 +244,26 @@ def test_unbiased_estimator_monte_carlo(second_stage_size):
     # E[ĝ_A] = (1/K) Σ_k ḡ_k over S1, the noisy norms, S2 and the noise
     # (Lemma 4.2), with and without the cap p2 <= 1 binding (m2 = 12 > |S1|).
     # Tolerance: 5 standard errors per coordinate (sample std / sqrt(trials)).
-    ds = _tiny()
-    torch.manual_seed(0)
-    alg = Locks(
-        model=LogisticRegression(2, 2),
-        dataset=ds,
-        **{
-            **SETTINGS,
-            "second_stage_size": second_stage_size,
-            "noise_multiplier": 0.2,
-            "norm_noise_ratio": 25.0,
-        },
+    alg = _tiny_locks(
+        sigma=0.2, second_stage_size=second_stage_size, norm_noise_ratio=25.0
     )
-    gbar = _fixed_updates(alg, ds.num_clients)
+    sampler = Locks.sampler(alg.params, alg.stats)
+    gbar = _fixed_updates(alg, alg.stats.num_clients)
     target = gbar.mean(0)
     rng = np.random.default_rng(7)
     gen = torch.Generator().manual_seed(7)
     trials = 6000
-    out = torch.empty(trials, alg.dim, dtype=torch.float64)
+    out = torch.empty(trials, alg.num_weights, dtype=torch.float64)
     capped = 0
     for t in range(trials):
-        s1 = alg.first_stage(rng)
-        norms = alg.noisy_norms(gbar[s1], gen)
-        out[t], info = alg.second_stage(s1, gbar[s1], norms, rng, gen)
+        s1 = sampler.first_stage(rng)
+        sent = [alg.release(gbar[k], gen) for k in s1]
+        noisy = (
+            torch.stack([u for u, _ in sent])
+            if sent
+            else gbar.new_zeros(0, alg.num_weights)
+        )
+        out[t], info = alg.aggregate(noisy, np.array([n for _, n in sent]), rng)
         capped += info["max_p2"] == 1.0
     se = out.std(0) / math.sqrt(trials)
     assert torch.all((out.mean(0) - target).abs() < 5 * se), (out.mean(0), target, se)
@@ -178,114 +274,83 @@ def test_unbiased_estimator_monte_carlo(second_stage_size):
 def test_weighted_estimator_matches_the_omega_weighted_aggregate():
     # Given S1 and ñ, E[ĝ_B] = Σ_{k∈S1} ω_k ḡ_k when m2 max ω <= 1 (Lemma 5.2);
     # it is not the uniform mean. Monte Carlo over S2 and the noise, 5 s.e.
-    ds = _tiny()
-    alg = Locks(
-        model=LogisticRegression(2, 2),
-        dataset=ds,
-        **{
-            **SETTINGS,
-            "second_stage_size": 3,
-            "noise_multiplier": 0.2,
-            "norm_noise_ratio": 25.0,
-        },
-    )
-    gbar = _fixed_updates(alg, ds.num_clients)
-    s1 = np.arange(ds.num_clients)
-    norms = gbar.norm(dim=1) + 0.01  # released norms, fixed
-    omega = (norms / norms.sum()).to(torch.float64)
-    assert float(3 * omega.max()) <= 1
-    target = omega @ gbar
+    alg = _tiny_locks(sigma=0.2, second_stage_size=3, norm_noise_ratio=25.0)
+    gbar = _fixed_updates(alg, alg.stats.num_clients)
+    norms = (gbar.norm(dim=1) + 0.01).numpy()  # released norms, fixed
+    omega = norms / norms.sum()
+    assert 3 * omega.max() <= 1
+    target = torch.as_tensor(omega) @ gbar
     rng = np.random.default_rng(3)
     gen = torch.Generator().manual_seed(3)
     trials = 6000
-    out = torch.empty(trials, alg.dim, dtype=torch.float64)
+    out = torch.empty(trials, alg.num_weights, dtype=torch.float64)
     for t in range(trials):
-        out[t], info = alg.second_stage(s1, gbar, norms, rng, gen, estimator="weighted")
-    assert np.allclose(info["omega"], omega.numpy())
+        noisy = gbar + 0.2 * torch.randn(gbar.shape, generator=gen, dtype=gbar.dtype)
+        out[t], info = alg.aggregate(noisy, norms, rng, estimator="weighted")
+    assert np.allclose(info["omega"], omega)
     se = out.std(0) / math.sqrt(trials)
     assert torch.all((out.mean(0) - target).abs() < 5 * se)
     assert (target - gbar.mean(0)).abs().max() > 20 * se.max()
 
 
-def test_noisy_norms_are_floored_and_have_std_sigma_n_c():
-    ds = _tiny()
-    alg = Locks(
-        model=LogisticRegression(2, 2),
-        dataset=ds,
-        **{**SETTINGS, "clip": 2.0, "norm_noise_ratio": 0.5},
-        norm_floor=0.1,
-    )
-    g = torch.zeros(4000, alg.dim, dtype=torch.float64)
-    g[:, 0] = 1.5
-    out = alg.noisy_norms(g, torch.Generator().manual_seed(0))
-    assert float(out.min()) >= 0.1
-    # ‖ḡ‖ = 1.5, std σ_n C = 1: the floor at 0.1 clips P(N(1.5,1) < 0.1) ≈ 8%.
-    floored = float((out == 0.1).double().mean())
-    p = 0.5 * math.erfc((1.5 - 0.1) / math.sqrt(2))
-    assert abs(floored - p) < 5 * math.sqrt(p * (1 - p) / 4000)
-    above = out[out > 0.1]
-    assert abs(float(above.median()) - 1.5) < 0.1
-
-
 def test_variance_schedule_step_size():
-    ds = _tiny()
-    alg = Locks(model=LogisticRegression(2, 2), dataset=ds, **SETTINGS)
+    alg = _tiny_locks(server_learning_rate=1.0)
     assert alg.step_size(0, 0.0) == 1.0
     assert alg.step_size(3, 3.0) == pytest.approx(1 / 4)  # C² / (C² + V)
     gbar = _fixed_updates(alg, 12).to(torch.float32)
-    s1 = np.arange(12)
-    norms = gbar.norm(dim=1).double()
-    _, info = alg.second_stage(
-        s1, gbar, norms, np.random.default_rng(0), torch.Generator().manual_seed(0)
-    )
-    idx = np.searchsorted(s1, info["second_stage"])
+    norms = gbar.norm(dim=1).double().numpy()
+    _, info = alg.aggregate(gbar, norms, np.random.default_rng(0))
+    idx = info["chosen"]
     pi = 0.3 * info["p2"][idx]
     a = 1 / (12 * pi)
-    v = np.sum(a**2 * ((1 - pi) * norms.numpy()[idx] ** 2 + alg.dim * 1.0))
+    v = np.sum(a**2 * ((1 - pi) * norms[idx] ** 2 + alg.num_weights * 1.0))
     assert info["variance"] == pytest.approx(v, rel=1e-9)
-    inv = Locks(
-        model=LogisticRegression(2, 2),
-        dataset=ds,
-        **SETTINGS,
-        server_schedule="inverse-sqrt",
-    )
+    inv = _tiny_locks(server_schedule="inverse-sqrt")
     assert inv.step_size(3, 100.0) == pytest.approx(0.5)
+    assert _tiny_locks(server_schedule="constant").step_size(9, 5.0) == 1.0
 
 
 # ------------------------------------------------------------------- training
 def test_training_on_digits_improves_accuracy_and_is_seeded():
+    # (loop = batched is the contract suite's; the batched executor here.)
     ds = _digits(20)
     kw = dict(
         first_stage_probability=0.5,
         second_stage_size=8,
-        noise_multiplier=0.05,
         norm_noise_ratio=40.0,
         local_steps=3,
         server_learning_rate=1.0,
     )
-    alg = _locks(ds, **kw)
+    alg = _locks(ds, sigma=0.05, **kw)
     before = alg.evaluate()["test_accuracy"]
-    _run(alg, PrivacyLedger(None), 15)
+    Trainer(alg, ledger=PrivacyLedger(None), seed=0).run(15)
     after = alg.evaluate()["test_accuracy"]
     assert after > before + 0.3  # 10 classes: chance is 0.1
-    again = _locks(ds, **kw)
-    _run(again, PrivacyLedger(None), 15)
-    assert all(
-        torch.equal(a, b)
-        for a, b in zip(alg.model.parameters(), again.model.parameters())
-    )
+    again = _locks(ds, sigma=0.05, **kw)
+    Trainer(again, ledger=PrivacyLedger(None), seed=0).run(15)
+    assert torch.equal(alg.weights, again.weights)
 
 
 def test_validation():
-    ds = _tiny()
     for bad in (
         dict(first_stage_probability=0.0),
         dict(second_stage_size=0),
         dict(norm_noise_ratio=0.0),
-        dict(noise_multiplier=0.0),
+        dict(clip=0.0),
+        dict(local_steps=0),
         dict(estimator="mean"),
         dict(server_schedule="adam"),
         dict(norm_floor=-1.0),
     ):
         with pytest.raises(InvalidParameterError):
-            Locks(model=LogisticRegression(2, 2), dataset=ds, **{**SETTINGS, **bad})
+            LocksParams(**{**SETTINGS, **bad})
+    with pytest.raises(InvalidParameterError):
+        _tiny_locks(sigma=-1.0)  # σ is validated once, by the base
+    empty = FederatedDataset(
+        features=np.zeros((2, 2), np.float32),
+        labels=np.zeros(2, np.int64),
+        client_indices=[np.array([0, 1]), np.array([], np.int64)],
+        num_classes=2,
+    )
+    with pytest.raises(InvalidParameterError, match="record"):
+        Locks(LocksParams(), model=LogisticRegression(2, 2), dataset=empty)

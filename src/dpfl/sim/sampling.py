@@ -45,6 +45,7 @@ __all__ = [
     "Sampler",
     "CheckInSampler",
     "SyncSampler",
+    "TwoStageSampler",
 ]
 
 
@@ -710,3 +711,181 @@ class CheckInSampler(Sampler):
         the check-in event prices the Gaussian under replace-one (Δ = 2C).
         """
         return ev.CheckIn(self.max_probability, ev.Gaussian(noise_multiplier))
+
+
+class TwoStageSampler(Sampler):
+    """LOCKS: a Poisson(q1) first stage, then a norm-proportional second stage.
+
+    Stage 1 takes each of ``num_clients`` clients independently w.p.
+    ``first_stage_probability`` (q1), drawn as in
+    :class:`PoissonClientSampler`. Each first-stage client releases a noisy
+    norm ``ñ_k > 0``; stage 2 then keeps client ``k`` of S1 independently
+    w.p. ``p2_k = min(1, m2 ñ_k / Σ_{j∈S1} ñ_j)`` (``m2`` =
+    ``second_stage_size``: the expected size of S2 when no cap binds,
+    LOCKS Lemma 4.1).
+
+    The round realises ``TwoStage(q1, m2, max p2, norm_event, update_event)``;
+    before the round only ``max p2 <= 1`` is known, which is what
+    :meth:`event` gives by default.
+
+    Parameters
+    ----------
+    num_clients : int
+        Population K (>= 1).
+    first_stage_probability : float
+        q1 in (0, 1].
+    second_stage_size : int
+        m2 >= 1.
+    client_sizes : numpy.ndarray
+        Records held by each client, shape ``(num_clients,)``.
+    client_indices : sequence of numpy.ndarray, optional
+        Each client's global dataset rows.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        On bad parameters.
+
+    References
+    ----------
+    LOCKS (locks.txt), Algorithm 1, Lemma 4.1; docs/analyses.md.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_clients: int,
+        first_stage_probability: float,
+        second_stage_size: int,
+        client_sizes: np.ndarray,
+        client_indices: Sequence[np.ndarray] | None = None,
+    ) -> None:
+        self.num_clients = check_count("num_clients", num_clients, minimum=1)
+        self.first_stage_probability = check_probability(
+            "first_stage_probability", first_stage_probability
+        )
+        self.second_stage_size = check_count(
+            "second_stage_size", second_stage_size, minimum=1
+        )
+        self._sizes = _check_sizes(client_sizes, self.num_clients)
+        self._client_indices = _check_client_indices(client_indices, self._sizes)
+
+    def first_stage(self, rng: np.random.Generator) -> np.ndarray:
+        """S1: each client w.p. q1 (int64 ids, ascending).
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+            The server's generator of the round.
+
+        Returns
+        -------
+        numpy.ndarray
+            The first-stage clients.
+        """
+        rng = _check_rng(rng)
+        return _poisson_subset(rng, self.num_clients, self.first_stage_probability)
+
+    def sample(self, rng: np.random.Generator) -> RoundSample:
+        """Draw the first stage, each member with all of its records.
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+            The round's generator.
+
+        Returns
+        -------
+        RoundSample
+            S1 (ascending) and all of its records.
+        """
+        clients = self.first_stage(rng)
+        positions = [
+            np.arange(int(n), dtype=np.int64) for n in self._sizes[clients].tolist()
+        ]
+        return self._finish(clients, positions)
+
+    def second_stage_probabilities(self, norms: np.ndarray) -> np.ndarray:
+        """``p2_k = min(1, m2 ñ_k / Σ_j ñ_j)`` for released norms ``ñ`` of S1.
+
+        Parameters
+        ----------
+        norms : numpy.ndarray
+            ``[n1]`` released norms, each finite and > 0.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[n1]`` float64 probabilities (empty for an empty S1).
+
+        Raises
+        ------
+        dpfl.errors.InvalidParameterError
+            If a norm is not finite and > 0.
+        """
+        n = np.asarray(norms, dtype=np.float64).reshape(-1)
+        if n.size == 0:
+            return n
+        if not (np.all(np.isfinite(n)) and n.min() > 0):
+            raise InvalidParameterError(
+                "released norms must be finite and > 0 (apply the floor first)"
+            )
+        return np.minimum(1.0, self.second_stage_size * (n / n.sum()))
+
+    def second_stage(
+        self, rng: np.random.Generator, norms: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """S2: each member ``k`` of S1 w.p. ``p2_k`` (independent coins).
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+            The server's generator of the round (after :meth:`first_stage`).
+        norms : numpy.ndarray
+            ``[n1]`` released norms of S1, in S1's order.
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            ``(chosen, p2)``: positions in S1 of the second-stage members
+            (int64, ascending) and every S1 member's ``p2``.
+        """
+        rng = _check_rng(rng)
+        p2 = self.second_stage_probabilities(norms)
+        if p2.size == 0:
+            return np.empty(0, np.int64), p2
+        chosen = np.flatnonzero(rng.random(p2.size) < p2).astype(np.int64)
+        return chosen, p2
+
+    def event(
+        self,
+        norm_noise_multiplier: float,
+        update_noise_multiplier: float,
+        max_second_stage_probability: float = 1.0,
+    ) -> ev.Event:
+        """``TwoStage(q1, m2, max p2, Gaussian(σ_n), Gaussian(σ_g))``.
+
+        Parameters
+        ----------
+        norm_noise_multiplier : float
+            σ_n > 0, noise std of each released norm in units of the clip.
+        update_noise_multiplier : float
+            σ_g > 0, noise std of each released update in units of the clip.
+        max_second_stage_probability : float
+            The bound on every ``p2_k`` (default 1: all that is known before
+            the round).
+
+        Returns
+        -------
+        Event
+            The round's accounting event.
+        """
+        return ev.TwoStage(
+            self.first_stage_probability,
+            self.second_stage_size,
+            max_second_stage_probability,
+            ev.Gaussian(norm_noise_multiplier),
+            ev.Gaussian(update_noise_multiplier),
+        )
+
+

@@ -22,6 +22,7 @@ from dpfl.sim.algorithms import (  # noqa: F401  (each import registers one algo
     dp_fedavg,
     dsgd_rp,
     fedavg,
+    locks,
     ms_pafl,
     prifedsync,
 )

@@ -45,17 +45,36 @@ norm of the mean clipped update. The step is the descent lemma's optimum
 ``"constant"`` (η_t = η) and ``"inverse-sqrt"`` (η_t = η/√(t+1), the decaying
 rate such proofs usually assume).
 
-**Accounting.** Each round records ``TwoStage(q1, m2, max_k p2_k,
-Gaussian(σ_n), Gaussian(σ_g))`` with participants = S1 and
-``extra={"second_stage": S2}`` (see :meth:`Locks.ledger_extra` and
-:meth:`Locks.realised_event`: before the round only ``max p2 <= 1`` is
-known). The guarantee is client-level under zero-out (the client stays
+**Noise.** σ_g is the run's one noise multiplier (``privacy.noise_multiplier``,
+the base's ``noise_multiplier``) and ``σ_n = norm_noise_ratio · σ_g``: the two
+scales move together, so calibrating σ scales both.
+
+**Who draws what** (:mod:`dpfl.sim.randomness`). The server draws S1 and S2
+with its own generator (:class:`~dpfl.sim.sampling.TwoStageSampler`). Each S1
+client draws its E mini-batches from its own numpy stream and, from its own
+torch stream, first ξ_k (its norm noise) then z_k (its update noise): its
+message (:meth:`Locks.client_step`) carries its noisy update ``g̃_k`` (sent
+only if the server picks it for stage 2) and its noisy norm ``ñ_k``. The
+second stage and the aggregation are the server step's. The batched client
+step (:meth:`Locks.client_steps`) trains all of S1 in one computation and
+draws each client's numbers from that client's streams, so the loop and
+batched executors agree.
+
+**Accounting.** Each round records ``TwoStage(q1, m2, 1, Gaussian(σ_n),
+Gaussian(σ_g))`` with participants = S1 and ``extra={"second_stage": S2,
+"max_p2": max_k p2_k}`` (:meth:`Locks.ledger_extra`). The recorded event is
+the one checked before the round (only ``max p2 <= 1`` is known then): the
+mixture price at the realised max p2 would condition on the released norms,
+which only the per-client Gaussian filter below justifies, and the ledger's
+per-client charges do not depend on it; the realised value is kept as a fact
+of the round. The guarantee is client-level under zero-out (the client stays
 enrolled, its data is replaced by data with a zero update) against the server,
 which sees who sent what: the ledger composes each client's own noisy norms
 and updates and stops the run before any client would pass the budget.
 Observers of the released models get no better guarantee from dpfl: the
 noise is added by the clients, so the aggregate's noise level reveals who and
-how many took part. :meth:`Locks.privacy_report` gives both views.
+how many took part. :meth:`Locks.paper_report`
+(:func:`dpfl.accounting.rdp.locks_report`) gives both views.
 
 References
 ----------
@@ -65,69 +84,68 @@ docs/analyses.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from dpfl._validate import (
     check_count,
-    check_delta,
     check_nonnegative,
     check_positive,
     check_probability,
 )
-from dpfl.accounting import events as ev
-from dpfl.accounting import rdp, schemes
-from dpfl.accounting.ledger import PrivacyLedger
-from dpfl.data.dataset import FederatedDataset
-from dpfl.errors import DpflError, InvalidParameterError
+from dpfl.accounting import rdp
+from dpfl.accounting.events import Event
+from dpfl.errors import InvalidParameterError
+from dpfl.sim.algorithms.base import (
+    AlgorithmParams,
+    Cohort,
+    DataStats,
+    FederatedAlgorithm,
+    Message,
+    Messages,
+    Task,
+    register,
+)
 from dpfl.sim.batches import draw_local_batches, gather_batches
-from dpfl.sim.evaluation import evaluate_model
 from dpfl.sim.grad import check_finite, stack_params
 from dpfl.sim.local import cohort_sgd_step
-from dpfl.sim.loop import check_state_owner, model_state
 from dpfl.sim.privatize import ClientGaussian
-from dpfl.sim.sampling import PoissonClientSampler
+from dpfl.sim.randomness import Streams
+from dpfl.sim.sampling import TwoStageSampler
 
-__all__ = ["Locks"]
+__all__ = ["Locks", "LocksParams"]
 
-Params = dict[str, torch.Tensor]
 ESTIMATORS = ("unbiased", "weighted")
 SCHEDULES = ("variance", "constant", "inverse-sqrt")
 
 
-class Locks:
-    """LOCKS (name ``"locks"``): two-stage norm-proportional sampling.
+@dataclasses.dataclass(frozen=True)
+class LocksParams(AlgorithmParams):
+    """Parameters of LOCKS.
 
-    Parameters
+    σ_g is not a parameter: it is the run's noise multiplier
+    (``privacy.noise_multiplier``), and the norm noise is ``σ_n =
+    norm_noise_ratio · σ_g``, so the two scales move together when σ is
+    calibrated.
+
+    Attributes
     ----------
-    model : torch.nn.Module
-        The model; no BatchNorm.
-    dataset : FederatedDataset
-        Clients' records (each client needs >= 1); its test set is used by
-        :meth:`evaluate`.
-    device : str
-        Torch device.
     first_stage_probability : float
         q1 in (0, 1]: each client joins S1 w.p. q1.
     second_stage_size : int
         m2 >= 1: expected size of S2 when no cap binds (Lemma 4.1).
-    noise_multiplier : float
-        σ_g > 0: noise std of each uploaded update, in units of ``clip``
-        (``privacy.noise_multiplier`` in a run config; calibration scales it).
     norm_noise_ratio : float
-        σ_n / σ_g > 0: the norm release's noise std is ``norm_noise_ratio ·
-        noise_multiplier · clip`` (default 4; the two scales move together
-        when the noise is calibrated).
+        σ_n / σ_g > 0: each released norm carries noise of std
+        ``norm_noise_ratio · σ_g · clip``.
     clip : float
         C > 0, clip norm of each client's update.
     norm_floor : float or None
-        ν > 0, the floor of the released norm; default ``0.01 · clip``.
+        ν > 0, the floor of a released norm; ``None``: ``0.01 · clip``.
     local_steps : int
         E >= 1 local SGD steps.
     batch_size : int
@@ -137,20 +155,75 @@ class Locks:
     server_learning_rate : float
         Base server step η (> 0).
     server_schedule : {"variance", "constant", "inverse-sqrt"}
-        The adaptive server step (module docstring).
+        The server step schedule (module docstring).
     estimator : {"unbiased", "weighted"}
         (A) ``1/(K q1 p2_k)`` scaling or (B) ``1/m2`` weighting.
-    max_clients : int or None
-        Clients per chunk of the batched local step.
-    eval_batch_size : int
-        Batch size of :meth:`evaluate`.
-    loss_fn : callable
-        ``loss_fn(output, target)``, mean over the batch.
+    """
 
-    Raises
-    ------
-    dpfl.errors.InvalidParameterError
-        On a parameter outside its domain (the message names it).
+    first_stage_probability: float = 0.2
+    second_stage_size: int = 10
+    norm_noise_ratio: float = 4.0
+    clip: float = 1.0
+    norm_floor: float | None = None
+    local_steps: int = 1
+    batch_size: int = 16
+    local_learning_rate: float = 0.1
+    server_learning_rate: float = 1.0
+    server_schedule: str = "variance"
+    estimator: str = "unbiased"
+
+    def __post_init__(self) -> None:
+        self._set(
+            "first_stage_probability",
+            check_probability("first_stage_probability", self.first_stage_probability),
+        )
+        self._set(
+            "second_stage_size",
+            check_count("second_stage_size", self.second_stage_size, minimum=1),
+        )
+        self._set(
+            "norm_noise_ratio",
+            check_positive("norm_noise_ratio", self.norm_noise_ratio),
+        )
+        self._set("clip", check_positive("clip", self.clip))
+        if self.norm_floor is not None:
+            self._set("norm_floor", check_positive("norm_floor", self.norm_floor))
+        self._set(
+            "local_steps", check_count("local_steps", self.local_steps, minimum=1)
+        )
+        self._set("batch_size", check_count("batch_size", self.batch_size, minimum=1))
+        self._set(
+            "local_learning_rate",
+            check_positive("local_learning_rate", self.local_learning_rate),
+        )
+        self._set(
+            "server_learning_rate",
+            check_positive("server_learning_rate", self.server_learning_rate),
+        )
+        if self.server_schedule not in SCHEDULES:
+            raise InvalidParameterError(
+                f"server_schedule must be one of {SCHEDULES}; got "
+                f"{self.server_schedule!r}"
+            )
+        if self.estimator not in ESTIMATORS:
+            raise InvalidParameterError(
+                f"estimator must be one of {ESTIMATORS}; got {self.estimator!r}"
+            )
+
+    @property
+    def floor(self) -> float:
+        """ν: ``norm_floor``, or ``0.01 · clip`` when it is ``None``."""
+        return 0.01 * self.clip if self.norm_floor is None else float(self.norm_floor)
+
+
+@register
+class Locks(FederatedAlgorithm):
+    """LOCKS (name ``"locks"``): two-stage norm-proportional sampling.
+
+    See :class:`~dpfl.sim.algorithms.base.FederatedAlgorithm` for the
+    arguments; the parameters are :class:`LocksParams`, σ_g is
+    ``noise_multiplier`` and σ_n = ``norm_noise_ratio`` · σ_g. The model
+    must have no BatchNorm; every client needs >= 1 record.
 
     References
     ----------
@@ -159,307 +232,293 @@ class Locks:
     """
 
     name = "locks"
+    Params = LocksParams
+    params: LocksParams
     per_client_accounting = True
 
-    def __init__(
-        self,
-        *,
-        model: nn.Module,
-        dataset: FederatedDataset,
-        device: str = "cpu",
-        first_stage_probability: float,
-        second_stage_size: int,
+    # -- accounting (pure) ------------------------------------------------------
+    @staticmethod
+    def sampler(params: LocksParams, stats: DataStats) -> TwoStageSampler:
+        """S1 w.p. q1, then S2 ⊆ S1 w.p. ``min(1, m2 ω_k)``."""
+        return TwoStageSampler(
+            num_clients=stats.num_clients,
+            first_stage_probability=params.first_stage_probability,
+            second_stage_size=params.second_stage_size,
+            client_sizes=stats.sizes,
+        )
+
+    @classmethod
+    def round_event(
+        cls,
+        params: AlgorithmParams,
+        stats: DataStats,
         noise_multiplier: float,
-        norm_noise_ratio: float = 4.0,
-        clip: float = 1.0,
-        norm_floor: float | None = None,
-        local_steps: int = 1,
-        batch_size: int = 16,
-        local_learning_rate: float = 0.1,
-        server_learning_rate: float = 1.0,
-        server_schedule: str = "variance",
-        estimator: str = "unbiased",
-        max_clients: int | None = None,
-        eval_batch_size: int = 1024,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
-    ) -> None:
-        if not isinstance(model, nn.Module):
-            raise InvalidParameterError(
-                f"model must be a torch.nn.Module; got {type(model).__name__}"
-            )
-        if not isinstance(dataset, FederatedDataset):
-            raise InvalidParameterError(
-                f"dataset must be a FederatedDataset; got {type(dataset).__name__}"
-            )
-        self.q1 = check_probability("first_stage_probability", first_stage_probability)
-        self.m2 = check_count("second_stage_size", second_stage_size, minimum=1)
-        self.sigma_g = check_positive("noise_multiplier", noise_multiplier)
-        self.sigma_n = self.sigma_g * check_positive(
-            "norm_noise_ratio", norm_noise_ratio
+        round_index: int = 0,
+    ) -> Event:
+        """``TwoStage(q1, m2, 1, Gaussian(σ_n), Gaussian(σ_g))``, σ_g = σ.
+
+        Before the round only ``max p2 <= 1`` is known.
+        """
+        p = cast(LocksParams, params)
+        return cls.sampler(p, stats).event(
+            p.norm_noise_ratio * noise_multiplier, noise_multiplier
         )
-        self.clip = check_positive("clip", clip)
-        self.norm_floor = (
-            0.01 * self.clip
-            if norm_floor is None
-            else check_positive("norm_floor", norm_floor)
+
+    @classmethod
+    def paper_report(
+        cls,
+        params: AlgorithmParams,
+        stats: DataStats,
+        noise_multiplier: float,
+        ledger: Any,
+        delta: float,
+    ) -> dict[str, Any] | None:
+        """The worst client's guarantee for the server and for model observers.
+
+        :func:`dpfl.accounting.rdp.locks_report` with σ_g = σ and
+        σ_n = ``norm_noise_ratio`` · σ (``None`` for a non-private run).
+        """
+        if noise_multiplier <= 0:
+            return None
+        p = cast(LocksParams, params)
+        return rdp.locks_report(
+            ledger,
+            noise_multiplier=noise_multiplier,
+            norm_noise_ratio=p.norm_noise_ratio,
+            event=cls.round_event(p, stats, noise_multiplier),
+            delta=delta,
         )
-        self.local_steps = check_count("local_steps", local_steps, minimum=1)
-        self.batch_size = check_count("batch_size", batch_size, minimum=1)
-        self.local_learning_rate = check_positive(
-            "local_learning_rate", local_learning_rate
-        )
-        self.server_learning_rate = check_positive(
-            "server_learning_rate", server_learning_rate
-        )
-        if server_schedule not in SCHEDULES:
-            raise InvalidParameterError(
-                f"server_schedule must be one of {SCHEDULES}; got {server_schedule!r}"
-            )
-        self.server_schedule = server_schedule
-        if estimator not in ESTIMATORS:
-            raise InvalidParameterError(
-                f"estimator must be one of {ESTIMATORS}; got {estimator!r}"
-            )
-        self.estimator = estimator
-        self.max_clients = (
-            None
-            if max_clients is None
-            else check_count("max_clients", max_clients, minimum=1)
-        )
-        self.eval_batch_size = check_count(
-            "eval_batch_size", eval_batch_size, minimum=1
-        )
-        self.loss_fn = loss_fn
-        self.device = str(device)
-        self.dataset = dataset
-        self.model = model.to(self.device)
-        self.num_clients = dataset.num_clients
-        self.sizes = np.asarray(dataset.client_sizes(), dtype=np.int64)
-        if self.sizes.min() < 1:
+
+    def realised_event(self, cohort: Cohort) -> Event | None:
+        """The sampler's event with the bound known before the round (max p2 = 1).
+
+        The realised max p2 is a fact of the round (:meth:`ledger_extra`), not
+        a term of its price: see the module docstring.
+        """
+        if not self.private:
+            return None
+        return self._sampler.event(self.sigma_n, self.sigma_g)
+
+    def ledger_extra(self, cohort: Cohort) -> dict[str, Any] | None:
+        """``{"second_stage": [ids of S2], "max_p2": max_k p2_k}`` (JSON-ready).
+
+        ``max_p2`` is 0 when S1 was empty.
+        """
+        return {
+            "second_stage": [int(k) for k in cohort.info.get("second_stage", ())],
+            "max_p2": float(cohort.info.get("max_p2", 0.0)),
+        }
+
+    # -- set-up -----------------------------------------------------------------
+    def setup(self) -> None:
+        """Sampler, noise scales and the two client privatizers."""
+        sizes = self.stats.sizes
+        if sizes.min() < 1:
             raise InvalidParameterError(
                 "every client needs >= 1 training record; clients "
-                f"{np.flatnonzero(self.sizes < 1)[:10].tolist()} have none"
+                f"{np.flatnonzero(sizes < 1)[:10].tolist()} have none"
             )
-        self.sampler = PoissonClientSampler(
-            num_clients=self.num_clients,
-            participation_probability=self.q1,
-            client_sizes=self.sizes,
-        )
-        self.names = [n for n, _ in self.model.named_parameters()]
-        self.shapes = [p.shape for _, p in self.model.named_parameters()]
-        self.dim = sum(p.numel() for p in self.model.parameters())
-        self.norm_noise = ClientGaussian(noise_multiplier=self.sigma_n, clip=self.clip)
-        self.update_noise = ClientGaussian(
-            noise_multiplier=self.sigma_g, clip=self.clip
-        )
-        self._last: dict[str, Any] = {}
+        p = self.params
+        self._sampler = self.sampler(p, self.stats)
+        #: σ_g: std of each uploaded update's noise, in units of C.
+        self.sigma_g = self.noise_multiplier
+        #: σ_n = norm_noise_ratio · σ_g: std of each released norm's noise.
+        self.sigma_n = p.norm_noise_ratio * self.sigma_g
+        self.norm_noise: ClientGaussian | None = None
+        self.update_noise: ClientGaussian | None = None
+        if self.private:
+            self.norm_noise = ClientGaussian(noise_multiplier=self.sigma_n, clip=p.clip)
+            self.update_noise = ClientGaussian(
+                noise_multiplier=self.sigma_g, clip=p.clip
+            )
 
-    # -- accounting -------------------------------------------------------------
-    def _event(self, max_p2: float) -> ev.TwoStage:
-        return ev.TwoStage(
-            self.q1,
-            self.m2,
-            max_p2,
-            ev.Gaussian(self.sigma_n),
-            ev.Gaussian(self.sigma_g),
-        )
+    # -- the server's first stage -------------------------------------------------
+    def select(self, round_index: int, server: Streams) -> Cohort:
+        """S1 ← each client w.p. q1; each trains on batches of its own choice."""
+        s1 = self._sampler.first_stage(server.rng)
+        return Cohort(s1, [Task(int(k)) for k in s1], {"round": round_index})
 
-    def event(self) -> ev.Event:
-        """The accounting event of the next round, known before it runs.
-
-        Returns
-        -------
-        Event
-            ``TwoStage(q1, m2, 1.0, Gaussian(σ_n), Gaussian(σ_g))``: before the
-            round only ``max p2 <= 1`` is known. Use :meth:`realised_event`
-            after the round to record the realised maximum.
-        """
-        return self._event(1.0)
-
-    def realised_event(self) -> ev.Event:
-        """The last round's event with its realised ``max_k p2_k``.
-
-        Returns
-        -------
-        Event
-            ``TwoStage(q1, m2, max p2, Gaussian(σ_n), Gaussian(σ_g))`` (1.0
-            before any round, or when S1 was empty).
-        """
-        return self._event(float(self._last.get("max_p2", 1.0)) or 1.0)
-
-    def ledger_extra(self) -> dict[str, Any]:
-        """Per-round facts for the ledger entry of the last round.
-
-        Returns
-        -------
-        dict
-            ``{"second_stage": [ids of S2]}`` (JSON-ready).
-        """
-        return {"second_stage": [int(k) for k in self._last.get("second_stage", [])]}
-
-    # -- one round, piece by piece ------------------------------------------------
-    def _params(self) -> Params:
-        return {n: p.detach() for n, p in self.model.named_parameters()}
-
-    def first_stage(self, rng: np.random.Generator) -> np.ndarray:
-        """S1: each client w.p. q1 (ascending ids).
-
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-            The round's generator.
-
-        Returns
-        -------
-        numpy.ndarray
-            int64 client ids.
-        """
-        return self.sampler.sample(rng).clients
-
-    def client_updates(
-        self, clients: np.ndarray, rng: np.random.Generator
+    # -- the clients --------------------------------------------------------------
+    def clipped_updates(
+        self,
+        weights: torch.Tensor,
+        clients: np.ndarray,
+        rngs: Sequence[np.random.Generator],
     ) -> torch.Tensor:
-        """Clipped updates ḡ_k of S1 clients computed at w_t, batched.
+        """Clipped updates ḡ_k at ``weights`` of ``clients``, trained together.
+
+        Client ``clients[j]`` draws its E batches of b records (with
+        replacement) from ``rngs[j]`` alone.
 
         Parameters
         ----------
+        weights : torch.Tensor
+            ``[d]`` global weights w_t.
         clients : numpy.ndarray
-            S1 (ids).
-        rng : numpy.random.Generator
-            Draws the b records (with replacement) of each of the E steps.
+            The clients (ids).
+        rngs : sequence of numpy.random.Generator
+            Each client's own generator.
 
         Returns
         -------
         torch.Tensor
-            ``[len(clients), d]`` flat clipped updates, each of norm <= C.
+            ``[len(clients), d]``, each row of norm <= C.
 
         Raises
         ------
         dpfl.errors.NonFiniteUpdateError
-            If a gradient is not finite.
+            If a gradient or an update is not finite.
         """
-        w = self._params()
-        flat_w = torch.cat([w[n].reshape(-1) for n in self.names])
-        if len(clients) == 0:
-            return flat_w.new_zeros(0, self.dim)
-        stacked = stack_params(w, len(clients))
-        pos, _ = draw_local_batches(
-            rng,
-            self.sizes[clients],
-            batch_size=self.batch_size,
-            steps=self.local_steps,
-            replacement=True,
+        p = self.params
+        m = len(clients)
+        if m == 0:
+            return weights.new_zeros(0, weights.numel())
+        sizes = self.stats.sizes
+        pos = np.concatenate(
+            [
+                draw_local_batches(
+                    rng,
+                    sizes[[int(k)]],
+                    batch_size=p.batch_size,
+                    steps=p.local_steps,
+                    replacement=True,
+                )[0]
+                for k, rng in zip(clients, rngs)
+            ],
+            axis=1,
         )
-        for s in range(self.local_steps):
+        stacked = stack_params(self.unflatten(weights), m)
+        for s in range(p.local_steps):
             xb, yb = gather_batches(self.dataset, clients, pos[s], self.device)
             stacked = cohort_sgd_step(
                 self.model,
                 stacked,
                 xb,
                 yb,
-                learning_rate=self.local_learning_rate,
+                learning_rate=p.local_learning_rate,
                 loss_fn=self.loss_fn,
                 max_clients=self.max_clients,
             )
-        local = torch.cat(
-            [stacked[n].reshape(len(clients), -1) for n in self.names], dim=1
-        )
-        g = flat_w.unsqueeze(0) - local
+        g = weights.detach().unsqueeze(0) - self.flatten(stacked, lead=1)
+        check_finite({"update": g}, "LOCKS client updates")
         norms = g.norm(dim=1, keepdim=True)
-        return g * (self.clip / norms.clamp_min(1e-30)).clamp(max=1.0)
+        return g * (p.clip / norms.clamp_min(1e-30)).clamp(max=1.0)
 
-    def noisy_norms(
+    def release(
         self, clipped: torch.Tensor, generator: torch.Generator
-    ) -> torch.Tensor:
-        """Released norms ñ_k = max(ν, ‖ḡ_k‖ + σ_n C ξ_k), ξ_k ~ N(0, 1).
+    ) -> tuple[torch.Tensor, float]:
+        """One client's releases: ``(g̃ = ḡ + σ_g C z, ñ = max(ν, ‖ḡ‖ + σ_n C ξ))``.
+
+        ξ is drawn first, then z, both from the client's ``generator``
+        (nothing is drawn in a non-private run).
 
         Parameters
         ----------
         clipped : torch.Tensor
-            ``[n1, d]`` clipped updates.
+            ``[d]`` the client's clipped update ḡ.
         generator : torch.Generator
-            Source of ξ.
-
-        Returns
-        -------
-        torch.Tensor
-            ``[n1]`` float64 released norms.
-        """
-        if clipped.shape[0] == 0:
-            return clipped.new_zeros(0, dtype=torch.float64)
-        norms = clipped.norm(dim=1, keepdim=True)
-        noisy = self.norm_noise.noise_messages({"n": norms}, generator)["n"]
-        return noisy.squeeze(1).to(torch.float64).clamp_min(self.norm_floor)
-
-    def second_stage(
-        self,
-        clients: np.ndarray,
-        clipped: torch.Tensor,
-        norms: torch.Tensor,
-        rng: np.random.Generator,
-        generator: torch.Generator,
-        *,
-        estimator: str | None = None,
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Stage 2 and aggregation: S2 ⊆ S1, client noise, the estimate ĝ.
-
-        Parameters
-        ----------
-        clients : numpy.ndarray
-            S1 (ids), aligned with ``clipped`` and ``norms``.
-        clipped : torch.Tensor
-            ``[n1, d]`` clipped updates ḡ.
-        norms : torch.Tensor
-            ``[n1]`` released norms ñ.
-        rng : numpy.random.Generator
-            Draws S2.
-        generator : torch.Generator
-            Draws the update noise.
-        estimator : {"unbiased", "weighted"}, optional
-            Overrides the instance's estimator.
+            The client's own torch generator.
 
         Returns
         -------
         tuple
-            ``(ĝ as a flat [d] tensor, info)``; info holds ``second_stage``
-            (S2 ids), ``p2`` (numpy, aligned with S1), ``max_p2``, ``omega``
-            and ``variance`` (V̂_t of the module docstring).
+            The noisy update ``[d]`` and the released norm (a float >= ν).
         """
-        estimator = self.estimator if estimator is None else estimator
+        norm = torch.linalg.vector_norm(clipped.to(torch.float64)).reshape(1, 1)
+        if self.norm_noise is None or self.update_noise is None:
+            return clipped.clone(), max(self.params.floor, float(norm))
+        noisy_norm = self.norm_noise.noise_messages({"n": norm}, generator)["n"]
+        noisy = self.update_noise.noise_messages({"g": clipped[None]}, generator)["g"]
+        return noisy[0], max(self.params.floor, float(noisy_norm))
+
+    def client_step(
+        self, weights: torch.Tensor, task: Task, streams: Streams
+    ) -> Message:
+        """ḡ_k ← clip_C(w_t − w_t after E local steps); release g̃_k and ñ_k.
+
+        The message's vector is the noisy update g̃_k (uploaded only if the
+        server picks the client for stage 2), its scalar ``"noisy_norm"`` ñ_k.
+        """
+        clipped = self.clipped_updates(
+            weights, np.array([task.client], dtype=np.int64), [streams.rng]
+        )
+        noisy, norm = self.release(clipped[0], streams.generator)
+        return Message(noisy, {"noisy_norm": norm})
+
+    def client_steps(
+        self, weights: torch.Tensor, tasks: Sequence[Task], streams: Sequence[Streams]
+    ) -> Messages:
+        """All of S1 trained in one stacked computation, each with its own streams."""
+        if not tasks:
+            return Messages.stack([], weights)
+        clients = np.array([t.client for t in tasks], dtype=np.int64)
+        clipped = self.clipped_updates(weights, clients, [s.rng for s in streams])
+        messages = []
+        for j, s in enumerate(streams):
+            noisy, norm = self.release(clipped[j], s.generator)
+            messages.append(Message(noisy, {"noisy_norm": norm}))
+        return Messages.stack(messages, weights)
+
+    # -- the server's second stage and step ---------------------------------------
+    def aggregate(
+        self,
+        noisy_updates: torch.Tensor,
+        noisy_norms: np.ndarray,
+        rng: np.random.Generator,
+        *,
+        estimator: str | None = None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Stage 2 and the estimate: S2 ⊆ S1 by noisy norms, then ĝ.
+
+        Parameters
+        ----------
+        noisy_updates : torch.Tensor
+            ``[n1, d]`` the S1 clients' noisy updates g̃ (only S2's are read).
+        noisy_norms : numpy.ndarray
+            ``[n1]`` their released norms ñ.
+        rng : numpy.random.Generator
+            The server's generator (draws S2).
+        estimator : {"unbiased", "weighted"}, optional
+            Overrides the parameters' estimator.
+
+        Returns
+        -------
+        tuple
+            ``(ĝ as a flat [d] tensor, info)``; info holds ``chosen``
+            (positions in S1 of S2), ``p2`` and ``omega`` (numpy, aligned with
+            S1), ``max_p2`` (0 for an empty S1) and ``variance`` (V̂_t of the
+            module docstring).
+        """
+        estimator = self.params.estimator if estimator is None else estimator
         if estimator not in ESTIMATORS:
             raise InvalidParameterError(
                 f"estimator must be one of {ESTIMATORS}; got {estimator!r}"
             )
-        n1 = len(clients)
-        if n1 == 0:
-            zero = clipped.new_zeros(self.dim)
-            return zero, {
-                "second_stage": np.empty(0, np.int64),
+        d = noisy_updates.shape[1]
+        n_tilde = np.asarray(noisy_norms, dtype=np.float64).reshape(-1)
+        if n_tilde.size == 0:
+            return noisy_updates.new_zeros(d), {
+                "chosen": np.empty(0, np.int64),
                 "p2": np.empty(0),
                 "omega": np.empty(0),
                 "max_p2": 0.0,
                 "variance": 0.0,
             }
-        n_tilde = norms.detach().cpu().numpy().astype(float)
+        chosen, p2 = self._sampler.second_stage(rng, n_tilde)
         omega = n_tilde / n_tilde.sum()
-        p2 = np.minimum(1.0, self.m2 * omega)
-        chosen = rng.random(n1) < p2
-        idx = np.flatnonzero(chosen)
-        sent = self.update_noise.noise_messages(
-            {"g": clipped[torch.as_tensor(idx, dtype=torch.long)]}, generator
-        )["g"]
         if estimator == "unbiased":
-            pi = self.q1 * p2[idx]
-            a = 1.0 / (self.num_clients * pi)
+            pi = self.params.first_stage_probability * p2[chosen]
+            a = 1.0 / (self.stats.num_clients * pi)
         else:
-            pi = p2[idx]
-            a = np.full(len(idx), 1.0 / self.m2)
+            pi = p2[chosen]
+            a = np.full(len(chosen), 1.0 / self.params.second_stage_size)
+        sent = noisy_updates[torch.as_tensor(chosen, dtype=torch.long)]
         coef = torch.as_tensor(a, dtype=sent.dtype, device=sent.device)
-        estimate = coef @ sent if len(idx) else clipped.new_zeros(self.dim)
-        noise_var = self.dim * (self.sigma_g * self.clip) ** 2
-        variance = float(np.sum(a**2 * ((1.0 - pi) * n_tilde[idx] ** 2 + noise_var)))
+        estimate = coef @ sent if len(chosen) else noisy_updates.new_zeros(d)
+        noise_var = d * (self.sigma_g * self.params.clip) ** 2
+        variance = float(np.sum(a**2 * ((1.0 - pi) * n_tilde[chosen] ** 2 + noise_var)))
         return estimate, {
-            "second_stage": clients[idx],
+            "chosen": chosen,
             "p2": p2,
             "omega": omega,
             "max_p2": float(p2.max()),
@@ -481,179 +540,42 @@ class Locks:
         float
             The step size.
         """
-        eta = self.server_learning_rate
-        if self.server_schedule == "constant":
+        p = self.params
+        eta = p.server_learning_rate
+        if p.server_schedule == "constant":
             return eta
-        if self.server_schedule == "inverse-sqrt":
+        if p.server_schedule == "inverse-sqrt":
             return eta / math.sqrt(round_index + 1)
-        c2 = self.clip**2
+        c2 = p.clip**2
         return eta * c2 / (c2 + check_nonnegative("variance", variance))
 
-    def run_round(
-        self, round_index: int, rng: np.random.Generator, generator: torch.Generator
-    ) -> tuple[np.ndarray, dict[str, float]]:
-        """Run one LOCKS round and take the server step.
-
-        Parameters
-        ----------
-        round_index : int
-            t (used by the ``"inverse-sqrt"`` schedule).
-        rng : numpy.random.Generator
-            Draws S1, the records and S2.
-        generator : torch.Generator
-            Draws the norm and update noise.
-
-        Returns
-        -------
-        tuple
-            ``(S1, metrics)``; metrics hold ``first_stage``, ``second_stage``,
-            ``max_p2``, ``step_size``, ``variance`` and ``update_norm``.
+    def server_step(
+        self, cohort: Cohort, messages: Messages, server: Streams
+    ) -> dict[str, float]:
+        """S2 ← norm-proportional draw; ĝ ← Σ_{S2} a_k g̃_k;  w ← w − η_t ĝ.
 
         Raises
         ------
         dpfl.errors.NonFiniteUpdateError
-            If an update or the estimate is not finite; the model is unchanged.
+            If the step is not finite; the weights are unchanged.
         """
-        s1 = self.first_stage(rng)
-        clipped = self.client_updates(s1, rng)
-        norms = self.noisy_norms(clipped, generator)
-        estimate, info = self.second_stage(s1, clipped, norms, rng, generator)
-        check_finite({"estimate": estimate}, "LOCKS")
-        eta = self.step_size(round_index, info["variance"])
-        with torch.no_grad():
-            start = 0
-            for p in self.model.parameters():
-                k = p.numel()
-                p.sub_(eta * estimate[start : start + k].reshape(p.shape))
-                start += k
-        self._last = {"second_stage": info["second_stage"], "max_p2": info["max_p2"]}
-        metrics = {
+        s1 = np.asarray(cohort.participants, dtype=np.int64)
+        norms = (
+            messages.scalars["noisy_norm"].cpu().numpy()
+            if "noisy_norm" in messages.scalars
+            else np.empty(0)
+        )
+        estimate, info = self.aggregate(messages.vectors, norms, server.rng)
+        eta = self.step_size(int(cohort.info.get("round", 0)), info["variance"])
+        step = estimate * eta
+        self.apply_update(step, scale=-1.0)
+        cohort.info["second_stage"] = s1[info["chosen"]]
+        cohort.info["max_p2"] = info["max_p2"]
+        return {
             "first_stage": float(len(s1)),
-            "second_stage": float(len(info["second_stage"])),
+            "second_stage": float(len(info["chosen"])),
             "max_p2": info["max_p2"],
             "step_size": eta,
             "variance": info["variance"],
-            "update_norm": float(eta * estimate.norm()),
+            "update_norm": float(torch.linalg.vector_norm(step)),
         }
-        return s1, metrics
-
-    # -- evaluation and state ---------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
-        """Mean loss and accuracy of the global model on the test set.
-
-        Returns
-        -------
-        dict of str to float
-            ``{"test_loss", "test_accuracy"}``; empty without a test set.
-        """
-        return evaluate_model(
-            self.model,
-            self.dataset.test_features,
-            self.dataset.test_labels,
-            loss_fn=self.loss_fn,
-            batch_size=self.eval_batch_size,
-            device=self.device,
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        """Model parameters (CPU copies); LOCKS keeps no other state.
-
-        Returns
-        -------
-        dict
-            ``{"name", "model"}``.
-        """
-        return {
-            "name": self.name,
-            "model": model_state(self.model),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`.
-
-        Parameters
-        ----------
-        state : dict
-            From :meth:`state_dict`.
-
-        Raises
-        ------
-        dpfl.errors.InvalidParameterError
-            If the state belongs to another algorithm.
-        """
-        check_state_owner(state, self.name)
-        self.model.load_state_dict(state["model"])
-
-    # -- the run's guarantee ----------------------------------------------------
-    def privacy_report(
-        self, ledger: PrivacyLedger, *, delta: float | None = None
-    ) -> dict[str, Any]:
-        """The worst client's guarantee, for the server and for model observers.
-
-        Parameters
-        ----------
-        ledger : PrivacyLedger
-            The run's ledger: participants = S1 and ``extra["second_stage"]``.
-        delta : float, optional
-            Target δ (default: the ledger budget's δ).
-
-        Returns
-        -------
-        dict
-            ``"server_view"``: the most exposed client's realised N1 (noisy
-            norms sent) and N2 (noisy updates sent), and
-            :func:`~dpfl.accounting.rdp.locks_server_view` of them (exact
-            Gaussian composition; zero-out, and ``epsilon_replace_one``); its
-            ``epsilon_ledger`` is the ledger's figure for the same client.
-            ``"observer_view"``: the ledger's ε for parties that see only the
-            released models, which dpfl bounds by the server's view (no
-            amplification is claimed: client-added noise reveals who took
-            part).
-
-        Raises
-        ------
-        dpfl.errors.DpflError
-            If no δ is given and the ledger has no budget.
-        """
-        if delta is None:
-            if ledger.budget is None:
-                raise DpflError("delta must be given when the ledger has no budget")
-            delta = ledger.budget.delta
-        delta = check_delta("delta", delta)
-        worst, bound = ledger.worst_unit(delta, analysis="server")
-        n1 = n2 = 0
-        for entry in ledger.entries:
-            if worst is not None and worst in (entry.participants or ()):
-                n1 += 1
-                n2 += worst in entry.extra.get("second_stage", ())
-        kw: dict[str, Any] = {
-            "norm_noise_multiplier": self.sigma_n,
-            "update_noise_multiplier": self.sigma_g,
-            "norm_rounds": n1,
-            "update_rounds": n2,
-            "delta": delta,
-        }
-        server = rdp.locks_server_view(**kw)
-        server["epsilon_replace_one"] = rdp.locks_server_view(
-            **kw, neighbouring="replace-one"
-        )["epsilon"]
-        server["epsilon_ledger"] = bound.upper
-        server["client"] = worst
-        observer = {
-            "epsilon": ledger.epsilon(delta, analysis="observer").upper,
-            **schemes.describe(self.event(), "observer"),
-        }
-        return {
-            "rounds": ledger.rounds,
-            "delta": delta,
-            "server_view": server,
-            "observer_view": observer,
-        }
-
-    def __repr__(self) -> str:
-        """Return a short description."""
-        return (
-            f"Locks(K={self.num_clients}, q1={self.q1:g}, m2={self.m2}, "
-            f"sigma_n={self.sigma_n:g}, sigma_g={self.sigma_g:g}, C={self.clip:g}, "
-            f"estimator={self.estimator!r})"
-        )
