@@ -1,4 +1,4 @@
-"""Randomness keyed by position: per (seed, round) for the server, per (seed, round, client) for clients.
+"""Randomness keyed by position: (seed, round) and (seed, round, client).
 
 A run's numbers are a function of *where* they are drawn, never of how much
 was drawn before:

@@ -887,5 +887,3 @@ class TwoStageSampler(Sampler):
             ev.Gaussian(norm_noise_multiplier),
             ev.Gaussian(update_noise_multiplier),
         )
-
-

@@ -1,4 +1,4 @@
-"""Federated algorithms by name: ``build_algorithm("dsgd-rp", params, model=..., dataset=...)``.
+"""Federated algorithms by name: ``build_algorithm(name, params, model=, dataset=)``.
 
 Each paper's system is one module here that reads like its pseudo-code over
 the shared pieces (:mod:`dpfl.sim.algorithms.base`, :mod:`dpfl.sim.sampling`,

@@ -303,7 +303,8 @@ class FederatedAlgorithm(abc.ABC):
     ) -> None:
         if not isinstance(params, self.Params):
             raise InvalidParameterError(
-                f"params must be {self.Params.__qualname__}; got {type(params).__name__}"
+                f"params must be {self.Params.__qualname__}; got "
+                f"{type(params).__name__}"
             )
         if not isinstance(model, nn.Module):
             raise InvalidParameterError(
@@ -359,7 +360,7 @@ class FederatedAlgorithm(abc.ABC):
         return int(self.weights.numel())
 
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Views of ``flat`` (``[..., d]``) shaped like the parameters (``[..., *shape]``)."""
+        """Views of ``flat`` ``[..., d]`` shaped as the parameters ``[..., *shape]``."""
         lead = tuple(flat.shape[:-1])
         out: dict[str, torch.Tensor] = {}
         offset = 0
@@ -369,8 +370,10 @@ class FederatedAlgorithm(abc.ABC):
             offset += size
         return out
 
-    def flatten(self, tensors: Mapping[str, torch.Tensor], lead: int = 0) -> torch.Tensor:
-        """One ``[..., d]`` tensor from parameter-shaped tensors (``lead`` leading dims)."""
+    def flatten(
+        self, tensors: Mapping[str, torch.Tensor], lead: int = 0
+    ) -> torch.Tensor:
+        """A ``[..., d]`` tensor from parameter-shaped tensors (``lead`` dims first)."""
         return torch.cat(
             [t.reshape(*t.shape[:lead], -1) for t in (tensors[n] for n in self.shapes)],
             dim=-1,
@@ -419,7 +422,7 @@ class FederatedAlgorithm(abc.ABC):
 
     @classmethod
     def unproven_reason(cls, params: AlgorithmParams) -> str | None:
-        """Why the mechanism with these parameters has no proven bound (None: it has)."""
+        """Why these parameters give no proven bound (None: they do)."""
         return None
 
     @classmethod
@@ -442,7 +445,7 @@ class FederatedAlgorithm(abc.ABC):
         ledger: Any,
         delta: float,
     ) -> dict[str, Any] | None:
-        """The paper's own privacy figures for a run, with their caveats (None: none)."""
+        """The paper's own privacy figures for a run, with caveats (None: none)."""
         return None
 
     def event(self, round_index: int = 0) -> Event | None:
@@ -474,7 +477,9 @@ class FederatedAlgorithm(abc.ABC):
         """The server picks the round's participants and hands out their tasks."""
 
     @abc.abstractmethod
-    def client_step(self, weights: torch.Tensor, task: Task, streams: Streams) -> Message:
+    def client_step(
+        self, weights: torch.Tensor, task: Task, streams: Streams
+    ) -> Message:
         """One client's work: the reference the batched path is checked against."""
 
     def client_steps(
@@ -512,7 +517,7 @@ class FederatedAlgorithm(abc.ABC):
         """The algorithm's state besides the model (CPU tensors or plain data)."""
         return {}
 
-    def load_extra_state(self, state: dict[str, Any]) -> None:
+    def load_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027
         """Restore :meth:`extra_state`."""
 
     def state_dict(self) -> dict[str, Any]:
@@ -535,7 +540,9 @@ class FederatedAlgorithm(abc.ABC):
             If the state belongs to another algorithm or model.
         """
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise InvalidParameterError("state is not a dpfl algorithm state (format 2)")
+            raise InvalidParameterError(
+                "state is not a dpfl algorithm state (format 2)"
+            )
         if state.get("name") != self.name:
             raise InvalidParameterError(
                 f"state is for algorithm {state.get('name')!r}, not {self.name!r}"

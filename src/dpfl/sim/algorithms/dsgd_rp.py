@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
@@ -109,7 +110,9 @@ class DsgdRpParams(AlgorithmParams):
     def __post_init__(self) -> None:
         self._set(
             "participation_probability",
-            check_probability("participation_probability", self.participation_probability),
+            check_probability(
+                "participation_probability", self.participation_probability
+            ),
         )
         self._set(
             "record_probability",
@@ -127,7 +130,9 @@ class DsgdRpParams(AlgorithmParams):
                 f"server must be one of {SERVERS}; got {self.server!r}"
             )
         if self.max_batch is not None and int(self.max_batch) < 1:
-            raise InvalidParameterError(f"max_batch must be >= 1; got {self.max_batch!r}")
+            raise InvalidParameterError(
+                f"max_batch must be >= 1; got {self.max_batch!r}"
+            )
 
 
 @register
@@ -166,7 +171,7 @@ class DsgdRandomParticipation(FederatedAlgorithm):
         noise_multiplier: float,
         round_index: int = 0,
     ) -> Event:
-        """``ClientPoisson(p, RecordPoisson(q, d, Gaussian(σ)))``, d the largest client."""
+        """``ClientPoisson(p, RecordPoisson(q, d, Gaussian(σ)))``, d: largest client."""
         return cls.sampler(cast(DsgdRpParams, params), stats).event(noise_multiplier)
 
     def setup(self) -> None:
@@ -263,12 +268,14 @@ class DsgdRandomParticipation(FederatedAlgorithm):
         check_finite({"gradient sum": total}, "gradient sum")
         return total
 
-    def client_step(self, weights: torch.Tensor, task: Task, streams: Streams) -> Message:
+    def client_step(
+        self, weights: torch.Tensor, task: Task, streams: Streams
+    ) -> Message:
         """g_i ← Σ_{s ∈ S_i} clip_C(∇ℓ(w_t, s))."""
         return self._gradient_sum(weights, cast(np.ndarray, task.rows))
 
     def client_steps(
-        self, weights: torch.Tensor, tasks: list[Task], streams: list[Streams]
+        self, weights: torch.Tensor, tasks: Sequence[Task], streams: Sequence[Streams]
     ) -> Messages:
         """Σ_i g_i over the cohort in one kernel call (the server uses only the sum).
 

@@ -108,7 +108,7 @@ class FedAvgParams(AlgorithmParams):
 
 @register
 class FedAvg(FederatedAlgorithm):
-    """Federated averaging, non-private (name ``"fedavg"``); parameters :class:`FedAvgParams`."""
+    """Non-private federated averaging (``"fedavg"``); see :class:`FedAvgParams`."""
 
     name = "fedavg"
     Params = FedAvgParams
@@ -201,7 +201,7 @@ class FedAvg(FederatedAlgorithm):
     def server_step(
         self, cohort: Cohort, messages: Messages, server: Streams
     ) -> dict[str, float]:
-        """w ← w + η_s · Σ_k ω_k Δ_k, ω_k = n_k / n_S (or 1/m)."""
+        """Server: w ← w + η_s · Σ_k ω_k Δ_k, ω_k = n_k / n_S (or 1/m)."""
         if self.params.weighting == "records":
             weights = messages.scalars["records"]
             weights = weights / weights.sum()
