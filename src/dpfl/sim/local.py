@@ -112,11 +112,13 @@ def cohort_sgd_step(
         counts = torch.full((xb.shape[0],), float(xb.shape[1]), device=xb.device)
     else:
         counts = sample_mask.to(torch.float32).sum(1).clamp_min(1.0)
+    # θ_k − lr · s_k / b_k as one fused multiply-add per tensor.
+    factor = -learning_rate / counts
     new: Params = {}
     for k, s in sums.items():
         shape = (-1,) + (1,) * (s.dim() - 1)
-        step = s / counts.to(device=s.device, dtype=s.dtype).reshape(shape)
-        new[k] = stacked_params[k].detach() - learning_rate * step
+        f = factor.to(device=s.device, dtype=s.dtype).reshape(shape)
+        new[k] = torch.addcmul(stacked_params[k].detach(), s, f)
     return new
 
 

@@ -23,12 +23,11 @@ cryptographically secure. A deployment draws its noise from a secure source.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from dpfl._validate import check_count
+from dpfl.errors import InvalidParameterError
 
 __all__ = ["CLIENT_DOMAIN", "Streams", "client_streams", "server_streams"]
 
@@ -36,7 +35,6 @@ __all__ = ["CLIENT_DOMAIN", "Streams", "client_streams", "server_streams"]
 CLIENT_DOMAIN = 2
 
 
-@dataclass(frozen=True)
 class Streams:
     """The two generators of one party in one round.
 
@@ -45,18 +43,43 @@ class Streams:
     rng : numpy.random.Generator
         For index draws (participants, batches, orders).
     generator : torch.Generator
-        For tensor draws (noise), on the party's device.
+        For tensor draws (noise), on the party's device; made on first use
+        (most client steps draw no noise, and a torch generator costs tens of
+        microseconds to make), from a seed fixed when the streams are made, so
+        when it is made does not change what it draws.
     """
 
-    rng: np.random.Generator
-    generator: torch.Generator
+    __slots__ = ("_device", "_generator", "_torch_seed", "rng")
+
+    def __init__(
+        self,
+        rng: np.random.Generator,
+        generator: torch.Generator | None = None,
+        *,
+        torch_seed: int | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if generator is None and torch_seed is None:
+            raise InvalidParameterError("Streams needs a generator or a torch_seed")
+        self.rng = rng
+        self._generator = generator
+        self._torch_seed = torch_seed
+        self._device = device
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The torch generator (made on first use)."""
+        if self._generator is None:
+            g = torch.Generator(device=self._device)
+            g.manual_seed(int(self._torch_seed))  # type: ignore[arg-type]
+            self._generator = g
+        return self._generator
 
 
 def _streams(seq: np.random.SeedSequence, device: str | torch.device) -> Streams:
     np_seq, torch_seq = seq.spawn(2)
-    generator = torch.Generator(device=device)
-    generator.manual_seed(int(torch_seq.generate_state(1, np.uint64)[0]))
-    return Streams(np.random.default_rng(np_seq), generator)
+    seed = int(torch_seq.generate_state(1, np.uint64)[0])
+    return Streams(np.random.default_rng(np_seq), torch_seed=seed, device=device)
 
 
 def server_streams(
