@@ -63,7 +63,7 @@ def _estimate(alg, seed=0, round_index=0, server=None):
     cohort = alg.select(round_index, server)
     streams = [client_streams(seed, round_index, t.client) for t in cohort.tasks]
     messages = alg.client_steps(alg.weights, cohort.tasks, streams)
-    return alg.estimate(cohort, messages), cohort
+    return alg.estimate(cohort, messages)[0], cohort
 
 
 def _params(model):

@@ -34,7 +34,7 @@ from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.sim.algorithms.base import FederatedAlgorithm
 from dpfl.sim.executors import Executor, executor
-from dpfl.sim.randomness import client_streams, server_streams
+from dpfl.sim.randomness import CohortStreams, server_streams
 
 __all__ = ["RoundReport", "Trainer"]
 
@@ -134,10 +134,9 @@ class Trainer:
             self.ledger.check(event)
         server = server_streams(self.seed, index, alg.device)
         cohort = alg.select(index, server)
-        streams = [
-            client_streams(self.seed, index, task.client, alg.device)
-            for task in cohort.tasks
-        ]
+        streams = CohortStreams(
+            self.seed, index, [task.client for task in cohort.tasks], alg.device
+        )
         messages = self.executor.run(alg, alg.weights, cohort.tasks, streams)
         metrics = alg.server_step(cohort, messages, server)
         if event is not None:

@@ -23,13 +23,22 @@ cryptographically secure. A deployment draws its noise from a secure source.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import overload
+
 import numpy as np
 import torch
 
 from dpfl._validate import check_count
 from dpfl.errors import InvalidParameterError
 
-__all__ = ["CLIENT_DOMAIN", "Streams", "client_streams", "server_streams"]
+__all__ = [
+    "CLIENT_DOMAIN",
+    "CohortStreams",
+    "Streams",
+    "client_streams",
+    "server_streams",
+]
 
 #: Second entry of every client key (server children use 0 and 1).
 CLIENT_DOMAIN = 2
@@ -143,3 +152,51 @@ def client_streams(
     client = check_count("client", client, minimum=0)
     key = (round_index, CLIENT_DOMAIN, client)
     return _streams(np.random.SeedSequence(seed, spawn_key=key), device)
+
+
+class CohortStreams(Sequence[Streams]):
+    """The streams of a round's clients, in task order, each made on first use.
+
+    A batched step that draws nothing per client (DP-DSGD's: the server draws
+    its records and noise) then pays nothing for them; a step that does gets
+    exactly :func:`client_streams` of each client.
+
+    Parameters
+    ----------
+    seed, round_index : int
+        The run's seed and the round.
+    clients : sequence of int
+        The clients, in task order.
+    device : str or torch.device
+        Device of the torch generators.
+    """
+
+    def __init__(
+        self,
+        seed: int,
+        round_index: int,
+        clients: Sequence[int],
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self._key = (seed, round_index)
+        self._clients = list(clients)
+        self._device = device
+        self._made: dict[int, Streams] = {}
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    @overload
+    def __getitem__(self, index: int) -> Streams: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Streams]: ...
+
+    def __getitem__(self, index: int | slice) -> Streams | list[Streams]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = range(len(self))[index]
+        if i not in self._made:
+            seed, t = self._key
+            self._made[i] = client_streams(seed, t, self._clients[i], self._device)
+        return self._made[i]

@@ -51,6 +51,7 @@ import torch
 from dpfl._validate import check_positive, check_probability
 from dpfl.accounting.events import Event
 from dpfl.errors import InvalidParameterError
+from dpfl.sim._flat import flat_view
 from dpfl.sim.algorithms.base import (
     AlgorithmParams,
     Cohort,
@@ -243,7 +244,8 @@ class DsgdRandomParticipation(FederatedAlgorithm):
                 max_batch=self.params.max_batch,
                 return_norms=True,
             )
-            total = self.flatten(sums)
+            flat = flat_view(list(sums.values()))  # the kernel's one flat buffer
+            total = self.flatten(sums) if flat is None else flat
             clipped = float((norms > clip).sum())
         else:
             total = self._plain_gradient_sum(x, y)
@@ -291,32 +293,39 @@ class DsgdRandomParticipation(FederatedAlgorithm):
             summed=True,
         )
 
-    def estimate(self, cohort: Cohort, messages: Messages) -> torch.Tensor:
-        """ĝ ← (Σ_i g_i + N(0, σ²C²)) / (pqn), flat; checked finite.
+    def estimate(
+        self, cohort: Cohort, messages: Messages
+    ) -> tuple[torch.Tensor, float]:
+        """ĝ ← (Σ_i g_i + N(0, σ²C²)) / (pqn), flat, and its norm; checked finite.
 
         Raises
         ------
         dpfl.errors.NonFiniteUpdateError
             If ĝ holds NaN or Inf.
         """
-        total = messages.total().clone()
+        total = messages.total()  # the messages are the server's to consume
         pending = cohort.info.get("noise")
         if pending is not None:
             estimate: torch.Tensor = pending.add_to_({"w": total})["w"]
         else:
             estimate = total.mul_(self.scale)
-        if not math.isfinite(float(torch.linalg.vector_norm(estimate))):
+        # One fused pass: the norm is finite iff every entry is (barring an
+        # overflow of the square, which check_finite then tells apart).
+        norm = float(torch.linalg.vector_norm(estimate))
+        if not math.isfinite(norm):
             check_finite({"update": estimate}, "model update")
-        return estimate
+        return estimate, norm
 
     def server_step(
         self, cohort: Cohort, messages: Messages, server: Streams
     ) -> dict[str, float]:
         """ĝ as in :meth:`estimate`;  v ← μv + ĝ;  w ← w − ηv."""
-        estimate = self.estimate(cohort, messages)
-        norm = float(torch.linalg.vector_norm(estimate))
+        estimate, norm = self.estimate(cohort, messages)
         with torch.no_grad():
-            self.velocity.mul_(self.params.momentum).add_(estimate)
+            # v ← ĝ + μ v and w ← w − η v, one pass each over the flat buffers.
+            torch.add(
+                estimate, self.velocity, alpha=self.params.momentum, out=self.velocity
+            )
             self.weights.add_(self.velocity, alpha=-self.params.learning_rate)
         records = messages.scalar_total("records") if len(messages.scalars) else 0.0
         metrics = {
