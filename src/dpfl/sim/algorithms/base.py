@@ -44,7 +44,9 @@ from dpfl.accounting.events import Event
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.sim.evaluation import evaluate_model
-from dpfl.sim.grad import check_finite
+from dpfl.sim.grad import check_finite, stack_params
+from dpfl.sim.local import client_local_sgd, cohort_local_sgd, pad_cohort
+from dpfl.sim.objectives import LocalObjective
 from dpfl.sim.randomness import Streams
 
 __all__ = [
@@ -390,6 +392,73 @@ class FederatedAlgorithm(abc.ABC):
     def client_rows(self, client: int) -> np.ndarray:
         """Global dataset rows of ``client``'s training records."""
         return np.asarray(self.dataset.client_indices[client], dtype=np.int64)
+
+    def local_sgd_update(
+        self,
+        weights: torch.Tensor,
+        task: Task,
+        streams: Streams,
+        *,
+        epochs: int,
+        batch_size: int,
+        learning_rate: float,
+        objective: LocalObjective | None = None,
+    ) -> tuple[torch.Tensor, int]:
+        """One client's E epochs of local SGD from ``weights``: its update and size.
+
+        The reference of :meth:`local_sgd_updates` (orders from the client's
+        own ``streams.rng``; :func:`dpfl.sim.local.client_local_sgd`).
+        """
+        x, y = self.client_data(self.client_rows(task.client))
+        final = client_local_sgd(
+            self.model,
+            self.unflatten(weights),
+            x,
+            y,
+            rng=streams.rng,
+            epochs=epochs,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            loss_fn=self.loss_fn,
+            objective=objective,
+        )
+        return self.flatten(final) - weights, int(x.shape[0])
+
+    def local_sgd_updates(
+        self,
+        weights: torch.Tensor,
+        tasks: Sequence[Task],
+        streams: Sequence[Streams],
+        *,
+        epochs: int,
+        batch_size: int,
+        learning_rate: float,
+        objective: LocalObjective | None = None,
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The cohort's local SGD as one batched computation: ``[m, d]`` updates, sizes.
+
+        Row ``j`` equals :meth:`local_sgd_update` of task ``j`` up to float
+        rounding (:func:`dpfl.sim.local.cohort_local_sgd`).
+        """
+        rows = [self.client_rows(t.client) for t in tasks]
+        counts = [len(r) for r in rows]
+        x, y = self.client_data(np.concatenate(rows))
+        x_pad, y_pad = pad_cohort(x, y, counts)
+        stacked = cohort_local_sgd(
+            self.model,
+            stack_params(self.unflatten(weights), len(tasks)),
+            x_pad,
+            y_pad,
+            counts,
+            rngs=[s.rng for s in streams],
+            epochs=epochs,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            loss_fn=self.loss_fn,
+            max_clients=self.max_clients,
+            objective=objective,
+        )
+        return self.flatten(stacked, lead=1) - weights, counts
 
     def apply_update(self, delta: torch.Tensor, *, scale: float = 1.0) -> None:
         """``weights += scale · delta``, after checking ``delta`` is finite.

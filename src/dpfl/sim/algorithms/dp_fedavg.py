@@ -115,8 +115,6 @@ from dpfl.sim.algorithms.base import (
     Task,
     register,
 )
-from dpfl.sim.grad import stack_params
-from dpfl.sim.local import client_local_sgd, cohort_local_sgd, pad_cohort
 from dpfl.sim.objectives import make_objective
 from dpfl.sim.privatize import CentralGaussian
 from dpfl.sim.randomness import Streams
@@ -534,21 +532,17 @@ class DpFedAvg(FederatedAlgorithm):
         self, weights: torch.Tensor, task: Task, streams: Streams
     ) -> Message:
         """E epochs of SGD from w_t on the client's data; send clip_S(Δw_k) and ζ_k."""
-        x, y = self.client_data(self.client_rows(task.client))
+        update, _ = self.local_sgd_update(weights, task, streams, **self._local())
+        return self._clipped(update, task)
+
+    def _local(self) -> dict[str, Any]:
         p = self.params
-        final = client_local_sgd(
-            self.model,
-            self.unflatten(weights),
-            x,
-            y,
-            rng=streams.rng,
-            epochs=p.local_epochs,
-            batch_size=p.batch_size,
-            learning_rate=p.learning_rate,
-            loss_fn=self.loss_fn,
-            objective=self.objective,
-        )
-        return self._clipped(self.flatten(final) - weights, task)
+        return {
+            "epochs": p.local_epochs,
+            "batch_size": p.batch_size,
+            "learning_rate": p.learning_rate,
+            "objective": self.objective,
+        }
 
     def client_steps(
         self, weights: torch.Tensor, tasks: Sequence[Task], streams: Sequence[Streams]
@@ -556,27 +550,7 @@ class DpFedAvg(FederatedAlgorithm):
         """The cohort's local training as one batched computation (same messages)."""
         if not tasks:
             return Messages.stack([], weights)
-        rows = [self.client_rows(t.client) for t in tasks]
-        counts = [len(r) for r in rows]
-        x, y = self.client_data(np.concatenate(rows))
-        x_pad, y_pad = pad_cohort(x, y, counts)
-        p = self.params
-        m = len(tasks)
-        stacked = cohort_local_sgd(
-            self.model,
-            stack_params(self.unflatten(weights), m),
-            x_pad,
-            y_pad,
-            counts,
-            rngs=[s.rng for s in streams],
-            epochs=p.local_epochs,
-            batch_size=p.batch_size,
-            learning_rate=p.learning_rate,
-            loss_fn=self.loss_fn,
-            max_clients=self.max_clients,
-            objective=self.objective,
-        )
-        updates = self.flatten(stacked, lead=1) - weights
+        updates, _ = self.local_sgd_updates(weights, tasks, streams, **self._local())
         norms = torch.linalg.vector_norm(updates.double(), dim=1)
         clips = [t.options.get("clip") for t in tasks]
         if all(c is not None for c in clips):

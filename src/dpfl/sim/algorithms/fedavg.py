@@ -23,7 +23,6 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, cast
 
-import numpy as np
 import torch
 
 from dpfl._validate import check_count, check_positive
@@ -39,8 +38,6 @@ from dpfl.sim.algorithms.base import (
     Task,
     register,
 )
-from dpfl.sim.grad import stack_params
-from dpfl.sim.local import client_local_sgd, cohort_local_sgd, pad_cohort
 from dpfl.sim.objectives import make_objective
 from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling import FixedCohortSampler
@@ -154,21 +151,8 @@ class FedAvg(FederatedAlgorithm):
         self, weights: torch.Tensor, task: Task, streams: Streams
     ) -> Message:
         """w_k ← E epochs of SGD from w_t; send w_k − w_t and n_k."""
-        x, y = self.client_data(self.client_rows(task.client))
-        p = self.params
-        final = client_local_sgd(
-            self.model,
-            self.unflatten(weights),
-            x,
-            y,
-            rng=streams.rng,
-            epochs=p.local_epochs,
-            batch_size=p.batch_size,
-            learning_rate=p.local_learning_rate,
-            loss_fn=self.loss_fn,
-            objective=self.objective,
-        )
-        return Message(self.flatten(final) - weights, {"records": float(x.shape[0])})
+        update, n = self.local_sgd_update(weights, task, streams, **self._local())
+        return Message(update, {"records": float(n)})
 
     def client_steps(
         self, weights: torch.Tensor, tasks: Sequence[Task], streams: Sequence[Streams]
@@ -176,27 +160,20 @@ class FedAvg(FederatedAlgorithm):
         """The cohort's local training as one batched computation (same messages)."""
         if not tasks:
             return Messages.stack([], weights)
-        rows = [self.client_rows(t.client) for t in tasks]
-        counts = [len(r) for r in rows]
-        x, y = self.client_data(np.concatenate(rows))
-        x_pad, y_pad = pad_cohort(x, y, counts)
-        p = self.params
-        stacked = cohort_local_sgd(
-            self.model,
-            stack_params(self.unflatten(weights), len(tasks)),
-            x_pad,
-            y_pad,
-            counts,
-            rngs=[s.rng for s in streams],
-            epochs=p.local_epochs,
-            batch_size=p.batch_size,
-            learning_rate=p.local_learning_rate,
-            loss_fn=self.loss_fn,
-            max_clients=self.max_clients,
-            objective=self.objective,
+        updates, counts = self.local_sgd_updates(
+            weights, tasks, streams, **self._local()
         )
         records = torch.tensor(counts, dtype=torch.float64)
-        return Messages(self.flatten(stacked, lead=1) - weights, {"records": records})
+        return Messages(updates, {"records": records})
+
+    def _local(self) -> dict[str, Any]:
+        p = self.params
+        return {
+            "epochs": p.local_epochs,
+            "batch_size": p.batch_size,
+            "learning_rate": p.local_learning_rate,
+            "objective": self.objective,
+        }
 
     def server_step(
         self, cohort: Cohort, messages: Messages, server: Streams
