@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -105,17 +106,17 @@ class DataStats:
         sizes = tuple(int(n) for n in dataset.client_sizes())
         return cls(num_clients=len(sizes), client_sizes=sizes)
 
-    @property
+    @functools.cached_property
     def sizes(self) -> np.ndarray:
         """``client_sizes`` as an int64 array."""
         return np.asarray(self.client_sizes, dtype=np.int64)
 
-    @property
+    @functools.cached_property
     def num_records(self) -> int:
         """Training records over all clients."""
         return int(sum(self.client_sizes))
 
-    @property
+    @functools.cached_property
     def largest(self) -> int:
         """The largest client's number of records."""
         return max(self.client_sizes, default=0)
