@@ -311,7 +311,7 @@ class Privatizer:
         )
         return PendingNoise(
             like,
-            check_nonnegative("std", std),
+            std,
             generator,
             check_positive("scale", scale),
             background=background,
@@ -459,7 +459,30 @@ def _counts(num_participants: int, num_available: int) -> tuple[int, int]:
     return m, n
 
 
-class CentralGaussian(Privatizer):
+class _ScaledGaussian(Privatizer):
+    """A privatizer whose noise is σ·C-scaled Gaussian: σ and C are checked once.
+
+    Every draw then reads them as they are (nothing is re-validated per round).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        σ > 0, in units of ``clip``.
+    clip : float
+        Clipping norm C > 0.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        If σ or C is not positive and finite.
+    """
+
+    def __init__(self, *, noise_multiplier: float, clip: float) -> None:
+        self.noise_multiplier = check_positive("noise_multiplier", noise_multiplier)
+        self.clip = check_positive("clip", clip)
+
+
+class CentralGaussian(_ScaledGaussian):
     """A trusted server adds ``N(0, (noise_multiplier · clip)² I)`` to the sum.
 
     Parameters
@@ -474,25 +497,19 @@ class CentralGaussian(Privatizer):
     Hasircioglu & Gündüz, arXiv 2205.01556, eq. (4) and Algorithm 1.
     """
 
-    def __init__(self, *, noise_multiplier: float, clip: float) -> None:
-        self.noise_multiplier = noise_multiplier
-        self.clip = clip
-
     def noise_std(self, *, num_participants: int, num_available: int) -> float:
         """Return ``noise_multiplier · clip``, whoever took part.
 
         Raises
         ------
         dpfl.errors.InvalidParameterError
-            On bad parameters or counts.
+            On bad counts.
         """
         _counts(num_participants, num_available)
-        return check_positive(
-            "noise_multiplier", self.noise_multiplier
-        ) * check_positive("clip", self.clip)
+        return self.noise_multiplier * self.clip
 
 
-class ClientGaussian(Privatizer):
+class ClientGaussian(_ScaledGaussian):
     """Each participant adds its own ``N(0, (noise_multiplier · clip)² I)``.
 
     The sum of the ``m`` participants' messages carries noise of std
@@ -507,15 +524,9 @@ class ClientGaussian(Privatizer):
         Clipping norm C (> 0).
     """
 
-    def __init__(self, *, noise_multiplier: float, clip: float) -> None:
-        self.noise_multiplier = noise_multiplier
-        self.clip = clip
-
     def message_std(self) -> float:
         """Return one client's noise std ``σ_c · C``."""
-        return check_positive(
-            "noise_multiplier", self.noise_multiplier
-        ) * check_positive("clip", self.clip)
+        return self.noise_multiplier * self.clip
 
     def noise_std(self, *, num_participants: int, num_available: int) -> float:
         """Return ``sqrt(num_participants) · σ_c · C``."""
@@ -542,7 +553,7 @@ class ClientGaussian(Privatizer):
         return _add(stacked, self.message_std(), generator)
 
 
-class NoiseOnlyMessages(Privatizer):
+class NoiseOnlyMessages(_ScaledGaussian):
     """Untrusted server (random participation §5.5): every client sends a message.
 
     Participants send their clipped sum plus their own noise, the others noise.
@@ -588,8 +599,7 @@ class NoiseOnlyMessages(Privatizer):
     def __init__(
         self, *, noise_multiplier: float, clip: float, secure_aggregation: bool = False
     ) -> None:
-        self.noise_multiplier = noise_multiplier
-        self.clip = clip
+        super().__init__(noise_multiplier=noise_multiplier, clip=clip)
         self.secure_aggregation = secure_aggregation
 
     def message_std(self, *, num_available: int) -> float:
@@ -598,12 +608,10 @@ class NoiseOnlyMessages(Privatizer):
         Raises
         ------
         dpfl.errors.InvalidParameterError
-            On bad parameters.
+            On a bad count.
         """
         n = check_count("num_available", num_available, minimum=1)
-        base = check_positive(
-            "noise_multiplier", self.noise_multiplier
-        ) * check_positive("clip", self.clip)
+        base = self.noise_multiplier * self.clip
         return base / math.sqrt(n) if self.secure_aggregation else base
 
     def noise_std(self, *, num_participants: int, num_available: int) -> float:
@@ -614,7 +622,5 @@ class NoiseOnlyMessages(Privatizer):
         """
         _, n = _counts(num_participants, num_available)
         if self.secure_aggregation:
-            return check_positive("noise_multiplier", self.noise_multiplier) * (
-                check_positive("clip", self.clip)
-            )
+            return self.noise_multiplier * self.clip
         return math.sqrt(n) * self.message_std(num_available=n)

@@ -490,11 +490,6 @@ class DpFedAvg(FederatedAlgorithm):
             else None
         )
 
-    @property
-    def unproven(self) -> str | None:
-        """:meth:`unproven_reason` of a private run (``None`` when non-private)."""
-        return type(self).unproven_reason(self.params) if self.private else None
-
     def setup(self) -> None:
         """Validate round 0 against the data and σ; start C_0 and CC = 0."""
         if self.private:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -184,7 +184,7 @@ class FedAvg(FederatedAlgorithm):
             weights = weights / weights.sum()
         else:
             weights = torch.full((len(cohort.tasks),), 1.0 / len(cohort.tasks))
-        vectors = cast(torch.Tensor, messages.vectors)
+        vectors = messages.vectors
         average = (weights.to(vectors.dtype)[:, None] * vectors).sum(dim=0)
         self.apply_update(average, scale=self.params.server_learning_rate)
         return {
