@@ -12,7 +12,12 @@ For each algorithm (one small, fast configuration in :data:`SPECS`):
 * a non-finite update is rejected (weights unchanged, ledger not charged);
 * the realised event prices as the event checked before the round, and the
   event is the pure ``round_event`` of the parameters (no model needed);
-* a non-private run (σ = 0) has no event and charges nothing.
+* a non-private run (σ = 0) has no event and charges nothing;
+* a replica built from the algorithm's blueprint (what a Ray worker holds)
+  computes the same messages as the trained algorithm itself: client steps
+  read mutable state only from their tasks; and a cohort cut into shares run
+  on replicas gives the run of the in-process executor (the contract of every
+  distributed executor).
 
 :data:`SPECS` must name every registered algorithm: a new algorithm cannot be
 registered without joining the contract.
@@ -21,6 +26,7 @@ registered without joining the contract.
 from __future__ import annotations
 
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -32,8 +38,10 @@ from dpfl.data import get_dataset
 from dpfl.errors import BudgetExceededError, NonFiniteUpdateError
 from dpfl.models import build_model
 from dpfl.sim.algorithms import ALGORITHMS, build_algorithm
-from dpfl.sim.algorithms.base import DataStats
+from dpfl.sim.algorithms.base import DataStats, Messages
+from dpfl.sim.executors import shares
 from dpfl.sim.loop import Trainer
+from dpfl.sim.randomness import CohortStreams, server_streams
 
 #: name -> (algorithm parameters, noise multiplier, model, float tolerance of
 #: loop vs batched after ROUNDS rounds). Tolerances: float32 sums taken in
@@ -260,3 +268,67 @@ def test_non_private_runs_are_not_charged(name):
     reports = trainer.run(2)
     assert all(r.event is None for r in reports)
     assert trainer.ledger.rounds == 0
+
+
+class _ReplicaExecutor:
+    """The distributed contract in one process: shares run on pickled replicas."""
+
+    name = "replicas"
+
+    def __init__(self, workers):
+        self.workers = workers
+        self.replicas = None
+
+    def run(self, algorithm, weights, tasks, streams):
+        if self.replicas is None:
+            blob = pickle.dumps(algorithm.blueprint())
+            self.replicas = [pickle.loads(blob).build() for _ in range(self.workers)]
+        parts = [
+            self.replicas[i].client_steps(
+                weights.clone(),
+                pickle.loads(pickle.dumps(tasks[a:b])),
+                pickle.loads(pickle.dumps(streams.part(a, b))),
+            )
+            for i, (a, b) in enumerate(shares(len(tasks), self.workers))
+        ]
+        return (
+            Messages.concat(parts)
+            if parts
+            else algorithm.client_steps(weights, tasks, streams)
+        )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_replica_computes_the_trained_algorithms_messages(name):
+    trainer = _trainer(name)
+    trainer.run(2)
+    alg = trainer.algorithm
+    replica = pickle.loads(pickle.dumps(alg.blueprint())).build()
+    cohort = alg.select(2, server_streams(7, 2))
+    clients = [t.client for t in cohort.tasks]
+    mine = alg.client_steps(alg.weights, cohort.tasks, CohortStreams(7, 2, clients))
+    theirs = replica.client_steps(
+        alg.weights.clone(), cohort.tasks, CohortStreams(7, 2, clients)
+    )
+    assert torch.equal(mine.vectors, theirs.vectors)
+    assert _same(mine.scalars, theirs.scalars)
+    assert _same(mine.states, theirs.states)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("name", NAMES)
+def test_a_cohort_split_over_replicas_gives_the_in_process_run(name, workers):
+    atol = SPECS[name][3]
+    local = _trainer(name)
+    split = Trainer(
+        _algorithm(name),
+        ledger=PrivacyLedger(None),
+        seed=7,
+        execution=_ReplicaExecutor(workers),
+    )
+    local.run(ROUNDS)
+    split.run(ROUNDS)
+    torch.testing.assert_close(
+        split.algorithm.weights, local.algorithm.weights, atol=atol, rtol=0
+    )
+    assert _ledger_json(split) == _ledger_json(local)

@@ -244,7 +244,7 @@ def test_only_the_public_part_leaves_a_client_and_carries_noise_of_std_sigma():
 def test_client_step_and_batched_steps_agree_and_use_the_clients_own_streams():
     ds = _tabular()
     alg = _algorithm(ds, sigma=1.0)
-    tasks = [Task(k) for k in (2, 5, 11)]
+    tasks = [Task(k, state=alg.held_state(k)) for k in (2, 5, 11)]
     streams = [client_streams(4, 1, t.client) for t in tasks]
     one = [alg.client_step(alg.weights, t, s) for t, s in zip(tasks, streams)]
     streams = [client_streams(4, 1, t.client) for t in tasks]

@@ -345,12 +345,16 @@ def test_clients_draw_from_their_own_streams():
     # not on which other clients run beside it.
     alg = _algorithm()
     w = alg.weights
-    tasks = [Task(2), Task(5)]
+    tasks = [Task(k, state=alg.held_state(k)) for k in (2, 5)]
     streams = [client_streams(9, 0, k) for k in (2, 5)]
     both = alg.client_steps(w, tasks, streams).vectors
-    alone = alg.client_step(w, Task(5), client_streams(9, 0, 5)).vector
+    alone = alg.client_step(
+        w, Task(5, state=alg.held_state(5)), client_streams(9, 0, 5)
+    ).vector
     torch.testing.assert_close(both[1], alone, atol=1e-6, rtol=0)
-    other = alg.client_step(w, Task(5), client_streams(9, 1, 5)).vector
+    other = alg.client_step(
+        w, Task(5, state=alg.held_state(5)), client_streams(9, 1, 5)
+    ).vector
     assert not torch.allclose(other, alone)
 
 
@@ -377,7 +381,10 @@ def test_local_adam_matches_torch_adam_client_by_client(monkeypatch):
     start = {k: alg.helpers[k].clone() for k in clients}
     moments = {k: (alg.exp_avg[k].clone(), alg.exp_avg_sq[k].clone()) for k in clients}
     streams = [client_streams(5, 0, k) for k in clients]
-    theta = alg.client_steps(alg.weights, [Task(k) for k in clients], streams).vectors
+    sent = alg.client_steps(
+        alg.weights, [Task(k, state=alg.held_state(k)) for k in clients], streams
+    )
+    theta = sent.vectors
     for row, k in enumerate(clients):
         param = torch.nn.Parameter(start[k])
         opt = torch.optim.Adam(
@@ -393,7 +400,8 @@ def test_local_adam_matches_torch_adam_client_by_client(monkeypatch):
             param.grad = torch.sin(3.0 * param.detach()) + 0.1
             opt.step()
         torch.testing.assert_close(theta[row], param.detach(), atol=1e-6, rtol=0)
-        m1, m2, steps = alg._pending[k]
+        m1, m2 = sent.states["exp_avg"][row], sent.states["exp_avg_sq"][row]
+        steps = sent.states["steps"][row]
         torch.testing.assert_close(m1, opt.state[param]["exp_avg"], atol=1e-6, rtol=0)
         torch.testing.assert_close(
             m2, opt.state[param]["exp_avg_sq"], atol=1e-6, rtol=0

@@ -11,8 +11,16 @@
 
 Every client draws from its own generators (:mod:`dpfl.sim.randomness`), so
 both give the same messages up to floating-point rounding, and the same
-ledger exactly; the contract tests check it for every algorithm. A
-distributed executor (Ray, Flower) is a third class with the same ``run``.
+ledger exactly; the contract tests check it for every algorithm.
+
+A distributed executor (:mod:`dpfl.integrations.ray`) has the same ``run``:
+it cuts the cohort into consecutive shares (:func:`shares`), runs each on a
+replica of the algorithm (built from its
+:meth:`~dpfl.sim.algorithms.base.FederatedAlgorithm.blueprint`) with that
+share's streams (:meth:`~dpfl.sim.randomness.CohortStreams.part`),
+and joins the results in task order
+(:meth:`~dpfl.sim.algorithms.base.Messages.concat`). A client step reads
+mutable facts only from its task, so every split gives the same messages.
 """
 
 from __future__ import annotations
@@ -28,7 +36,14 @@ if TYPE_CHECKING:
     from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages, Task
     from dpfl.sim.randomness import Streams
 
-__all__ = ["EXECUTORS", "BatchedExecutor", "Executor", "LoopExecutor", "executor"]
+__all__ = [
+    "EXECUTORS",
+    "BatchedExecutor",
+    "Executor",
+    "LoopExecutor",
+    "executor",
+    "shares",
+]
 
 
 class Executor(Protocol):
@@ -82,6 +97,26 @@ class BatchedExecutor:
     ) -> Messages:
         """Run the algorithm's batched client steps."""
         return algorithm.client_steps(weights, tasks, streams)
+
+
+def shares(num_tasks: int, num_workers: int) -> list[tuple[int, int]]:
+    """Split ``num_tasks`` tasks into at most ``num_workers`` consecutive shares.
+
+    Shares differ in size by at most one and none is empty; ``[]`` when there
+    is no task.
+
+    Examples
+    --------
+    >>> shares(5, 2)
+    [(0, 3), (3, 5)]
+    >>> shares(1, 4)
+    [(0, 1)]
+    """
+    if num_workers < 1:
+        raise InvalidParameterError(f"num_workers must be >= 1; got {num_workers!r}")
+    n = min(num_tasks, num_workers)
+    bounds = [num_tasks * i // n for i in range(n + 1)] if n else []
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 #: Executors by the name ``execution:`` takes in a run configuration.

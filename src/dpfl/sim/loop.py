@@ -32,11 +32,11 @@ from dpfl._validate import check_count
 from dpfl.accounting.events import Event
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.errors import DpflError, InvalidParameterError
-from dpfl.sim.algorithms.base import FederatedAlgorithm
+from dpfl.sim.algorithms.base import Cohort, FederatedAlgorithm, Messages
 from dpfl.sim.executors import Executor, executor
-from dpfl.sim.randomness import CohortStreams, server_streams
+from dpfl.sim.randomness import CohortStreams, Streams, server_streams
 
-__all__ = ["RoundReport", "Trainer"]
+__all__ = ["RoundPlan", "RoundReport", "Trainer"]
 
 _STATE_FORMAT = 2
 
@@ -62,6 +62,31 @@ class RoundReport:
     event: Event | None
     participants: np.ndarray
     metrics: dict[str, float]
+
+
+@dataclasses.dataclass
+class RoundPlan:
+    """A round checked against the budget and selected, awaiting its messages.
+
+    Attributes
+    ----------
+    round : int
+        The round's index.
+    event : Event or None
+        The event checked against the budget (``None``: non-private).
+    server : Streams
+        The server's generators of the round.
+    cohort : Cohort
+        The participants and their tasks.
+    streams : CohortStreams
+        Each task's client generators, in task order.
+    """
+
+    round: int
+    event: Event | None
+    server: Streams
+    cohort: Cohort
+    streams: CohortStreams
 
 
 class Trainer:
@@ -111,7 +136,7 @@ class Trainer:
         self.round = 0
 
     def step(self) -> RoundReport:
-        """Run one round.
+        """Run one round: :meth:`begin_round`, the executor, :meth:`finish_round`.
 
         Returns
         -------
@@ -127,6 +152,24 @@ class Trainer:
             If the round produced NaN or Inf; the model is unchanged and the
             ledger not charged (nothing was released).
         """
+        plan = self.begin_round()
+        messages = self.executor.run(
+            self.algorithm, self.algorithm.weights, plan.cohort.tasks, plan.streams
+        )
+        return self.finish_round(plan, messages)
+
+    def begin_round(self) -> RoundPlan:
+        """Check the next round's event against the budget, then select its cohort.
+
+        The first half of :meth:`step`, for drivers that deliver the tasks
+        themselves (a Flower strategy sends them to its nodes); hand the
+        clients' messages to :meth:`finish_round`.
+
+        Raises
+        ------
+        dpfl.errors.BudgetExceededError
+            If the round would exceed the budget (nothing changes).
+        """
         alg = self.algorithm
         index = self.round
         event = alg.event(index)
@@ -137,8 +180,25 @@ class Trainer:
         streams = CohortStreams(
             self.seed, index, [task.client for task in cohort.tasks], alg.device
         )
-        messages = self.executor.run(alg, alg.weights, cohort.tasks, streams)
-        metrics = alg.server_step(cohort, messages, server)
+        return RoundPlan(index, event, server, cohort, streams)
+
+    def finish_round(self, plan: RoundPlan, messages: Messages) -> RoundReport:
+        """Run the server step on the cohort's messages and charge the round.
+
+        Raises
+        ------
+        dpfl.errors.DpflError
+            If ``plan`` is not the round this trainer is in.
+        dpfl.errors.NonFiniteUpdateError
+            If the update is not finite (nothing changes, nothing charged).
+        """
+        if plan.round != self.round:
+            raise DpflError(
+                f"plan is for round {plan.round}; the trainer is in round {self.round}"
+            )
+        alg = self.algorithm
+        cohort, event = plan.cohort, plan.event
+        metrics = alg.server_step(cohort, messages, plan.server)
         if event is not None:
             # Some schemes learn facts only during the round (LOCKS: the largest
             # second-stage probability, who was in the second stage); their
@@ -147,14 +207,17 @@ class Trainer:
             self.ledger.record(
                 event,
                 participants=cohort.participants if alg.per_client_accounting else None,
-                round=index,
+                round=plan.round,
                 extra=alg.ledger_extra(cohort),
             )
             if self.ledger.path is not None:
                 self.ledger.flush()
-        self.round = index + 1
+        self.round = plan.round + 1
         return RoundReport(
-            round=index, event=event, participants=cohort.participants, metrics=metrics
+            round=plan.round,
+            event=event,
+            participants=cohort.participants,
+            metrics=metrics,
         )
 
     def run(self, num_rounds: int) -> list[RoundReport]:

@@ -178,13 +178,27 @@ class CohortStreams(Sequence[Streams]):
         clients: Sequence[int],
         device: str | torch.device = "cpu",
     ) -> None:
-        self._key = (seed, round_index)
-        self._clients = list(clients)
-        self._device = device
+        self.seed = seed
+        self.round_index = round_index
+        self.clients = [int(k) for k in clients]
+        self.device = device
         self._made: dict[int, Streams] = {}
 
+    def part(self, start: int, stop: int) -> CohortStreams:
+        """The streams of tasks ``start:stop`` (for one share of a split cohort)."""
+        return CohortStreams(
+            self.seed, self.round_index, self.clients[start:stop], self.device
+        )
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        # Ship the keys, not the generators: the receiver makes its own.
+        return (
+            CohortStreams,
+            (self.seed, self.round_index, self.clients, str(self.device)),
+        )
+
     def __len__(self) -> int:
-        return len(self._clients)
+        return len(self.clients)
 
     @overload
     def __getitem__(self, index: int) -> Streams: ...
@@ -197,6 +211,7 @@ class CohortStreams(Sequence[Streams]):
             return [self[i] for i in range(*index.indices(len(self)))]
         i = range(len(self))[index]
         if i not in self._made:
-            seed, t = self._key
-            self._made[i] = client_streams(seed, t, self._clients[i], self._device)
+            self._made[i] = client_streams(
+                self.seed, self.round_index, self.clients[i], self.device
+            )
         return self._made[i]

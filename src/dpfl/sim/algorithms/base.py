@@ -30,6 +30,7 @@ list of algorithm names.
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
@@ -53,6 +54,7 @@ from dpfl.sim.randomness import Streams
 __all__ = [
     "ALGORITHMS",
     "AlgorithmParams",
+    "Blueprint",
     "Cohort",
     "DataStats",
     "FederatedAlgorithm",
@@ -136,11 +138,18 @@ class Task:
         client's own choice, from its whole data, with its own generators).
     options : mapping
         Anything else the server sends (a clip bound, a weight, ...).
+    state : mapping of str to torch.Tensor
+        The state the client holds between rounds (a helper model, optimiser
+        moments, a private part), as the server's copy hands it to the client.
+        A client step reads mutable facts only from its task: a replica of the
+        algorithm built once (a Ray worker, a Flower client) computes the same
+        message as the server's own object.
     """
 
     client: int
     rows: np.ndarray | None = None
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    state: Mapping[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -165,10 +174,15 @@ class Cohort:
 
 @dataclasses.dataclass
 class Message:
-    """What one client sends: a flat vector and named scalars."""
+    """What one client sends: a flat vector and named scalars.
+
+    ``state`` is the client's new held state (the :attr:`Task.state` of its
+    next round), which the server step commits.
+    """
 
     vector: torch.Tensor
     scalars: dict[str, float] = dataclasses.field(default_factory=dict)
+    state: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -185,11 +199,15 @@ class Messages:
         ``[clients]`` per name (``[1]``, summed, when ``summed``).
     summed : bool
         Whether ``vectors`` and ``scalars`` hold the cohort's sums.
+    states : dict of str to torch.Tensor
+        The clients' new held states, ``[clients, ...]`` per name, in task
+        order (never summed).
     """
 
     vectors: torch.Tensor
     scalars: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     summed: bool = False
+    states: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def stack(cls, messages: Sequence[Message], like: torch.Tensor) -> Messages:
@@ -203,6 +221,42 @@ class Messages:
                 k: torch.tensor([m.scalars[k] for m in messages], dtype=torch.float64)
                 for k in names
             },
+            states={
+                k: torch.stack([m.state[k] for m in messages])
+                for k in messages[0].state
+            },
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[Messages]) -> Messages:
+        """Join the messages of consecutive shares of one cohort, in order.
+
+        Summed shares are added (the cohort's sum); per-client shares are
+        concatenated. Empty shares are skipped.
+
+        Raises
+        ------
+        dpfl.errors.DpflError
+            If ``parts`` is empty, or mixes summed and per-client shares.
+        """
+        if not parts:
+            raise DpflError("Messages.concat needs at least one share")
+        summed = {p.summed for p in parts}
+        if len(summed) != 1:
+            raise DpflError("cannot join summed and per-client messages")
+        if len(parts) == 1:
+            return parts[0]
+        if parts[0].summed:
+            return cls(
+                torch.stack([p.vectors for p in parts]).sum(dim=0),
+                {k: sum(p.scalars[k] for p in parts) for k in parts[0].scalars},
+                summed=True,
+            )
+        kept = [p for p in parts if p.vectors.shape[0] > 0] or [parts[0]]
+        return cls(
+            torch.cat([p.vectors for p in kept]),
+            {k: torch.cat([p.scalars[k] for p in kept]) for k in kept[0].scalars},
+            states={k: torch.cat([p.states[k] for p in kept]) for k in kept[0].states},
         )
 
     def total(self) -> torch.Tensor:
@@ -212,6 +266,43 @@ class Messages:
     def scalar_total(self, name: str) -> float:
         """The sum of one named scalar over the cohort."""
         return float(self.scalars[name].sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class Blueprint:
+    """The constructor arguments of an algorithm, to build replicas of it.
+
+    Attributes
+    ----------
+    algorithm : str
+        Registered name.
+    params : AlgorithmParams
+        Its parameters.
+    model : torch.nn.Module
+        A CPU copy of the model (the replica's weights are replaced by the
+        ones each client step receives).
+    dataset : FederatedDataset
+        The data.
+    options : dict
+        The remaining keyword arguments (σ, ``max_clients``, ...).
+    """
+
+    algorithm: str
+    params: AlgorithmParams
+    model: nn.Module
+    dataset: FederatedDataset
+    options: dict[str, Any]
+
+    def build(self, device: str = "cpu") -> FederatedAlgorithm:
+        """A new algorithm from this blueprint, on ``device``."""
+        cls = algorithm_class(self.algorithm)
+        return cls(
+            self.params,
+            model=copy.deepcopy(self.model),
+            dataset=self.dataset,
+            device=device,
+            **self.options,
+        )
 
 
 # -- the registry -----------------------------------------------------------------
@@ -331,6 +422,12 @@ class FederatedAlgorithm(abc.ABC):
         )
         self.loss_fn = loss_fn
         self.dataset = dataset
+        self._blueprint_args = {
+            "noise_multiplier": self.noise_multiplier,
+            "max_clients": self.max_clients,
+            "eval_batch_size": self.eval_batch_size,
+            "loss_fn": loss_fn,
+        }
         self.stats = DataStats.of(dataset)
         if self.stats.num_records == 0:
             raise InvalidParameterError("dataset has no training records")
@@ -355,6 +452,22 @@ class FederatedAlgorithm(abc.ABC):
             for n, p in named:
                 p.data = views[n]
         return flat
+
+    def blueprint(self) -> Blueprint:
+        """What builds a replica of this algorithm elsewhere (picklable).
+
+        A replica has the same parameters, data, σ and model structure, and
+        computes the same client messages from the same weights, task and
+        streams (client steps read mutable facts only from their
+        :class:`Task`), so a worker builds one once and reuses it every round.
+        """
+        return Blueprint(
+            algorithm=type(self).name,
+            params=self.params,
+            model=copy.deepcopy(self.model).cpu(),
+            dataset=self.dataset,
+            options=dict(self._blueprint_args),
+        )
 
     # -- shared helpers ------------------------------------------------------------
     @property
@@ -539,6 +652,15 @@ class FederatedAlgorithm(abc.ABC):
         return None
 
     # -- the round --------------------------------------------------------------------
+    def held_state(self, client: int) -> dict[str, torch.Tensor]:
+        """What ``client`` holds between rounds, as the server's copy has it.
+
+        Sent as :attr:`Task.state`; the default is nothing (a stateless
+        client). An algorithm with client state overrides it and commits the
+        messages' new ``states`` in its server step.
+        """
+        return {}
+
     def setup(self) -> None:  # noqa: B027  (optional hook)
         """Build the algorithm's own state (called at the end of ``__init__``)."""
 

@@ -435,7 +435,6 @@ class MsPafl(FederatedAlgorithm):
         self.joined = torch.zeros(
             self.stats.num_clients, dtype=torch.bool, device=self.device
         )
-        self._staged: dict[int, torch.Tensor] = {}
 
     @property
     def public_model(self) -> torch.Tensor:
@@ -452,13 +451,26 @@ class MsPafl(FederatedAlgorithm):
 
     # -- Algorithm 1, one round -----------------------------------------------------
     def select(self, round_index: int, server: Streams) -> Cohort:
-        """K_r <- client k checks in w.p. p_k (step 1, the server's generator)."""
-        self._staged = {}
+        """K_r <- client k checks in w.p. p_k (step 1, the server's generator).
+
+        Each task carries the client's private part v_k (the global private
+        coordinates before it first joins): the simulator keeps v_k on the
+        clients' behalf; it is never part of a message's vector.
+        """
         clients = self._sampler.sample(server.rng).clients
-        return Cohort(clients, [Task(int(k)) for k in clients])
+        return Cohort(
+            clients, [Task(int(k), state=self.held_state(k)) for k in clients]
+        )
+
+    def held_state(self, client: int) -> dict[str, torch.Tensor]:
+        """Client ``client``'s private part v_k (global before it first joins)."""
+        return {"private": self.private_of([int(client)])[0]}
 
     def _local_train(
-        self, weights: torch.Tensor, clients: list[int], rngs: list[np.random.Generator]
+        self,
+        weights: torch.Tensor,
+        tasks: Sequence[Task],
+        rngs: list[np.random.Generator],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """E local SGD steps of ``clients`` (steps 2, 3, 8), one row per client.
 
@@ -466,10 +478,10 @@ class MsPafl(FederatedAlgorithm):
         Returns the new public ``[m, d_pub]`` and private ``[m, d_priv]`` parts.
         """
         p = self.params
+        clients = [int(t.client) for t in tasks]
         w_pub = self.split.public(weights)
-        start = self.split.merge(
-            w_pub.unsqueeze(0).expand(len(clients), -1), self.private_of(clients)
-        )
+        private = torch.stack([t.state["private"] for t in tasks]).to(weights)
+        start = self.split.merge(w_pub.unsqueeze(0).expand(len(clients), -1), private)
         stacked = {k: v.clone() for k, v in self.unflatten(start).items()}
         sizes = self.stats.sizes
         draws = [
@@ -531,11 +543,12 @@ class MsPafl(FederatedAlgorithm):
     def client_step(
         self, weights: torch.Tensor, task: Task, streams: Streams
     ) -> Message:
-        """One client: local training, clip, its own noise; stage its new v_k."""
-        public, private = self._local_train(weights, [task.client], [streams.rng])
+        """One client: local training, clip, its own noise; keep its new v_k."""
+        public, private = self._local_train(weights, [task], [streams.rng])
         messages, clipped = self._messages(weights, public, [streams.generator])
-        self._staged[task.client] = private[0]
-        return Message(messages[0], {"clipped": float(clipped[0])})
+        return Message(
+            messages[0], {"clipped": float(clipped[0])}, state={"private": private[0]}
+        )
 
     def client_steps(
         self, weights: torch.Tensor, tasks: Sequence[Task], streams: Sequence[Streams]
@@ -546,14 +559,15 @@ class MsPafl(FederatedAlgorithm):
         """
         if not tasks:
             return Messages(weights.new_zeros(0, self.split.num_public), {})
-        clients = [t.client for t in tasks]
-        public, private = self._local_train(weights, clients, [s.rng for s in streams])
+        public, private = self._local_train(weights, tasks, [s.rng for s in streams])
         messages, clipped = self._messages(
             weights, public, [s.generator for s in streams]
         )
-        for j, k in enumerate(clients):
-            self._staged[k] = private[j]
-        return Messages(messages, {"clipped": clipped.to(torch.float64).cpu()})
+        return Messages(
+            messages,
+            {"clipped": clipped.to(torch.float64).cpu()},
+            states={"private": private},
+        )
 
     def aggregate(
         self, clients: np.ndarray, received: torch.Tensor, w_pub: torch.Tensor
@@ -598,11 +612,7 @@ class MsPafl(FederatedAlgorithm):
                 f"{tuple(received.shape)} (summed={messages.summed})"
             )
         new_pub = self.aggregate(clients, received, w_pub)
-        private = (
-            torch.stack([self._staged[int(k)] for k in clients])
-            if m
-            else self.private_parts[:0]
-        )
+        private = messages.states["private"] if m else self.private_parts[:0]
         check_finite({"public model": new_pub, "private parts": private}, "MS-PAFL")
         # Step 8: recombination. The server's model keeps its private coordinates.
         with torch.no_grad():
@@ -611,7 +621,6 @@ class MsPafl(FederatedAlgorithm):
                 idx = torch.as_tensor(clients, device=self.device)
                 self.private_parts[idx] = private
                 self.joined[idx] = True
-        self._staged = {}
         metrics = {
             "participants": float(m),
             "update_norm": float((new_pub - w_pub).norm()),

@@ -339,10 +339,6 @@ class PriFedSync(FederatedAlgorithm):
         self.exp_avg = torch.zeros_like(self.helpers) if adam else None
         self.exp_avg_sq = torch.zeros_like(self.helpers) if adam else None
         self.adam_steps = torch.zeros(n, dtype=torch.long, device=self.device)
-        #: Optimiser states of this round's client steps, committed by server_step.
-        self._pending: dict[
-            int, tuple[torch.Tensor | None, torch.Tensor | None, int]
-        ] = {}
 
     def extra_state(self) -> dict[str, Any]:
         """Helper models and optimiser states (CPU copies)."""
@@ -376,14 +372,26 @@ class PriFedSync(FederatedAlgorithm):
         for name in names:
             getattr(self, name).copy_(state[name])
         self.adam_steps.copy_(state["adam_steps"])
-        self._pending.clear()
 
     # -- Algorithm 1, one round --------------------------------------------------------
     def select(self, round_index: int, server: Streams) -> Cohort:
-        """Ω ← each client w.p. p, re-drawn while empty; every synced client trains."""
-        self._pending.clear()
+        """Ω ← each client w.p. p, re-drawn while empty; every synced client trains.
+
+        Each task carries what the client holds: its helper model h̃^(i) (the
+        server pushed it at the client's last sync) and its optimiser state.
+        """
         clients = self._sampler.sample(server.rng).clients
-        return Cohort(clients, [Task(int(k)) for k in clients.tolist()])
+        tasks = [Task(k, state=self.held_state(k)) for k in clients.tolist()]
+        return Cohort(clients, tasks)
+
+    def held_state(self, client: int) -> dict[str, torch.Tensor]:
+        """Client ``client``'s helper model h̃^(i), Adam moments and step count."""
+        k = int(client)
+        state = {"helper": self.helpers[k], "steps": self.adam_steps[k]}
+        if self.exp_avg is not None and self.exp_avg_sq is not None:
+            state["exp_avg"] = self.exp_avg[k]
+            state["exp_avg_sq"] = self.exp_avg_sq[k]
+        return state
 
     def _noisy_mean(
         self, sums: torch.Tensor, generators: Sequence[torch.Generator]
@@ -430,27 +438,28 @@ class PriFedSync(FederatedAlgorithm):
         return theta - p.learning_rate * grad
 
     def _start(
-        self, clients: list[int]
+        self, tasks: Sequence[Task]
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
-        """Copies of the clients' helper models and optimiser states (stacked rows)."""
-        idx = torch.as_tensor(clients, dtype=torch.long, device=self.device)
-        m1 = None if self.exp_avg is None else self.exp_avg[idx].clone()
-        m2 = None if self.exp_avg_sq is None else self.exp_avg_sq[idx].clone()
-        return self.helpers[idx].clone(), m1, m2, self.adam_steps[idx].clone()
+        """The tasks' helper models and optimiser states, as stacked copies."""
 
-    def _stage(
-        self,
-        clients: list[int],
-        m1: torch.Tensor | None,
-        m2: torch.Tensor | None,
-        steps: torch.Tensor,
-    ) -> None:
-        for j, k in enumerate(clients):
-            self._pending[k] = (
-                None if m1 is None else m1[j],
-                None if m2 is None else m2[j],
-                int(steps[j]),
-            )
+        def rows(name: str) -> torch.Tensor:
+            return torch.stack([t.state[name] for t in tasks]).to(self.device)
+
+        adam = self.exp_avg is not None
+        m1 = rows("exp_avg") if adam else None
+        m2 = rows("exp_avg_sq") if adam else None
+        return rows("helper"), m1, m2, rows("steps")
+
+    @staticmethod
+    def _kept(
+        m1: torch.Tensor | None, m2: torch.Tensor | None, steps: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """The clients' new optimiser states (``[m, ...]``), sent back to keep."""
+        state = {"steps": steps}
+        if m1 is not None and m2 is not None:
+            state["exp_avg"] = m1
+            state["exp_avg_sq"] = m2
+        return state
 
     def client_step(
         self, weights: torch.Tensor, task: Task, streams: Streams
@@ -459,16 +468,16 @@ class PriFedSync(FederatedAlgorithm):
 
         ``weights`` (the global model) is not read: a client trains from its
         helper ``h̃^(i)``, the synchronised state the server pushed to it at
-        its last sync (``w0`` before).
+        its last sync (``w0`` before), carried in ``task.state``.
 
         The batches come from the client's own ``streams.rng``, the noise from
         its ``streams.generator``; the gradient is one
         :func:`~dpfl.sim.grad.clipped_grad_sum` per step (the reference of
-        :meth:`client_steps`). The new optimiser state is staged for
-        :meth:`server_step`.
+        :meth:`client_steps`). The new optimiser state returns in the
+        message's ``state``.
         """
         k = int(task.client)
-        theta, m1, m2, steps = self._start([k])
+        theta, m1, m2, steps = self._start([task])
         x, y = self.client_data(self.client_rows(k))
         batches = self._sampler.local_batches(streams.rng, int(x.shape[0]))
         clip = self.params.clip
@@ -489,8 +498,8 @@ class PriFedSync(FederatedAlgorithm):
                 flat = self._grad_sums(theta, x[idx][None], y[idx][None])
             grad = self._noisy_mean(flat, [streams.generator])
             theta = self._local_update(theta, grad, m1, m2, steps)
-        self._stage([k], m1, m2, steps)
-        return Message(theta[0])
+        kept = {name: rows[0] for name, rows in self._kept(m1, m2, steps).items()}
+        return Message(theta[0], state=kept)
 
     def _grad_sums(
         self, theta: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor
@@ -520,7 +529,7 @@ class PriFedSync(FederatedAlgorithm):
         if self.grad_method == "per-client" or not tasks:
             return super().client_steps(weights, tasks, streams)
         clients = [int(t.client) for t in tasks]
-        theta, m1, m2, steps = self._start(clients)
+        theta, m1, m2, steps = self._start(tasks)
         data = [self.client_data(self.client_rows(k)) for k in clients]
         n_max = max(int(x.shape[0]) for x, _ in data)
         x_all = torch.stack([_pad(x, n_max) for x, _ in data])
@@ -539,8 +548,7 @@ class PriFedSync(FederatedAlgorithm):
             sums = self._grad_sums(theta, x_all[rows, idx], y_all[rows, idx])
             grad = self._noisy_mean(sums, generators)
             theta = self._local_update(theta, grad, m1, m2, steps)
-        self._stage(clients, m1, m2, steps)
-        return Messages(theta)
+        return Messages(theta, states=self._kept(m1, m2, steps))
 
     def server_step(
         self, cohort: Cohort, messages: Messages, server: Streams
@@ -554,10 +562,11 @@ class PriFedSync(FederatedAlgorithm):
             changes.
         """
         clients = [int(t.client) for t in cohort.tasks]
-        missing = [k for k in clients if k not in self._pending]
-        if missing or messages.summed:
+        steps = messages.states.get("steps")
+        if messages.summed or steps is None or len(steps) != len(clients):
             raise DpflError(
-                f"server_step needs every synced client's model; missing {missing}"
+                "server_step needs every synced client's model and optimiser state "
+                f"({len(clients)} clients)"
             )
         trained = messages.vectors.to(self.weights.dtype)
         eta = self.params.aggregation_rate
@@ -577,13 +586,10 @@ class PriFedSync(FederatedAlgorithm):
                 self.alphas[clients], dtype=trained.dtype, device=self.device
             )[:, None]
             self.helpers[idx] = (1.0 - alpha) * trained + alpha * g
-        for k in clients:
-            m1, m2, count = self._pending.pop(k)
-            if self.exp_avg is not None and m1 is not None:
-                self.exp_avg[k] = m1
-            if self.exp_avg_sq is not None and m2 is not None:
-                self.exp_avg_sq[k] = m2
-            self.adam_steps[k] = count
+        if self.exp_avg is not None and self.exp_avg_sq is not None:
+            self.exp_avg[idx] = messages.states["exp_avg"].to(self.exp_avg)
+            self.exp_avg_sq[idx] = messages.states["exp_avg_sq"].to(self.exp_avg_sq)
+        self.adam_steps[idx] = steps.to(self.adam_steps)
         return {"participants": float(len(clients)), "global_update_norm": update_norm}
 
     # -- evaluation --------------------------------------------------------------------
