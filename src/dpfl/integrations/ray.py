@@ -108,14 +108,14 @@ def import_ray() -> Any:
 
 @contextlib.contextmanager
 def _loopback() -> Iterator[None]:
-    """Keep the processes a local ``ray.init`` starts on 127.0.0.1.
+    """Keep what ``ray.init`` starts or dials on 127.0.0.1.
 
-    Ray replaces a loopback node address with the machine's routable one and
-    then listens on every interface, unless clusters are switched off
+    Ray replaces a loopback node address with the machine's routable one (and
+    then listens on every interface) unless clusters are switched off
     (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read when Ray is imported).
-    Switched off for the start only, in this process (the constant) and in
-    the processes ``ray.init`` starts (the environment they inherit); a
-    later connection to a real cluster is unaffected.
+    Switched off for the ``ray.init`` call only, in this process (the
+    constant) and in the processes it starts (the environment they inherit);
+    a later connection to another cluster is unaffected.
     """
     try:
         from ray._private import ray_constants
@@ -135,6 +135,12 @@ def _loopback() -> Iterator[None]:
             os.environ.pop(_CLUSTER_VAR, None)
         else:
             os.environ[_CLUSTER_VAR] = saved_env
+
+
+def _is_loopback(address: str) -> bool:
+    """Whether ``address`` (``host:port``) names this machine's loopback."""
+    host = address.rpartition(":")[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def start_local(
@@ -476,8 +482,13 @@ class RayExecutor:
             )
         else:
             log.info("Ray: connecting to the cluster at %s", self.address)
+            # A loopback address is taken as given (Ray would swap in the
+            # routable address, where a loopback-bound cluster does not listen).
+            here = (
+                _loopback() if _is_loopback(self.address) else contextlib.nullcontext()
+            )
             try:
-                with warnings.catch_warnings():
+                with here, warnings.catch_warnings():
                     warnings.filterwarnings(
                         "ignore", category=FutureWarning, module="ray"
                     )
