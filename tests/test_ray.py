@@ -268,12 +268,12 @@ _DRIVER = textwrap.dedent(
     tree, stall, flag = json.loads(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
     gather = dray.RayExecutor._gather
 
-    def stalled(self, ray, jobs, weights_ref, round_index):
+    def stalled(self, ray, jobs, weights_ref, round_index, *rest):
         if round_index == stall:
             refs = [self._submit(i, job, weights_ref) for i, job in enumerate(jobs)]
             flag.write_text(str(len(refs)))
             time.sleep(600)
-        return gather(self, ray, jobs, weights_ref, round_index)
+        return gather(self, ray, jobs, weights_ref, round_index, *rest)
 
     dray.RayExecutor._gather = stalled
     run(config_from_dict(tree), progress=False)

@@ -234,20 +234,49 @@ class RayWorkerInfo:
 
 
 # -- what crosses the wire ---------------------------------------------------------
-def _compact(t: torch.Tensor) -> torch.Tensor:
-    """``t`` on the CPU, owning no more memory than it shows.
+class _Array:
+    """A tensor as it travels: its values as a numpy array.
 
-    Pickling a view ships its whole storage (a client's row of a server
-    table would ship the table), so views are copied.
+    Ray ships numpy arrays (anywhere in an object) out of band, straight
+    into and out of the object store; a pickled torch tensor goes through
+    torch's own serialisation, 5-8 times slower here, and a pickled *view*
+    ships its whole storage (a client's row of a server table would ship the
+    table). A dtype numpy lacks (bfloat16) travels as a compact tensor.
     """
-    t = t.detach().cpu()
-    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
-        t = t.clone()
-    return t
+
+    __slots__ = ("data",)
+
+    def __init__(self, t: torch.Tensor) -> None:
+        t = t.detach().cpu()
+        try:
+            self.data: Any = t.numpy()  # a view: ray.put copies only its bytes
+        except TypeError:
+            if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+                t = t.clone()
+            self.data = t
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Array._of, (self.data,))
+
+    @staticmethod
+    def _of(data: Any) -> _Array:
+        out = _Array.__new__(_Array)
+        out.data = data
+        return out
+
+    def tensor(self, device: str) -> torch.Tensor:
+        """A writable tensor on ``device`` (what Ray hands out is read-only)."""
+        import numpy as np
+        import torch
+
+        data = self.data
+        if isinstance(data, np.ndarray):
+            return torch.tensor(data, device=device)  # a copy
+        return data.to(device)
 
 
-def _portable_task(task: Task) -> Task:
-    """``task`` with its tensors on the CPU and compact."""
+def _wire_task(task: Task) -> Task:
+    """``task`` with its tensors (state, options) as :class:`_Array`."""
     import torch
 
     if not task.state and not any(
@@ -256,34 +285,44 @@ def _portable_task(task: Task) -> Task:
         return task
     return dataclasses.replace(
         task,
-        state={k: _compact(v) for k, v in task.state.items()},
+        state={k: _Array(v) for k, v in task.state.items()},  # type: ignore[misc]
         options={
-            k: _compact(v) if isinstance(v, torch.Tensor) else v
+            k: _Array(v) if isinstance(v, torch.Tensor) else v
             for k, v in task.options.items()
         },
     )
 
 
-def _task_to(task: Task, device: str) -> Task:
-    import torch
-
+def _unwire_task(task: Task, device: str) -> Task:
+    if not task.state and not any(isinstance(v, _Array) for v in task.options.values()):
+        return task
     return dataclasses.replace(
         task,
-        state={k: v.to(device) for k, v in task.state.items()},
+        state={k: v.tensor(device) for k, v in task.state.items()},  # type: ignore[attr-defined]
         options={
-            k: v.to(device) if isinstance(v, torch.Tensor) else v
+            k: v.tensor(device) if isinstance(v, _Array) else v
             for k, v in task.options.items()
         },
     )
 
 
-def _messages_to(messages: Messages, device: str, *, compact: bool = False) -> Messages:
-    move = _compact if compact else (lambda t: t.to(device))
-    return dataclasses.replace(
-        messages,
-        vectors=move(messages.vectors),
-        scalars={k: move(v) for k, v in messages.scalars.items()},
-        states={k: move(v) for k, v in messages.states.items()},
+def _wire_messages(messages: Messages) -> dict[str, Any]:
+    return {
+        "vectors": _Array(messages.vectors),
+        "scalars": {k: _Array(v) for k, v in messages.scalars.items()},
+        "states": {k: _Array(v) for k, v in messages.states.items()},
+        "summed": messages.summed,
+    }
+
+
+def _unwire_messages(wire: Mapping[str, Any], device: str) -> Messages:
+    from dpfl.sim.algorithms.base import Messages
+
+    return Messages(
+        wire["vectors"].tensor(device),
+        {k: v.tensor(device) for k, v in wire["scalars"].items()},
+        summed=wire["summed"],
+        states={k: v.tensor(device) for k, v in wire["states"].items()},
     )
 
 
@@ -321,10 +360,11 @@ class _Worker:
         self,
         key: str,
         blueprint: list[Any],
-        weights: torch.Tensor,
+        weights: _Array,
         tasks: list[Task],
         streams: Any,
-    ) -> Messages:
+    ) -> dict[str, Any]:
+        """The messages of one share (tensors as :class:`_Array`)."""
         from dpfl.sim.randomness import CohortStreams
 
         if self._key != key:
@@ -333,15 +373,13 @@ class _Worker:
             self._replica = None  # free the previous one first
             self._replica = ray.get(blueprint[0]).build(self._device)
             self._key = key
-        if self._device != "cpu":
-            weights = weights.to(self._device)
-            tasks = [_task_to(t, self._device) for t in tasks]
+        tasks = [_unwire_task(t, self._device) for t in tasks]
         # The keys of the share's streams, with generators on this device.
         mine = CohortStreams(
             streams.seed, streams.round_index, streams.clients, self._device
         )
-        out = self._replica.client_steps(weights, tasks, mine)
-        return _messages_to(out, "cpu", compact=True)
+        out = self._replica.client_steps(weights.tensor(self._device), tasks, mine)
+        return _wire_messages(out)
 
 
 _ACTOR_CLASSES: dict[type, Any] = {}
@@ -450,6 +488,12 @@ class RayExecutor:
         self._algorithm: weakref.ref[FederatedAlgorithm] | None = None
         self._key = ""
         self._blueprint: list[Any] = []
+        #: Seconds the last :meth:`run` spent on each phase, for monitoring:
+        #: ``put`` (the weights into the object store), ``submit`` (tasks made
+        #: portable and sent), ``wait`` (until the last share was ready: the
+        #: workers' compute and transfers), ``get`` (results fetched and
+        #: unpickled), ``join`` (shares joined, moved to the device), ``total``.
+        self.last_timings: dict[str, float] = {}
 
     # -- life cycle ----------------------------------------------------------------
     def __enter__(self) -> RayExecutor:
@@ -663,13 +707,21 @@ class RayExecutor:
             )
         self.start(algorithm)
         ray = import_ray()
-        weights_ref = ray.put(_compact(weights))
+        clock = {"start": time.perf_counter()}
+        weights_ref = ray.put(_Array(weights))
+        clock["put"] = time.perf_counter()
         jobs = [
-            (a, b, [_portable_task(t) for t in tasks[a:b]], streams.part(a, b))  # type: ignore[attr-defined]
+            (a, b, [_wire_task(t) for t in tasks[a:b]], streams.part(a, b))  # type: ignore[attr-defined]
             for a, b in shares(len(tasks), len(self._actors))
         ]
-        parts = self._gather(ray, jobs, weights_ref, streams.round_index)  # type: ignore[attr-defined]
-        return _messages_to(Messages.concat(parts), algorithm.device)
+        parts = self._gather(ray, jobs, weights_ref, streams.round_index, clock)  # type: ignore[attr-defined]
+        device = algorithm.device
+        out = Messages.concat([_unwire_messages(p, device) for p in parts])
+        clock["join"] = time.perf_counter()
+        stamps = list(clock.items())
+        self.last_timings = {k: t - stamps[i][1] for i, (k, t) in enumerate(stamps[1:])}
+        self.last_timings["total"] = clock["join"] - clock["start"]
+        return out
 
     def _submit(self, index: int, job: tuple[Any, ...], weights_ref: Any) -> Any:
         _, _, tasks, streams = job
@@ -678,14 +730,29 @@ class RayExecutor:
         )
 
     def _gather(
-        self, ray: Any, jobs: list[tuple[Any, ...]], weights_ref: Any, round_index: int
-    ) -> list[Messages]:
+        self,
+        ray: Any,
+        jobs: list[tuple[Any, ...]],
+        weights_ref: Any,
+        round_index: int,
+        clock: dict[str, float] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Submit every share, then collect them as they finish (in task order).
+
+        A share whose worker died is re-run on a fresh worker (see
+        ``max_replacements``). ``clock`` gets the time stamps of the end of
+        ``submit``, ``wait`` and ``get``, as if the driver had waited for every
+        share and then unpickled them (it interleaves the two).
+        """
+        clock = {} if clock is None else clock
         lost = (
             ray.exceptions.RayActorError,
             ray.exceptions.WorkerCrashedError,
             ray.exceptions.ObjectLostError,
         )
         pending = {self._submit(i, job, weights_ref): i for i, job in enumerate(jobs)}
+        clock["submit"] = time.perf_counter()
+        fetching = 0.0  # time in ray.get: the driver unpickling the shares
         parts: list[Any] = [None] * len(jobs)
         replaced = 0
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -699,8 +766,10 @@ class RayExecutor:
                     f"finish within timeout={self.timeout:g} s (workers {late})"
                 )
             i = pending.pop(ready[0])
+            t0 = time.perf_counter()
             try:
                 parts[i] = ray.get(ready[0])
+                fetching += time.perf_counter() - t0
             except lost as exc:
                 a, b = jobs[i][:2]
                 if replaced >= self.max_replacements:
@@ -723,4 +792,6 @@ class RayExecutor:
                     ray.kill(self._actors[i], no_restart=True)
                 self._actors[i] = self._new_actor(ray)
                 pending[self._submit(i, jobs[i], weights_ref)] = i
+        clock["wait"] = time.perf_counter() - fetching
+        clock["get"] = clock["wait"] + fetching
         return parts
