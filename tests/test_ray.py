@@ -375,6 +375,16 @@ def test_no_tasks_and_foreign_streams_start_nothing():
     assert ex.workers() == []
 
 
+def test_an_address_where_nothing_listens_fails_at_once(monkeypatch):
+    # (Ray itself would retry for minutes.) As if Ray were not yet initialised
+    # here, so that the executor connects.
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    t0 = time.monotonic()
+    with pytest.raises(DpflError, match="no Ray cluster answers at '127.0.0.1:"):
+        RayExecutor(f"127.0.0.1:{_free_port()}").start(_algorithm("fedavg"))
+    assert time.monotonic() - t0 < 30
+
+
 def test_workers_that_cannot_be_placed_fail_clearly(local_ray):
     ex = RayExecutor(num_workers=1, num_cpus_per_worker=64, startup_timeout=2)
     with pytest.raises(DpflError, match="did not start within 2 s"):

@@ -137,6 +137,23 @@ def _loopback() -> Iterator[None]:
             os.environ[_CLUSTER_VAR] = saved_env
 
 
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail fast when nothing listens at ``host:port`` (Ray would retry for minutes)."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or address.startswith("ray://"):
+        return  # "auto", or an address Ray parses itself
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise DpflError(
+            f"no Ray cluster answers at {address!r} ({exc}); start its head with "
+            "`ray start --head --port=PORT`, or check ray.address"
+        ) from None
+
+
 def _is_loopback(address: str) -> bool:
     """Whether ``address`` (``host:port``) names this machine's loopback."""
     host = address.rpartition(":")[0].strip("[]")
@@ -513,6 +530,8 @@ class RayExecutor:
     def _connect(self) -> Any:
         ray = import_ray()
         if ray.is_initialized():
+            if not self._actors:
+                log.info("Ray: using the instance already running in this process")
             return ray
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if self.address is None:
@@ -526,6 +545,7 @@ class RayExecutor:
             )
         else:
             log.info("Ray: connecting to the cluster at %s", self.address)
+            _check_reachable(self.address)
             # A loopback address is taken as given (Ray would swap in the
             # routable address, where a loopback-bound cluster does not listen).
             here = (
@@ -600,8 +620,9 @@ class RayExecutor:
             ) from None
         nodes = {i["node_id"] for i in infos}
         log.info(
-            "Ray: %d workers ready on %d node(s) in %.1f s",
+            "Ray: %d worker%s ready on %d node(s) in %.1f s",
             len(infos),
+            "" if len(infos) == 1 else "s",
             len(nodes),
             time.monotonic() - t0,
         )
