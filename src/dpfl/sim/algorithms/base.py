@@ -249,7 +249,10 @@ class Messages:
         if parts[0].summed:
             return cls(
                 torch.stack([p.vectors for p in parts]).sum(dim=0),
-                {k: sum(p.scalars[k] for p in parts) for k in parts[0].scalars},
+                {
+                    k: torch.stack([p.scalars[k] for p in parts]).sum(dim=0)
+                    for k in parts[0].scalars
+                },
                 summed=True,
             )
         kept = [p for p in parts if p.vectors.shape[0] > 0] or [parts[0]]
