@@ -161,3 +161,30 @@ def test_collinear_companions_log_ratio_matches_a_direct_mixture():
     q = 0.5 * n(0) + 0.5 * sum(w[i] * n(i) for i in range(4))
     p = 0.5 * n(0) + 0.5 * sum(w[i] * (0.8 * n(i) + 0.2 * n(i + 1)) for i in range(4))
     np.testing.assert_allclose(pair.log_ratio(x), np.log(p / q), rtol=1e-9)
+
+
+def test_the_audit_command_reports_the_bound_beside_the_analyses(capsys):
+    import json
+
+    from dpfl.cli import main
+
+    argv = [
+        "audit",
+        "random-participation",
+        "--p=0.1",
+        "--q=0.001",
+        "--records-per-client=1000",
+        "--noise-multiplier=0.1",
+        "--delta=1e-6",
+        "--trials=1000000",
+        "--json",
+    ]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["upper_bound_analysis"] == "wcs"  # the default: tightest proven
+    assert 0 < out["epsilon_lower_bound"] < out["epsilon_upper_bound"]
+    assert out["confidence"] == 0.95
+    assert main(argv[:-1]) == 0
+    table = capsys.readouterr().out
+    assert "refuted_by_audit" in table and "audit: epsilon >=" in table
+    assert main(["audit", "gaussian", "--noise-multiplier=1", "--epsilon=1"]) == 2
