@@ -119,3 +119,10 @@ def test_abandon_refuses_a_stale_plan():
     )
     with pytest.raises(DpflError):
         trainer.abandon_round(plan)
+
+
+def test_a_round_given_up_before_sending_is_never_charged():
+    trainer = _trainer("locks")
+    plan = trainer.begin_round()
+    report = trainer.abandon_round(plan, sent=False)
+    assert report.event is None and trainer.ledger.rounds == 0 and trainer.round == 1

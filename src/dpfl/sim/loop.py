@@ -220,7 +220,7 @@ class Trainer:
             metrics=metrics,
         )
 
-    def abandon_round(self, plan: RoundPlan) -> RoundReport:
+    def abandon_round(self, plan: RoundPlan, *, sent: bool = True) -> RoundReport:
         """Give up a round before its server step (a client failed or vanished).
 
         The server step never runs, so the server releases nothing and the
@@ -239,6 +239,10 @@ class Trainer:
         ----------
         plan : RoundPlan
             The round from :meth:`begin_round`.
+        sent : bool
+            Whether any task reached a client. ``False`` (the round was given
+            up before anything left the server): no client released anything
+            either, and nothing is charged.
 
         Returns
         -------
@@ -257,7 +261,7 @@ class Trainer:
             )
         alg = self.algorithm
         cohort = plan.cohort
-        charged = plan.event if alg.messages_are_releases else None
+        charged = plan.event if (sent and alg.messages_are_releases) else None
         if charged is not None:
             self.ledger.record(
                 charged,
