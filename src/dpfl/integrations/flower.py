@@ -61,7 +61,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 try:
     from flwr.app import (
@@ -232,20 +232,25 @@ def _arrays(named: Mapping[str, Any]) -> Any:
     return {k: Array(v) for k, v in named.items()}
 
 
+def _np(record: Any, key: str) -> np.ndarray:
+    """The NumPy array stored under ``key`` of an ArrayRecord."""
+    return np.asarray(record[key].numpy())
+
+
 def _decode_tasks(
     content: RecordDict,
 ) -> tuple[torch.Tensor, dict[str, Any], list[Task]]:
     meta = json.loads(str(content["dpfl"]["meta"]))
     arrays = content["tasks"]
-    weights = torch.from_numpy(content["weights"]["weights"].numpy().copy())
+    weights = torch.from_numpy(_np(content["weights"], "weights").copy())
     tasks = []
     for j, client, options, names in zip(
         meta["positions"], meta["clients"], meta["options"], meta["state"]
     ):
         key = f"{j}/rows"
-        rows = arrays[key].numpy() if key in arrays else None
+        rows = _np(arrays, key) if key in arrays else None
         state = {
-            n: torch.from_numpy(arrays[f"{j}/state/{n}"].numpy().copy()) for n in names
+            n: torch.from_numpy(_np(arrays, f"{j}/state/{n}").copy()) for n in names
         }
         tasks.append(Task(int(client), rows, options, state))
     return weights, meta, tasks
@@ -277,12 +282,9 @@ def _decode_messages(content: RecordDict) -> dict[int, DpflMessage]:
     out = {}
     for j, scalars, names in zip(meta["positions"], meta["scalars"], meta["state"]):
         out[int(j)] = DpflMessage(
-            torch.from_numpy(arrays[f"{j}/vector"].numpy().copy()),
+            torch.from_numpy(_np(arrays, f"{j}/vector").copy()),
             {k: float(v) for k, v in scalars.items()},
-            {
-                n: torch.from_numpy(arrays[f"{j}/state/{n}"].numpy().copy())
-                for n in names
-            },
+            {n: torch.from_numpy(_np(arrays, f"{j}/state/{n}").copy()) for n in names},
         )
     return out
 
@@ -382,8 +384,8 @@ class DpflStrategy(Strategy):
                         continue
                     info = reply.content["partition"]
                     asked[reply.metadata.src_node_id] = (
-                        int(info[PARTITION_ID]),
-                        int(info[NUM_PARTITIONS]),
+                        int(cast(int, info[PARTITION_ID])),
+                        int(cast(int, info[NUM_PARTITIONS])),
                     )
             counts = {n for _, n in asked.values()}
             if len(counts) > 1:
@@ -479,7 +481,8 @@ class DpflStrategy(Strategy):
         for reply in grid.send_and_receive(queries, timeout=self.round_timeout):
             if not reply.has_error():
                 info = reply.content["partition"]
-                self.nodes[int(info[PARTITION_ID])] = reply.metadata.src_node_id
+                pid = int(cast(int, info[PARTITION_ID]))
+                self.nodes[pid] = reply.metadata.src_node_id
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -599,7 +602,7 @@ class DpflStrategy(Strategy):
         """
         trainer = self.trainer
         if initial_arrays is not None:
-            given = initial_arrays["weights"].numpy()
+            given = _np(initial_arrays, "weights")
             if not np.array_equal(given, _tensor_array(trainer.algorithm.weights)):
                 raise DpflError("initial_arrays are not the configuration's model")
         rounds = self.config.rounds if num_rounds is None else int(num_rounds)
@@ -628,14 +631,15 @@ class DpflStrategy(Strategy):
                     if messages
                     else []
                 )
-                arrays, metrics = self.aggregate_train(server_round, replies)
+                _, metrics = self.aggregate_train(server_round, replies)
+                arrays = self._arrays()
                 result.arrays = arrays
                 if metrics is not None:
                     result.train_metrics_clientapp[server_round] = metrics
                 record: dict[str, Any] = {"round": server_round}
                 record.update(dict(metrics or {}))
                 if server_round % self.config.eval_every == 0 or server_round == rounds:
-                    evaluation = {
+                    evaluation: dict[str, Any] = {
                         k: float(v) for k, v in trainer.algorithm.evaluate().items()
                     }
                     if ledger.rounds and trainer.algorithm.private:
