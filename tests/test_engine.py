@@ -230,8 +230,10 @@ def test_client_gaussian_noise_messages_are_per_client():
 
 def test_executor_names():
     assert executor("loop").name == "loop" and executor("batched").name == "batched"
+    # "ray" names the optional integration: built lazily, Ray not started.
+    assert executor("ray").name == "ray"
     with pytest.raises(InvalidParameterError, match="execution"):
-        executor("ray")
+        executor("rays")
 
 
 # ---------------------------------------------------------------------- trainer

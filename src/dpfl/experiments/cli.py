@@ -22,18 +22,21 @@ __all__ = ["add_subcommands"]
 def _logging() -> None:
     """Show the runner's messages (calibration, budget stop, resume) on stderr.
 
+    And those of the integrations (Ray: workers started, a worker replaced).
+
     The top-level ``main`` silences logging below ERROR to keep library chatter
     off the terminal; the runner's own messages are meant for the user, so
     logging is re-enabled here (dp_accounting calls silence themselves).
     """
     logging.disable(logging.NOTSET)
-    logger = logging.getLogger("dpfl.experiments")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+    for name in ("dpfl.experiments", "dpfl.integrations"):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
 
 
 def _summary(result: Any) -> str:
@@ -107,7 +110,9 @@ def _resume(args: argparse.Namespace) -> int:
     from dpfl.experiments.runner import resume
 
     _logging()
-    result = resume(args.run_dir, progress=not args.no_progress)
+    result = resume(
+        args.run_dir, progress=not args.no_progress, overrides=args.set or []
+    )
     _figure(result.run_dir)
     print(_summary(result))
     return 0
@@ -219,6 +224,13 @@ def add_subcommands(subparsers: Any) -> None:
         description="Continue a run from its checkpoint and ledger.",
     )
     p.add_argument("run_dir", help="the run folder, e.g. runs/NAME")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="change where the client steps run (execution, ray.*), e.g. --set "
+        "ray.address=auto; other keys would change the run and are refused",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_resume)
 

@@ -1,12 +1,12 @@
 """Run configuration: one frozen dataclass tree, read from YAML, overridden by flags.
 
 A run is described by a :class:`RunConfig` whose sections are
-:class:`DataConfig`, :class:`ModelConfig`, :class:`AlgorithmConfig` and
-:class:`PrivacyConfig`. :func:`load_config` reads a YAML file, applies
-``--set key.sub=value`` overrides (values parsed as YAML, so ``0.5`` is a
-float, ``null`` is ``None`` and ``[64, 32]`` a list) and validates the result;
-:meth:`RunConfig.to_dict` gives back plain data for writing the resolved
-configuration of a run.
+:class:`DataConfig`, :class:`ModelConfig`, :class:`AlgorithmConfig`,
+:class:`PrivacyConfig` and :class:`RayConfig`. :func:`load_config` reads a
+YAML file, applies ``--set key.sub=value`` overrides (values parsed as YAML,
+so ``0.5`` is a float, ``null`` is ``None`` and ``[64, 32]`` a list) and
+validates the result; :meth:`RunConfig.to_dict` gives back plain data for
+writing the resolved configuration of a run.
 
 Every error names the dotted key and the value found: an unknown key comes with
 the closest known key (``difflib``), a wrong type with the expected type, an
@@ -41,7 +41,7 @@ import yaml
 from dpfl.accounting.ledger import GUARDS as LEDGER_GUARDS
 from dpfl.accounting.schemes import all_analyses
 from dpfl.errors import InvalidParameterError
-from dpfl.sim.executors import EXECUTORS
+from dpfl.sim.executors import EXECUTION_NAMES
 
 __all__ = [
     "AlgorithmConfig",
@@ -49,6 +49,7 @@ __all__ = [
     "DataConfig",
     "ModelConfig",
     "PrivacyConfig",
+    "RayConfig",
     "RunConfig",
     "apply_overrides",
     "config_from_dict",
@@ -77,6 +78,23 @@ def _at_least(m: int) -> Any:
 
 def _nonnegative(v: Any) -> str | None:
     return None if v is None or v >= 0 else "must be >= 0"
+
+
+def _finite_positive(v: Any) -> str | None:
+    return None if v is None or 0 < v < math.inf else "must be > 0 and finite"
+
+
+def _finite_nonnegative(v: Any) -> str | None:
+    return None if v is None or 0 <= v < math.inf else "must be >= 0 and finite"
+
+
+def _address(v: Any) -> str | None:
+    if v is None or v == "auto" or v.startswith("ray://"):
+        return None
+    host, sep, port = v.rpartition(":")
+    if sep and host and port.isdigit() and 0 < int(port) < 65536:
+        return None
+    return "must be null (a local Ray instance), 'auto' or 'host:port'"
 
 
 def _open_unit(v: Any) -> str | None:
@@ -244,6 +262,36 @@ class PrivacyConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RayConfig:
+    """Where and how wide ``execution: ray`` runs (other executions ignore it).
+
+    The settings do not change the result: a run gives the same ledger and
+    the same model (to float rounding) on any number of workers and nodes,
+    so ``dpfl resume`` may continue a run with other settings.
+
+    Attributes
+    ----------
+    address : str or None
+        ``null`` (default): a private Ray instance on this machine, bound to
+        127.0.0.1, started and stopped by the run. ``"auto"``: the cluster
+        this machine joined with ``ray start``. ``"host:port"``: the cluster
+        whose head node listens there (``ray start --head --port=...``).
+    num_workers : int
+        Ray actors; each runs one consecutive share of every round's cohort.
+    num_cpus_per_worker : float
+        CPUs each worker reserves (its torch uses as many threads, at least
+        one); fractions share a CPU.
+    num_gpus_per_worker : float
+        GPUs each worker reserves; above 0 the workers compute on CUDA.
+    """
+
+    address: str | None = _field(None, _address)
+    num_workers: int = _field(1, _at_least(1))
+    num_cpus_per_worker: float = _field(1.0, _finite_positive)
+    num_gpus_per_worker: float = _field(0.0, _finite_nonnegative)
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """Everything a run needs; written resolved to ``runs/NAME/config.yaml``.
 
@@ -267,9 +315,12 @@ class RunConfig:
         ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
     execution : str
         How client steps run: ``"batched"`` (the cohort as one vectorised
-        computation, default) or ``"loop"`` (one client at a time, the
-        reference); both give the same model to float rounding and the same
-        ledger.
+        computation, default), ``"loop"`` (one client at a time, the
+        reference) or ``"ray"`` (shares of the cohort on Ray actors, set up
+        by the ``ray`` section; ``pip install 'dpfl[ray]'``); all give the
+        same model to float rounding and the same ledger.
+    ray : RayConfig
+        Where ``execution: ray`` runs (ignored by the other executions).
     max_clients : int or None
         Clients per chunk of a batched computation (bounds memory).
     """
@@ -287,7 +338,8 @@ class RunConfig:
     checkpoint_every: int = _field(50, _at_least(1))
     output_dir: str = "runs"
     device: str = _field("cpu", _one_of(_DEVICES))
-    execution: str = _field("batched", _one_of(tuple(EXECUTORS)))
+    execution: str = _field("batched", _one_of(EXECUTION_NAMES))
+    ray: RayConfig = _field(default_factory=RayConfig)
     max_clients: int | None = _field(None, _at_least(1))
 
     def __post_init__(self) -> None:

@@ -52,7 +52,7 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,7 @@ __all__ = [
     "GUARANTEE",
     "LEDGER",
     "METRICS",
+    "RESUME_KEYS",
     "RunResult",
     "read_metrics",
     "resume",
@@ -287,6 +288,32 @@ def _build_algorithm(config: RunConfig, dataset: Any) -> Any:
     )
 
 
+def _executor(config: RunConfig) -> Any:
+    """What runs the client steps: a name, or a configured executor object.
+
+    ``execution: ray`` gives a :class:`~dpfl.integrations.ray.RayExecutor`
+    set up by the ``ray`` section (imported only then); the run closes it.
+    """
+    if config.execution != "ray":
+        return config.execution
+    from dpfl.integrations.ray import RayExecutor
+
+    r = config.ray
+    log.info(
+        "execution: ray, %d worker(s) with %g CPU and %g GPU each, on %s",
+        r.num_workers,
+        r.num_cpus_per_worker,
+        r.num_gpus_per_worker,
+        "a local instance" if r.address is None else f"the cluster at {r.address}",
+    )
+    return RayExecutor(
+        r.address,
+        num_workers=r.num_workers,
+        num_cpus_per_worker=r.num_cpus_per_worker,
+        num_gpus_per_worker=r.num_gpus_per_worker,
+    )
+
+
 def _units(event: ev.Event, dataset: Any) -> tuple[str, int]:
     """The privacy unit of ``event`` and how many of them the data holds."""
     unit = schemes.scheme_of(event).unit
@@ -458,36 +485,45 @@ def run(config: RunConfig, *, progress: bool = True, resume: bool = False) -> Ru
         _check_ledger(ledger, config)
     else:
         ledger = _ledger(config, run_dir)
-    trainer = Trainer(
-        algorithm, ledger=ledger, seed=config.seed, execution=config.execution
-    )
-    if resume and ckpt_path.exists():
-        import torch
+    execution = _executor(config)
+    try:
+        trainer = Trainer(
+            algorithm, ledger=ledger, seed=config.seed, execution=execution
+        )
+        if resume and ckpt_path.exists():
+            import torch
 
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or state.get("format") != _CKPT_FORMAT:
-            raise DpflError(f"{ckpt_path} is not a dpfl run checkpoint")
-        trainer.load_state_dict(state["trainer"])
-        if ledger.rounds > trainer.round:
+            state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+            if not isinstance(state, dict) or state.get("format") != _CKPT_FORMAT:
+                raise DpflError(f"{ckpt_path} is not a dpfl run checkpoint")
+            trainer.load_state_dict(state["trainer"])
+            if ledger.rounds > trainer.round:
+                log.warning(
+                    "the ledger holds %d charged rounds, the checkpoint %d: rounds "
+                    "%d..%d are re-run and charged again (the spend is over-stated, "
+                    "never reset)",
+                    ledger.rounds,
+                    trainer.round,
+                    trainer.round + 1,
+                    ledger.rounds,
+                )
+            log.info("resuming %s at round %d", run_dir, trainer.round)
+        elif resume and ledger.rounds:
             log.warning(
-                "the ledger holds %d charged rounds, the checkpoint %d: rounds "
-                "%d..%d are re-run and charged again (the spend is over-stated, "
-                "never reset)",
-                ledger.rounds,
-                trainer.round,
-                trainer.round + 1,
+                "no checkpoint but the ledger holds %d rounds: starting again at round "
+                "0 with that spend kept",
                 ledger.rounds,
             )
-        log.info("resuming %s at round %d", run_dir, trainer.round)
-    elif resume and ledger.rounds:
-        log.warning(
-            "no checkpoint but the ledger holds %d rounds: starting again at round "
-            "0 with that spend kept",
-            ledger.rounds,
-        )
-    _truncate_metrics(run_dir, trainer.round)
-    _write_config(run_dir, config)
-    return _loop(config, run_dir, trainer, progress=progress)
+        _truncate_metrics(run_dir, trainer.round)
+        _write_config(run_dir, config)
+        start = getattr(execution, "start", None)
+        if callable(start):  # a distributed executor: its workers, before round 1
+            start(algorithm)
+        return _loop(config, run_dir, trainer, progress=progress)
+    finally:
+        close = getattr(execution, "close", None)
+        if callable(close):
+            close()
 
 
 def _check_ledger(ledger: PrivacyLedger, config: RunConfig) -> None:
@@ -725,7 +761,15 @@ def _postfix(
     return out
 
 
-def resume(run_dir: str | Path, *, progress: bool = True) -> RunResult:
+#: Keys ``dpfl resume --set`` may change: where the client steps run, which
+#: never changes the result (the same ledger, the same model to float
+#: rounding), so a run lost with its cluster continues elsewhere.
+RESUME_KEYS = ("execution", "ray")
+
+
+def resume(
+    run_dir: str | Path, *, progress: bool = True, overrides: Sequence[str] = ()
+) -> RunResult:
     """Continue a stopped run from its checkpoint and ledger.
 
     Parameters
@@ -734,6 +778,9 @@ def resume(run_dir: str | Path, *, progress: bool = True) -> RunResult:
         The run folder (holding ``config.yaml``).
     progress : bool
         Show a progress bar.
+    overrides : sequence of str
+        ``"key=value"`` items for the keys of :data:`RESUME_KEYS` only
+        (``execution``, ``ray.*``), e.g. ``"ray.address=auto"``.
 
     Returns
     -------
@@ -743,12 +790,20 @@ def resume(run_dir: str | Path, *, progress: bool = True) -> RunResult:
     Raises
     ------
     DpflError
-        If the folder holds no ``config.yaml``.
+        If the folder holds no ``config.yaml``, or an override names a key
+        that would change the run.
     """
     run_dir = Path(run_dir)
     if not (run_dir / CONFIG).exists():
         raise DpflError(f"{run_dir} is not a run folder (no {CONFIG})")
-    tree = load_config(run_dir / CONFIG).to_dict()
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if key.split(".")[0] not in RESUME_KEYS:
+            raise ConfigError(
+                f"resume --set may change only {', '.join(RESUME_KEYS)} (where the "
+                f"client steps run); got {key!r}"
+            )
+    tree = load_config(run_dir / CONFIG, overrides).to_dict()
     # the folder may have been moved: it is where the run lives now
     tree.update(output_dir=str(run_dir.parent), name=run_dir.name)
     config = config_from_dict(tree)

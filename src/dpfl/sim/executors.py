@@ -13,6 +13,11 @@ Every client draws from its own generators (:mod:`dpfl.sim.randomness`), so
 both give the same messages up to floating-point rounding, and the same
 ledger exactly; the contract tests check it for every algorithm.
 
+``ray``
+    The cohort cut into shares run by Ray actors, on this machine or a
+    cluster (:class:`dpfl.integrations.ray.RayExecutor`; the optional extra
+    ``pip install 'dpfl[ray]'``, imported only when asked for).
+
 A distributed executor (:mod:`dpfl.integrations.ray`) has the same ``run``:
 it cuts the cohort into consecutive shares (:func:`shares`), runs each on a
 replica of the algorithm (built from its
@@ -25,6 +30,7 @@ mutable facts only from its task, so every split gives the same messages.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -37,7 +43,9 @@ if TYPE_CHECKING:
     from dpfl.sim.randomness import Streams
 
 __all__ = [
+    "EXECUTION_NAMES",
     "EXECUTORS",
+    "EXTERNAL_EXECUTORS",
     "BatchedExecutor",
     "Executor",
     "LoopExecutor",
@@ -126,17 +134,36 @@ EXECUTORS: dict[str, type[Executor]] = {
 }
 
 
+#: Executors of the optional integrations, by name: ``"module:class"``,
+#: imported only when asked for (nothing here imports Ray).
+EXTERNAL_EXECUTORS: dict[str, str] = {
+    "ray": "dpfl.integrations.ray:RayExecutor",
+}
+
+#: Every name ``execution:`` takes.
+EXECUTION_NAMES: tuple[str, ...] = (*EXECUTORS, *EXTERNAL_EXECUTORS)
+
+
 def executor(name: str) -> Executor:
-    """A new executor by name (``"loop"`` or ``"batched"``).
+    """A new executor by name (``"loop"``, ``"batched"`` or ``"ray"``).
+
+    ``"ray"`` gives a :class:`~dpfl.integrations.ray.RayExecutor` with its
+    defaults (a local instance, one worker); build one yourself for other
+    settings, and close it when done.
 
     Raises
     ------
     dpfl.errors.InvalidParameterError
-        If ``name`` is not one of :data:`EXECUTORS`.
+        If ``name`` is not one of :data:`EXECUTION_NAMES`.
     """
     cls = EXECUTORS.get(name)
-    if cls is None:
+    if cls is not None:
+        return cls()
+    path = EXTERNAL_EXECUTORS.get(name)
+    if path is None:
         raise InvalidParameterError(
-            f"execution must be one of {sorted(EXECUTORS)}; got {name!r}"
+            f"execution must be one of {sorted(EXECUTION_NAMES)}; got {name!r}"
         )
-    return cls()
+    module, _, attr = path.partition(":")
+    made: Executor = getattr(importlib.import_module(module), attr)()
+    return made

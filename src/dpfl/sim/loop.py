@@ -102,8 +102,10 @@ class Trainer:
         Seed of the run's randomness (>= 0).
     execution : str or Executor
         How client steps run: ``"batched"`` (default, the cohort as one
-        vectorised computation) or ``"loop"`` (one client at a time, the
-        reference); or an executor object.
+        vectorised computation), ``"loop"`` (one client at a time, the
+        reference) or ``"ray"`` (Ray actors with their defaults); or an
+        executor object (e.g. a configured
+        :class:`~dpfl.integrations.ray.RayExecutor`).
 
     Attributes
     ----------
