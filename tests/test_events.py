@@ -33,10 +33,29 @@ def test_invalid_parameters_name_the_parameter(make, name):
         make()
 
 
-def test_accounting_does_not_import_torch():
+def test_accounting_imports_neither_torch_nor_ray_nor_flower():
+    # Every module of dpfl.accounting (and the CLI's entry point) imports
+    # without the training or distribution extras: `pip install dpfl` then
+    # `dpfl account ...` must work on a machine without torch, ray or flwr.
     code = (
-        "import sys, dpfl.accounting, dpfl.accounting.accountant, "
-        "dpfl.accounting.ledger, dpfl.cli; "
-        "assert 'torch' not in sys.modules, 'torch imported'"
+        "import sys, pkgutil, importlib, dpfl.accounting, dpfl.cli\n"
+        "names = [m.name for m in pkgutil.walk_packages("
+        "dpfl.accounting.__path__, 'dpfl.accounting.')]\n"
+        "assert len(names) > 10, names\n"
+        "for name in names: importlib.import_module(name)\n"
+        "bad = sorted({'torch', 'ray', 'flwr'} & set(sys.modules))\n"
+        "assert not bad, f'dpfl.accounting imported {bad}'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_simulator_does_not_import_ray_or_flower():
+    # Ray and Flower are optional extras: the simulator, the runner and the
+    # CLI load them only when a run asks for them.
+    code = (
+        "import sys, dpfl.sim.loop, dpfl.sim.algorithms, dpfl.experiments.runner, "
+        "dpfl.cli\n"
+        "bad = sorted({'ray', 'flwr'} & set(sys.modules))\n"
+        "assert not bad, f'imported {bad}'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -21,7 +21,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, NoReturn
 
 from dpfl.accounting._quiet import quiet as _quiet
-from dpfl.errors import DpflError
+from dpfl.errors import DpflError, InvalidParameterError
 
 __all__ = ["main"]
 
@@ -1076,6 +1076,124 @@ SCHEMES: dict[str, tuple[Callable[..., None], Callable | None, Callable | None]]
 
 
 # ---------------------------------------------------------------------------
+# Audits: an empirical lower bound beside the upper bounds
+# ---------------------------------------------------------------------------
+def _audit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=1_000_000,
+        help="trials on each side of the neighbouring pair (default 1e6)",
+    )
+    p.add_argument(
+        "--confidence",
+        type=float,
+        default=0.95,
+        help="probability that the lower bound holds (default 0.95)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the audit (default 0)")
+
+
+def _rp_audit_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
+    _rp_args(p, False)
+    p.add_argument(
+        "--configuration",
+        default="zero",
+        choices=("zero", "collinear", "angled"),
+        help="gradients of the client's other sampled records (default zero)",
+    )
+    p.add_argument(
+        "--angle",
+        type=float,
+        default=90.0,
+        help="degrees between companions and target for 'angled' (default 90)",
+    )
+    _audit_args(p)
+
+
+def _gauss_audit_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
+    _gauss_args(p, False)
+    _audit_args(p)
+
+
+def _audit_report(a: argparse.Namespace, upper: Report, pair: Any, what: str) -> Report:
+    from dpfl.audit import audit_mechanism
+
+    if a.epsilon is not None:
+        raise InvalidParameterError(
+            "dpfl audit reports epsilon at a delta: give --delta, not --epsilon"
+        )
+    res = audit_mechanism(
+        pair,
+        trials=a.trials,
+        delta=a.delta,
+        rounds=getattr(a, "rounds", 1),
+        confidence=a.confidence,
+        seed=a.seed,
+    )
+    claimed = float(upper.result["epsilon"])
+    result = {
+        "epsilon_lower_bound": res.epsilon,
+        "confidence": res.confidence,
+        "delta": res.delta,
+        "epsilon_upper_bound": claimed,
+        "upper_bound_analysis": upper.result.get("analysis", "exact"),
+        "ratio": res.epsilon / claimed if claimed > 0 else math.inf,
+        "audited": what,
+        "trials": res.negatives_trials,
+        "false_positives": res.false_positives,
+        "false_negatives": res.false_negatives,
+        "threshold": res.threshold,
+    }
+    rows = [
+        {**r, "refuted_by_audit": res.epsilon > float(r["epsilon"])}
+        for r in upper.rows
+        if "epsilon" in r
+    ]
+    notes = upper.notes + [
+        f"audit: epsilon >= {res.epsilon:.4g} at delta={res.delta:g} with "
+        f"confidence {res.confidence:g} ({what}; likelihood-ratio test, "
+        f"{res.negatives_trials} trials a side, Clopper-Pearson intervals); an "
+        "upper bound below it is refuted"
+    ]
+    return Report(f"Audit of {upper.title}", result, rows, notes)
+
+
+def audit_random_participation(a: argparse.Namespace) -> Report:
+    from dpfl.audit import RandomParticipationPair
+
+    upper = account_random_participation(_with(a, json=False))
+    pair = RandomParticipationPair(
+        a.p,
+        a.q,
+        a.records_per_client,
+        a.noise_multiplier,
+        configuration=a.configuration,
+        angle=math.radians(a.angle),
+    )
+    upper.result = {
+        **next(r for r in upper.rows if r["analysis"] == a.analysis),
+        "analysis": a.analysis,
+    }
+    return _audit_report(a, upper, pair, f"{a.configuration} companions")
+
+
+def audit_gaussian(a: argparse.Namespace) -> Report:
+    from dpfl.audit import GaussianPair
+
+    upper = account_gaussian(a)
+    return _audit_report(
+        a, upper, GaussianPair(a.noise_multiplier, a.sensitivity), "Gaussian pair"
+    )
+
+
+AUDITS: dict[str, tuple[Callable[..., None], Callable[..., Report]]] = {
+    "random-participation": (_rp_audit_args, audit_random_participation),
+    "gaussian": (_gauss_audit_args, audit_gaussian),
+}
+
+
+# ---------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
@@ -1099,6 +1217,16 @@ def build_parser() -> argparse.ArgumentParser:
             sp = schemes.add_parser(name)
             add_args(sp, mode == "calibrate")
             sp.set_defaults(handler=handler)
+    ap = sub.add_parser(
+        "audit",
+        help="attack a mechanism: an empirical lower bound on epsilon beside the "
+        "upper bounds",
+    )
+    audits = ap.add_subparsers(dest="scheme", required=True, parser_class=_Parser)
+    for name, (add_args, handler) in AUDITS.items():
+        sp = audits.add_parser(name)
+        add_args(sp, False)
+        sp.set_defaults(handler=handler)
     try:
         from dpfl.experiments.cli import add_subcommands
     except ModuleNotFoundError as exc:  # training extras not installed

@@ -412,8 +412,14 @@ def _hockey_rows(
     n = eps.size
     s = 1.0 / (sigma * sigma)
     x = np.exp(eps)[:, None]
-    # c_k = a_k - x b_k = x (a_k - b_k) - a_k (x - 1), without cancellation
-    c = diff * x - a * np.expm1(eps)[:, None]
+    # c_k = a_k - x b_k. Near eps = 0 (x ~ 1) it is formed as
+    # x (a_k - b_k) - a_k (x - 1), which keeps a_k ~ b_k from cancelling; for
+    # large eps that form cancels instead (a component absent from Q, b_k = 0,
+    # gives x a_k - a_k (x - 1): at eps ~ 38 the a_k is lost below the ulp of
+    # x a_k), so there c_k is formed directly.
+    small = (eps <= 1.0)[:, None]
+    with np.errstate(over="ignore", invalid="ignore"):
+        c = np.where(small, diff * x - a * np.expm1(eps)[:, None], a - x * b)
     c = np.where(np.isfinite(c), c, 0.0)
     sgn = np.sign(c)
     with np.errstate(divide="ignore"):

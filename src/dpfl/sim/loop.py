@@ -222,6 +222,65 @@ class Trainer:
             metrics=metrics,
         )
 
+    def abandon_round(self, plan: RoundPlan, *, sent: bool = True) -> RoundReport:
+        """Give up a round before its server step (a client failed or vanished).
+
+        The server step never runs, so the server releases nothing and the
+        model and server state stay as they are; the round index advances
+        (the next round draws fresh randomness, keyed by its own index).
+        Whether the round is charged depends on who privatizes:
+
+        * the server (central noise, :attr:`FederatedAlgorithm.messages_are_releases`
+          False): the messages received are not releases (only the server's
+          noisy update is), so nothing is charged;
+        * the clients (client-side noise: each message is itself a release
+          the server saw): the event checked in :meth:`begin_round` is recorded,
+          with ``extra={"abandoned": True}``, so a release is never uncharged.
+
+        Parameters
+        ----------
+        plan : RoundPlan
+            The round from :meth:`begin_round`.
+        sent : bool
+            Whether any task reached a client. ``False`` (the round was given
+            up before anything left the server): no client released anything
+            either, and nothing is charged.
+
+        Returns
+        -------
+        RoundReport
+            The round's index, the event charged (``None``: not charged), the
+            planned participants and ``{"abandoned": 1.0}``.
+
+        Raises
+        ------
+        dpfl.errors.DpflError
+            If ``plan`` is not the round this trainer is in.
+        """
+        if plan.round != self.round:
+            raise DpflError(
+                f"plan is for round {plan.round}; the trainer is in round {self.round}"
+            )
+        alg = self.algorithm
+        cohort = plan.cohort
+        charged = plan.event if (sent and alg.messages_are_releases) else None
+        if charged is not None:
+            self.ledger.record(
+                charged,
+                participants=cohort.participants if alg.per_client_accounting else None,
+                round=plan.round,
+                extra={"abandoned": True},
+            )
+            if self.ledger.path is not None:
+                self.ledger.flush()
+        self.round = plan.round + 1
+        return RoundReport(
+            round=plan.round,
+            event=charged,
+            participants=cohort.participants,
+            metrics={"abandoned": 1.0},
+        )
+
     def run(self, num_rounds: int) -> list[RoundReport]:
         """Run ``num_rounds`` rounds (errors propagate; completed rounds stay).
 

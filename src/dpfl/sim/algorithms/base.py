@@ -249,7 +249,10 @@ class Messages:
         if parts[0].summed:
             return cls(
                 torch.stack([p.vectors for p in parts]).sum(dim=0),
-                {k: sum(p.scalars[k] for p in parts) for k in parts[0].scalars},
+                {
+                    k: torch.stack([p.scalars[k] for p in parts]).sum(dim=0)
+                    for k in parts[0].scalars
+                },
                 summed=True,
             )
         kept = [p for p in parts if p.vectors.shape[0] > 0] or [parts[0]]
@@ -652,6 +655,19 @@ class FederatedAlgorithm(abc.ABC):
         return None
 
     # -- the round --------------------------------------------------------------------
+    @property
+    def messages_are_releases(self) -> bool:
+        """Whether a client's message is itself a private release.
+
+        True when the clients privatize what they send (client-side noise):
+        the server, or anyone who sees a message, sees a release the event
+        prices, so a round whose messages reached the server is charged even
+        if it is abandoned before the server step
+        (:meth:`dpfl.sim.loop.Trainer.abandon_round`). False (default): the
+        server privatizes (central noise) and only its update is a release.
+        """
+        return False
+
     def held_state(self, client: int) -> dict[str, torch.Tensor]:
         """What ``client`` holds between rounds, as the server's copy has it.
 

@@ -154,6 +154,11 @@ class DsgdRandomParticipation(FederatedAlgorithm):
     Params = DsgdRpParams
     params: DsgdRpParams
 
+    @property
+    def messages_are_releases(self) -> bool:
+        """True with ``server="untrusted"``: each message carries its own noise."""
+        return self.params.server == "untrusted"
+
     @staticmethod
     def sampler(params: DsgdRpParams, stats: DataStats) -> PoissonParticipationSampler:
         """Clients w.p. p, then each of their records w.p. q."""

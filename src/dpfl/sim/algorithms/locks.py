@@ -236,6 +236,11 @@ class Locks(FederatedAlgorithm):
     params: LocksParams
     per_client_accounting = True
 
+    @property
+    def messages_are_releases(self) -> bool:
+        """True: each client noises its update before it leaves (client-side)."""
+        return True
+
     # -- accounting (pure) ------------------------------------------------------
     @staticmethod
     def sampler(params: LocksParams, stats: DataStats) -> TwoStageSampler:

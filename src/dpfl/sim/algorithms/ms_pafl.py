@@ -263,6 +263,11 @@ class MsPafl(FederatedAlgorithm):
     params: MsPaflParams
     per_client_accounting = True
 
+    @property
+    def messages_are_releases(self) -> bool:
+        """True: each client noises its update before it leaves (client-side)."""
+        return True
+
     # -- accounting (pure, no model) ------------------------------------------------
     @staticmethod
     def sampler(params: MsPaflParams, stats: DataStats) -> CheckInSampler:

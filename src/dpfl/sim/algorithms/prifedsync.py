@@ -250,6 +250,11 @@ class PriFedSync(FederatedAlgorithm):
     params: PriFedSyncParams
     per_client_accounting = True
 
+    @property
+    def messages_are_releases(self) -> bool:
+        """True: each client runs noisy clipped local steps (client-side noise)."""
+        return True
+
     # -- accounting (pure) -----------------------------------------------------------
     @staticmethod
     def sampler(params: PriFedSyncParams, stats: DataStats) -> SyncSampler:
