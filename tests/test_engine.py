@@ -365,3 +365,34 @@ def test_trainer_resume_is_exact_and_guards_the_ledger(tmp_path):
     resumed.run(4)
     assert torch.equal(resumed_alg.weights, full.weights)
     assert resumed.ledger.rounds == 6
+
+
+def test_concat_joins_shares_in_order_and_keeps_client_state_when_summed():
+    from dpfl.sim.algorithms.base import Messages
+
+    a = Messages(
+        torch.ones(1, 3),
+        {"n": torch.tensor([2.0])},
+        summed=True,
+        states={"s": torch.tensor([[1.0], [2.0]])},
+    )
+    b = Messages(
+        torch.full((1, 3), 2.0),
+        {"n": torch.tensor([1.0])},
+        summed=True,
+        states={"s": torch.tensor([[3.0]])},
+    )
+    joined = Messages.concat([a, b])
+    assert joined.summed
+    assert torch.equal(joined.vectors, torch.full((1, 3), 3.0))
+    assert joined.scalar_total("n") == 3.0
+    assert torch.equal(joined.states["s"], torch.tensor([[1.0], [2.0], [3.0]]))
+    rows = Messages.concat(
+        [
+            Messages(torch.zeros(2, 3), states={"s": torch.zeros(2)}),
+            Messages(torch.ones(1, 3), states={"s": torch.ones(1)}),
+        ]
+    )
+    assert rows.vectors.shape == (3, 3) and torch.equal(
+        rows.states["s"], torch.tensor([0.0, 0.0, 1.0])
+    )

@@ -194,10 +194,7 @@ class Trainer:
         dpfl.errors.NonFiniteUpdateError
             If the update is not finite (nothing changes, nothing charged).
         """
-        if plan.round != self.round:
-            raise DpflError(
-                f"plan is for round {plan.round}; the trainer is in round {self.round}"
-            )
+        self._check_plan(plan)
         alg = self.algorithm
         cohort, event = plan.cohort, plan.event
         metrics = alg.server_step(cohort, messages, plan.server)
@@ -206,14 +203,7 @@ class Trainer:
             # second-stage probability, who was in the second stage); their
             # realised event prices the same as the one checked above.
             event = alg.realised_event(cohort) or event
-            self.ledger.record(
-                event,
-                participants=cohort.participants if alg.per_client_accounting else None,
-                round=plan.round,
-                extra=alg.ledger_extra(cohort),
-            )
-            if self.ledger.path is not None:
-                self.ledger.flush()
+            self._charge(plan, event, alg.ledger_extra(cohort))
         self.round = plan.round + 1
         return RoundReport(
             round=plan.round,
@@ -257,22 +247,12 @@ class Trainer:
         dpfl.errors.DpflError
             If ``plan`` is not the round this trainer is in.
         """
-        if plan.round != self.round:
-            raise DpflError(
-                f"plan is for round {plan.round}; the trainer is in round {self.round}"
-            )
+        self._check_plan(plan)
         alg = self.algorithm
         cohort = plan.cohort
         charged = plan.event if (sent and alg.messages_are_releases) else None
         if charged is not None:
-            self.ledger.record(
-                charged,
-                participants=cohort.participants if alg.per_client_accounting else None,
-                round=plan.round,
-                extra={"abandoned": True},
-            )
-            if self.ledger.path is not None:
-                self.ledger.flush()
+            self._charge(plan, charged, {"abandoned": True})
         self.round = plan.round + 1
         return RoundReport(
             round=plan.round,
@@ -280,6 +260,28 @@ class Trainer:
             participants=cohort.participants,
             metrics={"abandoned": 1.0},
         )
+
+    def _check_plan(self, plan: RoundPlan) -> None:
+        if plan.round != self.round:
+            raise DpflError(
+                f"plan is for round {plan.round}; the trainer is in round {self.round}"
+            )
+
+    def _charge(
+        self, plan: RoundPlan, event: Event, extra: dict[str, Any] | None
+    ) -> None:
+        """Record ``event`` for the plan's round and write the ledger to disk."""
+        alg = self.algorithm
+        self.ledger.record(
+            event,
+            participants=plan.cohort.participants
+            if alg.per_client_accounting
+            else None,
+            round=plan.round,
+            extra=extra,
+        )
+        if self.ledger.path is not None:
+            self.ledger.flush()
 
     def run(self, num_rounds: int) -> list[RoundReport]:
         """Run ``num_rounds`` rounds (errors propagate; completed rounds stay).

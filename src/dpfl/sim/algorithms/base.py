@@ -254,6 +254,9 @@ class Messages:
                     for k in parts[0].scalars
                 },
                 summed=True,
+                states={
+                    k: torch.cat([p.states[k] for p in parts]) for k in parts[0].states
+                },
             )
         kept = [p for p in parts if p.vectors.shape[0] > 0] or [parts[0]]
         return cls(
