@@ -456,7 +456,7 @@ def test_infeasible_target_gets_one_line_that_says_what_is_needed():
     [
         "dp-fedavg-digits",
         "ms-pafl-tabular",
-        "prifedsync-digits",
+        pytest.param("prifedsync-digits", marks=pytest.mark.slow),
         "locks-digits",
     ],
 )
@@ -481,7 +481,9 @@ def test_every_preset_calibrates_and_finishes_within_the_budget(tmp_path, preset
     assert res.rounds_completed == 8
 
 
-@pytest.mark.parametrize("scheme", ["prifedsync", "ms-pafl", "locks"])
+@pytest.mark.parametrize(
+    "scheme", [pytest.param("prifedsync", marks=pytest.mark.slow), "ms-pafl", "locks"]
+)
 def test_calibrate_covers_the_schemes_it_lacked(capsys, scheme):
     argv = {
         "prifedsync": [
@@ -560,6 +562,7 @@ def test_large_delta_and_silent_non_private_runs_are_refused(tmp_path, capsys):
 
 
 # -- item 10: "epsilon spent" is the worst-off unit's, with its terms --------------
+@pytest.mark.slow  # .ci/run runs it (-m slow)
 def test_run_epsilon_is_the_worst_off_units(tmp_path, capsys):
     pytest.importorskip("torch")
     from dpfl.experiments import load_config, run
@@ -604,6 +607,7 @@ def test_run_epsilon_is_the_worst_off_units(tmp_path, capsys):
 
 
 # -- item 12: the default is the tightest proven analysis --------------------------
+@pytest.mark.slow  # .ci/run runs it (-m slow)
 def test_defaults_are_the_tightest_proven_analyses(capsys):
     # Geyer's example (K = 100, m = 50, 11 rounds, (8, 1e-3)): the WOR PLD needs
     # sigma 2.007 (the independent figure, 0.5%), the WOR RDP 3.396.

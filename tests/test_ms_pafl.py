@@ -198,6 +198,7 @@ def test_unresolved_local_epsilon_is_refused_by_the_constructor():
 
 
 # ------------------------------------------------------------------ message path
+@pytest.mark.slow  # .ci/run runs it (-m slow)
 def test_only_the_public_part_leaves_a_client_and_carries_noise_of_std_sigma():
     ds = _tabular(num_clients=30, dim=60)
     z = 0.7

@@ -483,6 +483,7 @@ def test_presets_are_valid_parameters(path):
 
 
 # -- acceptance (paper's Figure 1, on digits) --------------------------------------
+@pytest.mark.slow  # .ci/run runs it (-m slow)
 def test_personalised_models_beat_the_global_model_on_label_shards():
     # 50 clients with 2 label shards each (1-3 labels): the personalised helper
     # models (alpha = 0.1) beat the global model on the clients' own test

@@ -176,6 +176,7 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+@pytest.mark.slow  # .ci/run runs it (-m slow)
 def test_a_worker_killed_mid_round_is_replaced_and_nothing_is_charged_twice(
     local_ray,
 ):
@@ -281,6 +282,7 @@ _DRIVER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # .ci/run runs it (-m slow)
 def test_a_lost_driver_resumes_to_the_uninterrupted_run(local_ray, tmp_path):
     stall = 3
     whole = run(

@@ -214,6 +214,7 @@ def test_nonprivate_run_charges_nothing(tmp_path):
     assert all(r["epsilon"] is None for r in read_metrics(cfg.run_dir))
 
 
+@pytest.mark.slow  # .ci/run runs it (-m slow)
 def test_calibrated_run_meets_budget_tightly(tmp_path):
     # With no noise multiplier the run calibrates one: the resolved sigma must
     # meet the budget under the guard's own computation (the default analysis,

@@ -7,6 +7,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # .ci/run runs it (-m slow)
 def test_package_type_checks():
     # House rule: mypy strict on accounting/. pyproject.toml sets the strict
     # flags for dpfl.accounting and dpfl.errors and mypy's defaults for the
