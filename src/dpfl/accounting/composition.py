@@ -147,8 +147,8 @@ def strong_drv(
 
     Notes
     -----
-    docs/analyses.md quotes "advanced composition of the per-round (0.015, 1e-6) over
-    T = 10,000 gives ε ≈ 10.2 at δ = 1e-2": that is this form with
+    Advanced composition of random participation's per-round (0.015, 1e-6) over
+    T = 10,000 gives ε ≈ 10.2 at δ ≈ 1e-2 in this form with
     δ̃ = 1e-6, which gives ε = 10.152 at δ_tot = 1.0001e-2 (δ̃ = 1e-2 would give
     6.82 at δ_tot = 2e-2; the KOV form reaches δ_tot = 1e-2 with ε = 7.8).
 

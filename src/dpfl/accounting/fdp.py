@@ -28,7 +28,7 @@ the Poisson/add-remove answer, which is smaller and is **not** a bound for
 References
 ----------
 .. [ZCLS21] Q. Zheng, S. Chen, Q. Long and W. J. Su, "Federated f-differential
-   privacy", AISTATS 2021 (federated-f-dp.txt), Theorems 1-2, Appendix D.
+   privacy", AISTATS 2021, Theorems 1-2, Appendix D.
 .. [DRS] J. Dong, A. Roth and W. J. Su, "Gaussian differential privacy",
    JRSS-B 2022, Theorem 4.2 (subsampling), Corollary 5.4 (CLT).
 .. [DGKKM22] V. Doroshenko, B. Ghazi, P. Kamath, R. Kumar and P. Manurangsi,

@@ -640,7 +640,8 @@ def locks_report(
 
     References
     ----------
-    LOCKS (locks.txt), Theorem 5.3; Dong, Roth & Su (2022), Corollary 3.3;
+    "LOCKS: User differentially private and federated optimal client
+    sampling", Theorem 5.3; Dong, Roth & Su (2022), Corollary 3.3;
     docs/analyses.md.
     """
     from dpfl.accounting import schemes

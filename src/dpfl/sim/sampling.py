@@ -748,7 +748,8 @@ class TwoStageSampler(Sampler):
 
     References
     ----------
-    LOCKS (locks.txt), Algorithm 1, Lemma 4.1; docs/analyses.md.
+    "LOCKS: User differentially private and federated optimal client
+    sampling", Algorithm 1, Lemma 4.1; docs/systems/locks.md.
     """
 
     def __init__(

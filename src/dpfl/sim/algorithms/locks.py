@@ -78,7 +78,8 @@ how many took part. :meth:`Locks.paper_report`
 
 References
 ----------
-LOCKS (locks.txt): Algorithm 1, Lemmas 4.1, 4.2, 5.2, Theorem 5.1, §6-7;
+"LOCKS: User differentially private and federated optimal client
+sampling": Algorithm 1, Lemmas 4.1, 4.2, 5.2, Theorem 5.1, §6-7;
 docs/analyses.md.
 """
 
@@ -227,7 +228,8 @@ class Locks(FederatedAlgorithm):
 
     References
     ----------
-    LOCKS (locks.txt), Algorithm 1, Lemmas 4.1-4.2, 5.2, Theorem 5.1;
+    "LOCKS: User differentially private and federated optimal client
+    sampling", Algorithm 1, Lemmas 4.1-4.2, 5.2, Theorem 5.1;
     docs/analyses.md.
     """
 

@@ -61,7 +61,7 @@ every parameter sits in a layer with a ghost rule, else ``vmap``) followed by
 References
 ----------
 Q. Zheng, S. Chen, Q. Long and W. J. Su, "Federated f-differential privacy",
-AISTATS 2021 (federated-f-dp.txt), Algorithms 1-2, eq. (2.1), Theorem 2, §4;
+AISTATS 2021, Algorithms 1-2, eq. (2.1), Theorem 2, §4;
 enosair/federated-fdp (``sync.py``, ``sampler.py``).
 """
 
