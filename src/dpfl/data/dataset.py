@@ -140,6 +140,10 @@ class Dataset:
         Shape of one record, e.g. ``(1, 28, 28)`` (channels first).
     source : str
         Where the data was read from (a path), or ``"generated"``.
+    client_ids : numpy.ndarray or None
+        The owner of each training record when the data come partitioned
+        (FEMNIST's writers, a CSV file's client column): the ``"natural"``
+        partition gives each distinct id its own client.
     """
 
     features: Any
@@ -150,6 +154,51 @@ class Dataset:
     name: str
     input_shape: tuple[int, ...]
     source: str = ""
+    client_ids: np.ndarray | None = None
+
+    def federate(
+        self,
+        partition: Any = None,
+        num_clients: int | None = None,
+        **kwargs: Any,
+    ) -> FederatedDataset:
+        """Partition the training records among clients.
+
+        Parameters
+        ----------
+        partition : str or sequence of index arrays, optional
+            As :func:`dpfl.data.federate`; default ``"natural"`` when the data
+            carry ``client_ids``, else ``"iid"``.
+        num_clients : int, optional
+            Number of clients (for ``"natural"``: how many of the ids to draw;
+            default all).
+        **kwargs
+            Further arguments of :func:`dpfl.data.federate` (``seed``,
+            ``client_test_records``, ``shards_per_client``, ``beta``, ...).
+
+        Returns
+        -------
+        FederatedDataset
+            Named ``"<name>/<partition>"``, with this data set's test set.
+        """
+        from dpfl.data.partition import federate
+
+        if partition is None:
+            partition = "natural" if self.client_ids is not None else "iid"
+        label = partition if isinstance(partition, str) else "custom"
+        kwargs.setdefault("name", f"{self.name}/{label}")
+        return federate(
+            self.features,
+            self.labels,
+            partition=partition,
+            num_clients=num_clients,
+            client_ids=self.client_ids,
+            num_classes=self.num_classes,
+            test_features=self.test_features,
+            test_labels=self.test_labels,
+            input_shape=self.input_shape,
+            **kwargs,
+        )
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ References
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,10 +34,18 @@ __all__ = [
     "equal_size",
     "federate",
     "iid",
+    "natural",
     "shards",
 ]
 
-PARTITIONS = ("iid", "shards", "dirichlet", "dirichlet-per-client", "equal-size")
+PARTITIONS = (
+    "iid",
+    "shards",
+    "dirichlet",
+    "dirichlet-per-client",
+    "equal-size",
+    "natural",
+)
 
 
 def _check_rng(rng: object) -> np.random.Generator:
@@ -47,8 +56,47 @@ def _check_rng(rng: object) -> np.random.Generator:
     return rng
 
 
+def _to_numpy(value: Any) -> Any:
+    """A torch tensor (any device) as a numpy array; anything else unchanged."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        return value.detach().cpu().numpy()
+    return value
+
+
+def _check_features(features: Any) -> Any:
+    """Return features as float32; lazy sources are kept as they are.
+
+    Arrays, tensors and nested lists are converted (without a copy when
+    already a float32 numpy array).
+    """
+    features = _to_numpy(features)
+    if not isinstance(features, np.ndarray) and all(
+        hasattr(features, a) for a in ("shape", "dtype", "nbytes", "__getitem__")
+    ):
+        return features  # a LazyFeatures source
+    try:
+        arr = np.asarray(features)
+    except (TypeError, ValueError) as err:
+        raise InvalidParameterError(
+            f"features must be a numeric array (N, ...); got "
+            f"{type(features).__name__}: {err}"
+        ) from None
+    if arr.ndim < 1 or not (
+        np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_
+    ):
+        raise InvalidParameterError(
+            f"features must be a numeric array (N, ...); got dtype {arr.dtype}, "
+            f"shape {arr.shape}"
+        )
+    return arr.astype(np.float32, copy=False)
+
+
 def _check_labels(labels: object) -> np.ndarray:
-    arr = np.asarray(labels)
+    arr = np.asarray(_to_numpy(labels))
+    if arr.ndim == 1 and arr.size and np.issubdtype(arr.dtype, np.floating):
+        # Labels stored as floats (1.0, 2.0, ...), as CSV and some tensors hold them.
+        if np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise InvalidParameterError(
             f"labels must be a 1-d integer array; got dtype {arr.dtype}, "
@@ -372,6 +420,61 @@ def equal_size(
     return list(block)
 
 
+def natural(
+    client_ids: Any,
+    num_clients: int | None = None,
+    rng: np.random.Generator | None = None,
+) -> list[np.ndarray]:
+    """The partition the data came with: one client per distinct id.
+
+    ``client_ids[i]`` names the owner of row ``i`` (a writer of FEMNIST, the
+    value of a CSV file's client column, ...). Clients are ordered by sorted
+    id. With ``num_clients`` smaller than the number of ids, that many ids are
+    drawn uniformly at random without replacement (as LEAF samples a fraction
+    of its users) and the rows of the others are left out.
+
+    Parameters
+    ----------
+    client_ids : array-like
+        One id per row (integers or strings), shape ``(N,)``.
+    num_clients : int, optional
+        Number of clients to keep; default all.
+    rng : numpy.random.Generator, optional
+        Source of randomness; required when ``num_clients`` keeps fewer
+        clients than there are ids.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Row numbers of each client, ascending.
+
+    Raises
+    ------
+    InvalidParameterError
+        If ``client_ids`` is not 1-d, or ``num_clients`` exceeds the number of
+        distinct ids.
+    """
+    ids = np.asarray(_to_numpy(client_ids))
+    if ids.ndim != 1 or ids.size == 0:
+        raise InvalidParameterError(
+            f"client_ids must be a non-empty 1-d array; got shape {ids.shape}"
+        )
+    uniq, owner = np.unique(ids, return_inverse=True)
+    order = np.argsort(owner, kind="stable")
+    bounds = np.cumsum(np.bincount(owner, minlength=uniq.size))[:-1]
+    parts = np.split(order.astype(np.int64), bounds)
+    if num_clients is None or num_clients == uniq.size:
+        return parts
+    num_clients = check_count("num_clients", num_clients, minimum=1)
+    if num_clients > uniq.size:
+        raise InvalidParameterError(
+            f"num_clients must be <= the {uniq.size} distinct client ids; got "
+            f"{num_clients} (use num_clients=None for all of them)"
+        )
+    keep = np.sort(_check_rng(rng).choice(uniq.size, num_clients, replace=False))
+    return [parts[i] for i in keep]
+
+
 def client_test_split(
     train_labels: np.ndarray,
     client_indices: list[np.ndarray],
@@ -440,8 +543,9 @@ def federate(
     features: Any,
     labels: np.ndarray,
     *,
-    partition: str | list[np.ndarray] = "iid",
+    partition: str | Sequence[Any] = "iid",
     num_clients: int | None = None,
+    client_ids: Any = None,
     seed: int | np.random.Generator = 0,
     num_classes: int | None = None,
     test_features: Any = None,
@@ -459,15 +563,24 @@ def federate(
 
     Parameters
     ----------
-    features : numpy.ndarray or LazyFeatures
-        Inputs, float32, ``(N, ...)``; kept, not copied.
-    labels : numpy.ndarray
-        Integer labels ``(N,)``.
-    partition : str or list of numpy.ndarray, optional
+    features : array-like or LazyFeatures
+        Inputs ``(N, ...)``: a numpy array, a torch tensor (any device) or
+        nested lists, converted to float32 (float32 numpy arrays and lazy
+        sources are kept, not copied).
+    labels : array-like
+        Integer labels ``(N,)`` (numpy or torch; integral floats such as
+        ``1.0`` are accepted).
+    partition : str or sequence of index arrays, optional
         ``"iid"``, ``"shards"``, ``"dirichlet"``, ``"dirichlet-per-client"``,
-        ``"equal-size"``, or explicit per-client row arrays. Default ``"iid"``.
+        ``"equal-size"``, ``"natural"`` (one client per distinct value of
+        ``client_ids``; see :func:`natural`), or explicit per-client row
+        arrays: any partitioner's output, e.g. a list of index arrays or
+        ``[p.indices for p in ...]``. Default ``"iid"``.
     num_clients : int, optional
-        Number of clients (required unless ``partition`` is a list).
+        Number of clients (required unless ``partition`` is a list or
+        ``"natural"``; for ``"natural"`` it draws that many of the ids).
+    client_ids : array-like, optional
+        Owner of each row, for ``partition="natural"``.
     seed : int or numpy.random.Generator, optional
         Seed or generator for the partition and the test split (default 0).
     num_classes : int, optional
@@ -503,9 +616,24 @@ def federate(
     InvalidParameterError
         On an unknown partition or bad parameters.
     """
+    features = _check_features(features)
+    if test_features is not None:
+        test_features = _check_features(test_features)
     y = _check_labels(labels)
     rng = np.random.default_rng(seed)
-    if isinstance(partition, str):
+    if isinstance(partition, str) and partition.lower() == "natural":
+        if client_ids is None:
+            raise InvalidParameterError(
+                "partition 'natural' needs client_ids (the owner of each row); got None"
+            )
+        if len(client_ids) != y.size:
+            raise InvalidParameterError(
+                f"client_ids must have one entry per row ({y.size}); got "
+                f"{len(client_ids)}"
+            )
+        parts = natural(client_ids, num_clients, rng)
+        label = "natural"
+    elif isinstance(partition, str):
         if num_clients is None:
             raise InvalidParameterError(
                 f"num_clients is required for partition {partition!r}; got None"
@@ -542,7 +670,16 @@ def federate(
             )
         label = key
     else:
-        parts = [np.asarray(p, dtype=np.int64) for p in partition]
+        parts = [np.asarray(_to_numpy(p)) for p in partition]
+        for k, part in enumerate(parts):
+            if part.ndim != 1 or (
+                part.size and not np.issubdtype(part.dtype, np.integer)
+            ):
+                raise InvalidParameterError(
+                    f"partition[{k}] must be a 1-d array of row numbers; got "
+                    f"dtype {part.dtype}, shape {part.shape}"
+                )
+        parts = [part.astype(np.int64, copy=False) for part in parts]
         label = "custom"
     y_test = None if test_labels is None else _check_labels(test_labels)
     if num_classes is None:
