@@ -575,6 +575,7 @@ def test_get_dataset_registry(tmp_path, monkeypatch):
         "mnist",
         "fashion-mnist",
         "emnist",
+        "femnist",
         "cifar10",
         "adult",
         "csv",

@@ -11,6 +11,7 @@ from dpfl.data.loaders import (
     load_adult,
     load_cifar10,
     load_digits,
+    load_femnist,
     load_mnist,
 )
 from dpfl.data.sources import load_csv, load_idx_files, load_npz
@@ -114,6 +115,7 @@ _LOADERS: dict[str, Callable[..., Dataset]] = {
     "mnist": _mnist,
     "fashion-mnist": _fashion,
     "emnist": _emnist,
+    "femnist": load_femnist,
     "cifar10": load_cifar10,
     "adult": load_adult,
     "csv": _csv,
@@ -152,7 +154,8 @@ def get_dataset(name: str, **kwargs: Any) -> FederatedDataset:
     ----------
     name : str
         One of ``"digits"``, ``"synthetic"``, ``"synthetic-images"``,
-        ``"mnist"``, ``"fashion-mnist"``, ``"emnist"``, ``"cifar10"``,
+        ``"mnist"``, ``"fashion-mnist"``, ``"emnist"``, ``"femnist"`` (EMNIST
+        by writer, :func:`~dpfl.data.load_femnist`), ``"cifar10"``,
         ``"adult"``, or a user's own file: ``"csv"``, ``"npz"``, ``"idx"``
         (with ``path``).
     **kwargs
@@ -160,6 +163,7 @@ def get_dataset(name: str, **kwargs: Any) -> FederatedDataset:
         arguments (:func:`~dpfl.data.synthetic`,
         :func:`~dpfl.data.synthetic_images`). For the others: the loader's
         (``root``, ``lean``; ``split`` for EMNIST, default ``"byclass"``;
+        ``only_digits``, ``invert`` for FEMNIST;
         ``test_fraction``, ``flatten`` for digits; ``path`` and the keywords
         of :func:`~dpfl.data.load_csv`, :func:`~dpfl.data.load_npz` or
         :func:`~dpfl.data.load_idx_files` (``labels``, ``test_images``,
