@@ -540,7 +540,7 @@ def load_adult(root: str | os.PathLike[str] | None = None) -> Dataset:
 
 _FEMNIST_HOW = (
     "run `dpfl data fetch femnist` (downloads TensorFlow Federated's "
-    "fed_emnist.tar.bz2, 0.3 GB, and extracts fed_emnist_train.h5 and "
+    "fed_emnist.tar.bz2 and extracts fed_emnist_train.h5 and "
     "fed_emnist_test.h5 into $DPFL_DATA/femnist; reading them needs h5py: pip "
     "install 'dpfl[data]'), or build LEAF's JSON files (github.com/TalwalkarLab/"
     "leaf, data/femnist: ./preprocess.sh -s niid --sf 1.0 -k 0 -t sample) and "
