@@ -14,11 +14,12 @@ from dpfl.data import (
     REAL_DATASETS,
     DatasetNotFoundError,
     get_dataset,
+    load_adult,
     load_femnist,
     locate,
 )
 from dpfl.errors import DpflError, InvalidParameterError
-from test_data import isolate_search, write_mnist_dir
+from test_data import ADULT_TEST, ADULT_TRAIN, isolate_search, write_mnist_dir
 
 # Three writers; pixels are multiples of 1/255 as LEAF's preprocessing
 # (``vec / 255`` of 8-bit grey levels) and TFF's files store them.
@@ -136,3 +137,22 @@ def test_locate_finds_without_reading_and_says_how(tmp_path, monkeypatch):
             locate(name)
     with pytest.raises(InvalidParameterError, match="name must be one of"):
         locate("imagenet")
+
+
+def test_adult_ordinal_encoding_has_the_14_attributes(tmp_path, monkeypatch):
+    isolate_search(monkeypatch, tmp_path)
+    d = tmp_path / "adult"
+    d.mkdir()
+    (d / "adult.data").write_text("\n".join(ADULT_TRAIN) + "\n")
+    (d / "adult.test").write_text("\n".join(ADULT_TEST) + "\n")
+    ds = load_adult(tmp_path, encoding="ordinal")
+    assert ds.input_shape == (14,) and ds.test_features.shape == (2, 14)
+    # workclass: State-gov, Self-emp-not-inc, Private, Self-emp-not-inc, ?
+    # -> codes 2, 1, 0, 1 (sorted: Private 0, Self-emp-not-inc 1, State-gov 2),
+    # mean 1, sd sqrt(0.5); '?' sits at the mean. By hand:
+    r = np.sqrt(2.0)
+    np.testing.assert_allclose(ds.features[:, 1], [r, 0, -r, 0, 0], atol=1e-6)
+    np.testing.assert_allclose(ds.test_features[:, 1], [-r, -r], atol=1e-6)
+    np.testing.assert_allclose(ds.features.mean(axis=0), 0, atol=1e-6)
+    with pytest.raises(InvalidParameterError, match="encoding must be"):
+        load_adult(tmp_path, encoding="binary")

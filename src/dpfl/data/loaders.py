@@ -463,30 +463,39 @@ def _locate_adult(root: str | os.PathLike[str] | None) -> tuple[Path, list[Path]
     )
 
 
-def load_adult(root: str | os.PathLike[str] | None = None) -> Dataset:
+def load_adult(
+    root: str | os.PathLike[str] | None = None, *, encoding: str = "onehot"
+) -> Dataset:
     """Load UCI Adult (census income) from ``adult.data`` and ``adult.test``.
 
-    The 6 numeric columns (age, fnlwgt, education-num, capital-gain,
-    capital-loss, hours-per-week) come first, standardised with the training
-    mean and standard deviation; then the 8 categorical columns, in file
-    order, each one-hot encoded over the categories seen in training, sorted.
+    With ``encoding="onehot"`` (the default), the 6 numeric columns (age,
+    fnlwgt, education-num, capital-gain, capital-loss, hours-per-week) come
+    first, standardised with the training mean and standard deviation; then
+    the 8 categorical columns, in file order, each one-hot encoded over the
+    categories seen in training, sorted.
     A missing value (``?``) and a test category unseen in training both
-    encode as all zeros. The label is 1 for
-    income ``>50K`` (the test file's trailing ``.`` is dropped).
+    encode as all zeros. With ``encoding="ordinal"``, the 14 attributes in
+    file order, each standardised with the training mean and standard
+    deviation, a categorical one as its category's number in sorted order
+    (the "14 normalized features" of MS-PAFL's experiment); a missing or
+    unseen category is set to the mean (0). The label is 1 for income
+    ``>50K`` (the test file's trailing ``.`` is dropped).
 
     Parameters
     ----------
     root : str or os.PathLike, optional
         Directory to look in first (also ``root/adult``,
         ``$DPFL_DATA/adult``, ``~/.dpfl/data/adult``).
+    encoding : str, optional
+        ``"onehot"`` (105 features) or ``"ordinal"`` (14 features).
 
     Returns
     -------
     Dataset
         float32 features ``(N, 6 + number of categories)`` (6 + 99 = 105 for
         the full UCI files by the category lists of ``adult.names``; encoders
-        that give ``?`` its own column get 108), binary int64 labels; 32,561
-        train and 16,281 test rows.
+        that give ``?`` its own column get 108) or ``(N, 14)`` ordinal,
+        binary int64 labels; 32,561 train and 16,281 test rows.
 
     Raises
     ------
@@ -502,18 +511,29 @@ def load_adult(root: str | os.PathLike[str] | None = None) -> Dataset:
         raise DpflError(f"{train_path}: no records")
     tr = np.asarray(train_rows, dtype=object)
     te = np.asarray(test_rows, dtype=object).reshape(-1, 14)
+    if encoding not in ("onehot", "ordinal"):
+        raise InvalidParameterError(
+            f"encoding must be 'onehot' or 'ordinal'; got {encoding!r}"
+        )
     num_tr: list[np.ndarray] = []
     num_te: list[np.ndarray] = []
     cat_tr: list[np.ndarray] = []
     cat_te: list[np.ndarray] = []
     for j, (_, typ) in enumerate(_ADULT_COLUMNS):
-        if typ == "num":
-            a = tr[:, j].astype(np.float64)
-            b = te[:, j].astype(np.float64)
-            mu, sd = a.mean(), a.std()
+        if typ == "num" or encoding == "ordinal":
+            if typ == "num":
+                a = tr[:, j].astype(np.float64)
+                b = te[:, j].astype(np.float64)
+            else:  # category codes in sorted order; '?' and unseen are missing
+                cats = sorted({c for c in tr[:, j] if c != "?"})
+                code = {c: float(i) for i, c in enumerate(cats)}
+                a = np.array([code.get(c, np.nan) for c in tr[:, j]])
+                b = np.array([code.get(c, np.nan) for c in te[:, j]])
+            mu, sd = float(np.nanmean(a)), float(np.nanstd(a))
             sd = sd if sd > 0 else 1.0
-            num_tr.append(((a - mu) / sd)[:, None])
-            num_te.append(((b - mu) / sd)[:, None])
+            # Standardised; a missing value sits at the training mean (0).
+            num_tr.append(np.nan_to_num((a - mu) / sd)[:, None])
+            num_te.append(np.nan_to_num((b - mu) / sd)[:, None])
         else:
             cats = sorted({c for c in tr[:, j] if c != "?"})
             lookup = {c: i for i, c in enumerate(cats)}

@@ -675,6 +675,7 @@ def load_idx_files(
         labels disagree in length.
     """
     img = _existing(images, "IDX images")
+    name = img.name if img.is_dir() else img.name.split(".")[0]
     if img.is_dir():
         if labels is not None:
             raise InvalidParameterError(
@@ -729,7 +730,7 @@ def load_idx_files(
         test_features=tx,
         test_labels=ty,
         num_classes=top + 1,
-        name=img.name.split("-")[0] or "idx",
+        name=name or "idx",
         input_shape=tuple(x.shape[1:]),
         source=str(img.parent),
     )
