@@ -287,3 +287,38 @@ def test_run_config_reads_a_csv_file(tmp_path, monkeypatch):
     )
     with pytest.raises(DatasetNotFoundError, match="none.npz"):
         _build_dataset(cfg)
+
+
+def test_dirichlet_per_client_test_sets_follow_the_drawn_mix():
+    """federated f-DP §4.2: a client's test labels ~ Multinomial(200, q), with q
+    the Dirichlet draw of its training labels, not their empirical mix."""
+    from dpfl.data import dirichlet_per_client
+
+    y = np.repeat(np.arange(5), 400)
+    x = np.zeros((y.size, 1), np.float32)
+    test_y = np.repeat(np.arange(5), 400)
+    fed = federate(
+        x,
+        y,
+        partition="dirichlet-per-client",
+        num_clients=20,
+        records_per_client=4,
+        beta=1.0,
+        seed=3,
+        client_test_records=3000,
+        test_features=np.zeros((test_y.size, 1)),
+        test_labels=test_y,
+    )
+    q: list[np.ndarray] = []
+    parts = dirichlet_per_client(y, 20, 4, 1.0, np.random.default_rng(3), proportions=q)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, fed.client_indices))
+    to_q, to_emp = [], []
+    for k in range(20):
+        freq = np.bincount(fed.client_test(k)[1], minlength=5) / 3000
+        emp = np.bincount(y[parts[k]], minlength=5) / 4
+        to_q.append(np.abs(freq - q[k]).max())
+        to_emp.append(np.abs(freq - emp).max())
+    # 3000 draws: a frequency's sd is <= 0.0092, so 0.05 is > 5 sd.
+    assert max(to_q) < 0.05
+    # 4 training records cannot show q: the empirical mix is far off.
+    assert np.mean(to_emp) > 0.1

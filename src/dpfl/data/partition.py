@@ -284,6 +284,8 @@ def dirichlet_per_client(
     records_per_client: int,
     beta: float,
     rng: np.random.Generator,
+    *,
+    proportions: list[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Equal-size clients with Dirichlet label mixtures (Hsu, Qi, Brown 2019).
 
@@ -305,6 +307,10 @@ def dirichlet_per_client(
         Concentration, > 0.
     rng : numpy.random.Generator
         Source of randomness.
+    proportions : list, optional
+        If given (an empty list), each client's drawn ``q_k`` is appended to
+        it, so that a test set can be drawn from ``q_k`` itself (the paper's
+        θ^te ~ Multinomial(200, q); see :func:`client_test_split`).
 
     Returns
     -------
@@ -337,6 +343,8 @@ def dirichlet_per_client(
     out = []
     for _ in range(num_clients):
         q = rng.dirichlet(np.full(num_classes, beta))
+        if proportions is not None:
+            proportions.append(q)
         want = np.zeros(num_classes, dtype=np.int64)
         need = d
         avail = left.copy()
@@ -481,10 +489,13 @@ def client_test_split(
     test_labels: np.ndarray,
     records_per_client: int,
     rng: np.random.Generator,
+    *,
+    proportions: list[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Per-client test rows that follow each client's training label mix.
 
-    Client k with empirical training label distribution π_k draws label counts
+    Client k with empirical training label distribution π_k (or the given
+    ``proportions[k]``) draws label counts
     ``~ Multinomial(records_per_client, π_k)`` and, for each label, that many
     test rows of the label without replacement (with replacement if the label
     has fewer test rows). Clients draw independently, so they may share test
@@ -504,6 +515,9 @@ def client_test_split(
         Test rows per client.
     rng : numpy.random.Generator
         Source of randomness.
+    proportions : list of numpy.ndarray, optional
+        Each client's label distribution to draw from instead of its
+        empirical one (e.g. the ``q_k`` :func:`dirichlet_per_client` drew).
 
     Returns
     -------
@@ -522,11 +536,21 @@ def client_test_split(
     num_classes = int(max(ytr.max(initial=0), yte.max(initial=0))) + 1
     pools = [np.flatnonzero(yte == c) for c in range(num_classes)]
     out = []
+    if proportions is not None and len(proportions) != len(client_indices):
+        raise InvalidParameterError(
+            f"proportions must have one entry per client ({len(client_indices)}); "
+            f"got {len(proportions)}"
+        )
     for k, rows in enumerate(client_indices):
-        counts = np.bincount(ytr[rows], minlength=num_classes)
-        if counts.sum() == 0:
+        if proportions is not None:
+            mix = np.zeros(num_classes)
+            q = np.asarray(proportions[k], dtype=np.float64)
+            mix[: q.size] = q[:num_classes]
+        else:
+            mix = np.bincount(ytr[rows], minlength=num_classes).astype(np.float64)
+        if mix.sum() <= 0:
             raise InvalidParameterError(f"client_indices[{k}] is empty")
-        draw = rng.multinomial(m, counts / counts.sum())
+        draw = rng.multinomial(m, mix / mix.sum())
         picked = []
         for c in np.flatnonzero(draw):
             pool = pools[c]
@@ -621,6 +645,9 @@ def federate(
         test_features = _check_features(test_features)
     y = _check_labels(labels)
     rng = np.random.default_rng(seed)
+    # The label mixes a partition drew, when the test split should follow them
+    # rather than the clients' empirical mixes ("dirichlet-per-client").
+    mixes: list[np.ndarray] | None = None
     if isinstance(partition, str) and partition.lower() == "natural":
         if client_ids is None:
             raise InvalidParameterError(
@@ -660,8 +687,9 @@ def federate(
                     allow_repeats=allow_repeats,
                 )
             else:
+                mixes = []
                 parts = dirichlet_per_client(
-                    y, num_clients, records_per_client, beta, rng
+                    y, num_clients, records_per_client, beta, rng, proportions=mixes
                 )
         else:
             raise InvalidParameterError(
@@ -693,7 +721,9 @@ def federate(
             raise InvalidParameterError(
                 "client_test_records needs test_features and test_labels"
             )
-        client_test = client_test_split(y, parts, y_test, client_test_records, rng)
+        client_test = client_test_split(
+            y, parts, y_test, client_test_records, rng, proportions=mixes
+        )
     return FederatedDataset(
         features=features,
         labels=y,
