@@ -275,7 +275,8 @@ def _column(
 
 def _read_csv(
     path: Path, delimiter: str, header: bool
-) -> tuple[list[str], np.ndarray, int]:
+) -> tuple[list[str], list[list[str]], int]:
+    """Return the column names, the columns (lists of cells), the first line."""
     with open(path, newline="", encoding="utf-8") as f:
         rows = [r for r in csv.reader(f, delimiter=delimiter) if r]
     if not rows:
@@ -294,40 +295,43 @@ def _read_csv(
         raise DpflError(f"{path}: no records")
     if not header:
         names = [str(j) for j in range(width)]
-    cells = np.array([[c.strip() for c in r] for r in body], dtype=str)
-    return names, cells, first
+    return names, [list(col) for col in zip(*body, strict=True)], first
 
 
-def _numeric(cells: np.ndarray, name: str, path: Path, first: int) -> np.ndarray:
+def _numeric(cells: list[str], name: str, path: Path, first: int) -> np.ndarray:
     try:
-        col = cells.astype(np.float64)
+        col = np.array(cells, dtype=np.float64)
     except ValueError:
         for i, v in enumerate(cells):
             try:
                 float(v)
             except ValueError:
                 raise DpflError(
-                    f"{path}:{i + first}: column {name!r} holds {str(v)!r}, not a "
-                    "number; encode it as numbers or leave it out with "
+                    f"{path}:{i + first}: column {name!r} holds {v.strip()!r}, not "
+                    "a number; encode it as numbers or leave it out with "
                     "feature_columns="
                 ) from None
-        raise  # pragma: no cover - astype and float() agree
+        raise  # pragma: no cover - np.array and float() agree
     bad = ~np.isfinite(col)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise DpflError(
-            f"{path}:{i + first}: column {name!r} holds {str(cells[i])!r}; "
+            f"{path}:{i + first}: column {name!r} holds {cells[i].strip()!r}; "
             "features must be finite numbers (fill or drop missing values first)"
         )
     return col
 
 
-def _ids(cells: np.ndarray) -> np.ndarray:
+def _text(cells: list[str]) -> np.ndarray:
+    return np.array([c.strip() for c in cells], dtype=str)
+
+
+def _ids(cells: list[str]) -> np.ndarray:
+    text = _text(cells)
     try:
-        as_int = cells.astype(np.int64)
+        return text.astype(np.int64)
     except ValueError:
-        return cells.astype(object)
-    return as_int
+        return text.astype(object)
 
 
 def load_csv(
@@ -403,7 +407,7 @@ def load_csv(
             "give test_path or test_fraction, not both; got "
             f"test_path={str(test_path)!r}, test_fraction={test_fraction!r}"
         )
-    names, cells, first = _read_csv(p, delimiter, header)
+    names, cols, first = _read_csv(p, delimiter, header)
     j_label = _column(label_column, names, p, "label_column", header)
     j_client = (
         None
@@ -425,9 +429,9 @@ def load_csv(
             )
     if not j_feat:
         raise InvalidParameterError(f"{p} has no feature columns; columns {names}")
-    x = np.column_stack([_numeric(cells[:, j], names[j], p, first) for j in j_feat])
-    raw_y = cells[:, j_label]
-    ids = None if j_client is None else _ids(cells[:, j_client])
+    x = np.column_stack([_numeric(cols[j], names[j], p, first) for j in j_feat])
+    raw_y = _text(cols[j_label])
+    ids = None if j_client is None else _ids(cols[j_client])
     classes: list[str] | None = None
     try:
         y = raw_y.astype(np.int64)
@@ -445,19 +449,17 @@ def load_csv(
     test_y: np.ndarray | None = None
     if test_path is not None:
         tp = _existing(test_path, "CSV test file")
-        t_names, t_cells, t_first = _read_csv(tp, delimiter, header)
+        t_names, t_cols, t_first = _read_csv(tp, delimiter, header)
         if header and t_names != names:
             raise DpflError(
                 f"{tp}: columns {t_names} differ from those of {p}: {names}"
             )
-        if t_cells.shape[1] != cells.shape[1]:
-            raise DpflError(
-                f"{tp}: {t_cells.shape[1]} columns; {p} has {cells.shape[1]}"
-            )
+        if len(t_cols) != len(cols):
+            raise DpflError(f"{tp}: {len(t_cols)} columns; {p} has {len(cols)}")
         test_x = np.column_stack(
-            [_numeric(t_cells[:, j], names[j], tp, t_first) for j in j_feat]
+            [_numeric(t_cols[j], names[j], tp, t_first) for j in j_feat]
         )
-        t_raw = t_cells[:, j_label]
+        t_raw = _text(t_cols[j_label])
         if classes is None:
             try:
                 test_y = t_raw.astype(np.int64)
