@@ -252,6 +252,17 @@ def test_get_dataset_reads_files_by_name(tmp_path):
     assert get_dataset("csv", path=p, client_column="client").num_clients == 3
     fed = get_dataset("csv", path=p, feature_columns=["x2"], num_clients=5)
     assert fed.num_clients == 5 and fed.input_shape == (1,)
+    np.savez(tmp_path / "a.npz", feats=np.ones((6, 3)), labs=[0, 1] * 3)
+    fed = get_dataset(
+        "npz", path=tmp_path / "a.npz", features="feats", labels="labs", num_clients=2
+    )
+    assert fed.client_sizes().tolist() == [3, 3] and fed.name == "a/iid"
+    d = tmp_path / "idx"
+    d.mkdir()
+    write_idx(d / "train-images-idx3-ubyte", np.zeros((4, 2, 2), np.uint8))
+    write_idx(d / "train-labels-idx1-ubyte", np.array([0, 1, 2, 3], np.uint8))
+    fed = get_dataset("idx", path=d, num_clients=4)
+    assert fed.num_classes == 4 and fed.name == "idx/iid"
     with pytest.raises(InvalidParameterError, match="path is required"):
         get_dataset("npz")
     with pytest.raises(InvalidParameterError, match="does not take"):
