@@ -81,6 +81,11 @@ def _check_writers(ds, data) -> None:
     fed = ds.federate()  # one client per writer, in sorted writer order
     assert fed.name == "femnist/natural"
     assert fed.client_sizes().tolist() == [3, 2, 4]
+    # Each writer's test images are its personalised test set.
+    for k, w in enumerate(sorted(WRITERS)):
+        x, y = fed.client_test(k)
+        np.testing.assert_allclose(x[:, 0], data[w][2] / 255, atol=1e-6)
+        assert y.tolist() == data[w][3].tolist()
 
 
 def test_femnist_leaf_json(tmp_path, monkeypatch):

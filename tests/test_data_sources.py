@@ -190,6 +190,16 @@ def test_load_csv_without_header_and_with_test_sets(tmp_path):
     test = write_csv(tmp_path / "te.csv", [("yes", "dan", 0, 0)])
     data = load_csv(train, client_column="client", test_path=test)
     assert data.test_labels.tolist() == [1]
+    assert data.federate().client_test_indices is None  # dan is no client
+    rows = [("no", "bob", 1, 1), ("yes", "alice", 2, 2), ("no", "carol", 3, 3)]
+    test = write_csv(tmp_path / "te.csv", [*rows, ("yes", "bob", 4, 4)])
+    fed = load_csv(train, client_column="client", test_path=test).federate()
+    # Clients alice, bob, carol: each one's own test records.
+    assert [fed.client_test(k)[0][:, 0].tolist() for k in range(3)] == [
+        [2.0],
+        [1.0, 4.0],
+        [3.0],
+    ]
 
 
 # -- npz and IDX -----------------------------------------------------------------------

@@ -15,6 +15,7 @@ or :meth:`FederatedDataset.take`, which work for both.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -144,6 +145,10 @@ class Dataset:
         The owner of each training record when the data come partitioned
         (FEMNIST's writers, a CSV file's client column): the ``"natural"``
         partition gives each distinct id its own client.
+    test_client_ids : numpy.ndarray or None
+        The owner of each test record, if known: under the ``"natural"``
+        partition each client's own test records become its personalised
+        test set (``client_test_indices``).
     """
 
     features: Any
@@ -155,6 +160,7 @@ class Dataset:
     input_shape: tuple[int, ...]
     source: str = ""
     client_ids: np.ndarray | None = None
+    test_client_ids: np.ndarray | None = None
 
     def federate(
         self,
@@ -180,6 +186,10 @@ class Dataset:
         -------
         FederatedDataset
             Named ``"<name>/<partition>"``, with this data set's test set.
+            Under ``"natural"``, when the test records' owners are known
+            (``test_client_ids``) and every client kept has at least one,
+            each client's own test records are its ``client_test_indices``
+            (unless ``client_test_records`` asks for drawn ones).
         """
         from dpfl.data.partition import federate
 
@@ -187,7 +197,7 @@ class Dataset:
             partition = "natural" if self.client_ids is not None else "iid"
         label = partition if isinstance(partition, str) else "custom"
         kwargs.setdefault("name", f"{self.name}/{label}")
-        return federate(
+        fed = federate(
             self.features,
             self.labels,
             partition=partition,
@@ -199,6 +209,34 @@ class Dataset:
             input_shape=self.input_shape,
             **kwargs,
         )
+        own = self._own_test_rows(fed, partition, kwargs)
+        return fed if own is None else dataclasses.replace(fed, client_test_indices=own)
+
+    def _own_test_rows(
+        self, fed: FederatedDataset, partition: Any, kwargs: dict[str, Any]
+    ) -> list[np.ndarray] | None:
+        """Each natural client's own test rows, or None where not all have some."""
+        if (
+            partition != "natural"
+            or self.client_ids is None
+            or self.test_client_ids is None
+            or kwargs.get("client_test_records") is not None
+        ):
+            return None
+        ids, owner = np.unique(np.asarray(self.test_client_ids), return_inverse=True)
+        order = np.argsort(owner, kind="stable").astype(np.int64)
+        groups = dict(
+            zip(
+                ids.tolist(),
+                np.split(order, np.cumsum(np.bincount(owner))[:-1]),
+                strict=True,
+            )
+        )
+        empty = np.empty(0, dtype=np.int64)
+        own = [
+            groups.get(self.client_ids[rows[0]], empty) for rows in fed.client_indices
+        ]
+        return own if all(r.size for r in own) else None
 
 
 @dataclass(frozen=True)

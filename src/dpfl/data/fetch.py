@@ -170,7 +170,7 @@ SOURCES: dict[str, Source] = {
         ),
         "https://www.tensorflow.org/federated/api_docs/python/tff/simulation/"
         "datasets/emnist/load_data",
-        "0.3 GB",
+        "a few hundred MB",
     ),
     "cifar10": Source(
         "cifar10",

@@ -745,9 +745,10 @@ def load_femnist(
     Dataset
         Images ``(N, 1, 28, 28)`` in [0, 1]; labels 0–9 digits, 10–35
         upper-case, 36–61 lower-case letters (62 classes; 10 with
-        ``only_digits``); ``client_ids`` the writer of each training image,
-        so that :meth:`Dataset.federate` gives the natural per-writer
-        partition by default.
+        ``only_digits``); ``client_ids`` and ``test_client_ids`` the writer of
+        each image, so that :meth:`Dataset.federate` gives the natural
+        per-writer partition by default, each writer's test images being its
+        personalised test set.
 
     Raises
     ------
@@ -765,13 +766,13 @@ def load_femnist(
     where, (layout, train_files, test_files) = _locate_femnist(root, only_digits)
     read = _read_tff if layout == "tff" else _read_leaf
     x_tr, y_tr, ids = read(train_files)
-    x_te, y_te, _ = read(test_files)
+    x_te, y_te, test_ids = read(test_files)
     num_classes = 62
     if only_digits:
         num_classes = 10
         keep_tr, keep_te = y_tr < 10, y_te < 10
         x_tr, y_tr, ids = x_tr[keep_tr], y_tr[keep_tr], ids[keep_tr]
-        x_te, y_te = x_te[keep_te], y_te[keep_te]
+        x_te, y_te, test_ids = x_te[keep_te], y_te[keep_te], test_ids[keep_te]
     if invert:
         x_tr, x_te = 255 - x_tr, 255 - x_te
     data = _image_dataset(
@@ -784,7 +785,9 @@ def load_femnist(
         str(where),
         lean,
     )
-    return dataclasses.replace(data, client_ids=ids.astype(str))
+    return dataclasses.replace(
+        data, client_ids=ids.astype(str), test_client_ids=test_ids.astype(str)
+    )
 
 
 def load_digits(

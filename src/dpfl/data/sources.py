@@ -369,7 +369,7 @@ def load_csv(
     delimiter : str, optional
         Field separator (default ``","``).
     test_path : str or os.PathLike, optional
-        A test file with the same columns (its client column is ignored).
+        A test file with the same columns.
     test_fraction : float, optional
         Instead of ``test_path``: hold out this fraction of the records, drawn
         at random with ``seed``, as the test set.
@@ -380,7 +380,9 @@ def load_csv(
     -------
     Dataset
         float32 features ``(N, number of feature columns)``, int64 labels,
-        ``client_ids`` from ``client_column``.
+        ``client_ids`` (and ``test_client_ids``) from ``client_column``: under
+        the natural partition each client's test records become its
+        personalised test set when every client has some.
 
     Raises
     ------
@@ -447,6 +449,7 @@ def load_csv(
         )
     test_x: np.ndarray | None = None
     test_y: np.ndarray | None = None
+    test_ids: np.ndarray | None = None
     if test_path is not None:
         tp = _existing(test_path, "CSV test file")
         t_names, t_cols, t_first = _read_csv(tp, delimiter, header)
@@ -460,6 +463,7 @@ def load_csv(
             [_numeric(t_cols[j], names[j], tp, t_first) for j in j_feat]
         )
         t_raw = _text(t_cols[j_label])
+        test_ids = None if j_client is None else _ids(t_cols[j_client])
         if classes is None:
             try:
                 test_y = t_raw.astype(np.int64)
@@ -491,7 +495,8 @@ def load_csv(
         held[rng.choice(len(y), n_test, replace=False)] = True
         test_x, test_y = x[held], y[held]
         x, y = x[~held], y[~held]
-        ids = None if ids is None else ids[~held]
+        if ids is not None:
+            ids, test_ids = ids[~held], ids[held]
     top = int(y.max())
     if test_y is not None and test_y.size:
         top = max(top, int(test_y.max()))
@@ -506,6 +511,7 @@ def load_csv(
         input_shape=(len(j_feat),),
         source=str(p),
         client_ids=ids,
+        test_client_ids=test_ids,
     )
 
 
