@@ -170,6 +170,11 @@ def test_load_csv_errors_name_the_column_and_line(tmp_path):
         load_csv(short)
     with pytest.raises(DatasetNotFoundError, match="CSV file not found"):
         load_csv(tmp_path / "none.csv")
+    with pytest.raises(InvalidParameterError, match="delimiter must be a single"):
+        load_csv(p, delimiter=", ")
+    semi = tmp_path / "semi.csv"
+    semi.write_text("label;x\n1;2.5\n0;3\n")
+    assert load_csv(semi, delimiter=";").features.tolist() == [[2.5], [3.0]]
 
 
 def test_load_csv_without_header_and_with_test_sets(tmp_path):

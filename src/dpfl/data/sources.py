@@ -404,6 +404,12 @@ def load_csv(
         fed = ds.federate("iid", 10)         # or any other
     """
     p = _existing(path, "CSV file")
+    if not isinstance(delimiter, str) or len(delimiter) != 1:
+        raise InvalidParameterError(
+            f"delimiter must be a single character; got {delimiter!r}"
+        )
+    if not isinstance(header, bool):
+        raise InvalidParameterError(f"header must be True or False; got {header!r}")
     if test_path is not None and test_fraction is not None:
         raise InvalidParameterError(
             "give test_path or test_fraction, not both; got "
