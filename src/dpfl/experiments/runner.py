@@ -23,8 +23,12 @@ folder ``output_dir/name/`` holding
     analysis and its status; beside an unproven analysis, the proven ε; and
     every other analysis of the scheme with its status.
 
-The command line (``dpfl train``) adds ``accuracy.png``: accuracy against
-rounds and against ε spent (the runner itself draws nothing).
+The round loop is :meth:`dpfl.sim.loop.Trainer.fit`; the files above (except
+``config.yaml``), the progress display and anything a caller adds
+(``callbacks=``: TensorBoard, :class:`~dpfl.sim.callbacks.AccuracyFigure`'s
+``accuracy.png``, your own) are its callbacks (:mod:`dpfl.sim.callbacks`).
+Progress is a bar on a terminal and a plain line every few rounds otherwise
+(a log file, CI, ``nohup``).
 
 The run stops cleanly when the ledger's guard refuses a round
 (:class:`~dpfl.errors.BudgetExceededError`): "budget reached at round k".
@@ -111,8 +115,9 @@ class RunResult:
     rounds_completed : int
         Rounds completed (and charged, for a private run).
     stopped : str
-        ``"completed"``, ``"budget"`` (the guard refused the next round) or
-        ``"interrupted"`` (Ctrl-C).
+        ``"completed"``, ``"budget"`` (the guard refused the next round),
+        ``"interrupted"`` (Ctrl-C) or the reason a callback gave to
+        :meth:`~dpfl.sim.callbacks.FitState.stop`.
     epsilon : float or None
         ε spent by the worst-off privacy unit (upper bound at the budget's δ)
         under the run's analysis; ``None`` for a non-private run (no noise:

@@ -15,6 +15,12 @@ Each :meth:`Trainer.step`
    algorithm's guarantee is per client), and saves the ledger if it has a
    path.
 
+:meth:`Trainer.fit` runs rounds to a target, evaluates the model every few
+rounds with the ε spent so far, stops cleanly on the budget, Ctrl-C or a
+callback's request, and hands every round's record to its callbacks
+(:mod:`dpfl.sim.callbacks`: metrics files, checkpoints, progress, tracking);
+``dpfl train`` and :func:`dpfl.make_private` both train through it.
+
 Randomness is keyed by position (seed, round, client), not carried as
 stream state: a checkpoint needs no generator state, a resumed run draws
 exactly what the uninterrupted run drew, and the result does not depend on
