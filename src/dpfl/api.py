@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from dpfl.data.dataset import FederatedDataset
     from dpfl.sim.algorithms.base import FederatedAlgorithm
     from dpfl.sim.callbacks import Callback, FitResult
+    from dpfl.sim.executors import Executor
     from dpfl.sim.loop import Trainer
 
 __all__ = ["PrivateTrainer", "make_private"]
@@ -209,6 +210,12 @@ class PrivateTrainer:
     #: The same as :meth:`fit`.
     train = fit
 
+    def close(self) -> None:
+        """Release the executor's resources (Ray workers); a no-op otherwise."""
+        close = getattr(self.trainer.executor, "close", None)
+        if callable(close):
+            close()
+
     def __repr__(self) -> str:
         """Return the algorithm, σ, the target and the analysis."""
         target = (
@@ -268,7 +275,7 @@ def make_private(
     allow_large_delta: bool = False,
     seed: int = 0,
     eval_every: int | None = None,
-    execution: str = "batched",
+    execution: str | Executor = "batched",
     device: str = "cpu",
     loss_fn: Callable[[Any, Any], Any] | None = None,
     callbacks: Sequence[Callback] | None = None,
@@ -318,9 +325,10 @@ def make_private(
     eval_every : int or None
         Evaluation period of :meth:`PrivateTrainer.fit` (default: about ten
         evaluations per run).
-    execution : str
+    execution : str or Executor
         ``"batched"`` (the cohort as one vectorised computation), ``"loop"``
-        or ``"ray"``.
+        (one client at a time), ``"ray"`` (Ray actors; call
+        :meth:`PrivateTrainer.close` when done), or an executor object.
     device : str
         Torch device (``"cpu"``, ``"cuda"``).
     loss_fn : callable or None
