@@ -428,7 +428,7 @@ def _fields(state: FitState) -> dict[str, str]:
             if state.budget is None or math.isinf(state.budget.epsilon)
             else f"/{state.budget.epsilon:g}"
         )
-        eps = f"{state.epsilon:.3g}{budget} at delta {state.delta:g}"
+        eps = f"{state.epsilon:.4g}{budget} at delta {state.delta:g}"
         if state.status != "proven":
             out["eps"] = f"{eps} ({state.status}, not a bound)"
             out["proven eps"] = f"{state.epsilon_proven:.3g}"
