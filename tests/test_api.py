@@ -246,7 +246,14 @@ def test_unknown_algorithm_lists_the_registered_ones():
         dpfl.make_private(mlp(), blobs(), "dp-sgd", epsilon=2.0, delta=1e-4, rounds=5)
 
 
-def test_model_and_data_are_checked_before_training():
+def test_model_and_data_are_checked_before_training(monkeypatch):
+    import dpfl.sim.plan
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("calibrated before checking the model")
+
+    # a model that cannot train on the data is refused before the calibration
+    monkeypatch.setattr(dpfl.sim.plan, "calibrate_noise_multiplier", no_calibration)
     data = blobs()
     with pytest.raises(InvalidParameterError, match="model must be a torch.nn.Module"):
         dpfl.make_private("mlp", data, epsilon=2.0, delta=1e-4, rounds=5)

@@ -230,14 +230,21 @@ class PrivateTrainer:
         )
 
 
-def _check_model_and_data(algorithm: FederatedAlgorithm) -> None:
-    """One forward pass on two training records, so a mismatch is named early."""
+def _check_model_and_data(
+    model: nn.Module, data: FederatedDataset, device: str
+) -> None:
+    """One forward pass on two training records, so a mismatch is named early.
+
+    Runs before the noise calibration: a model that cannot train on the data
+    is refused at once.
+    """
+    import numpy as np
     import torch
 
-    data = algorithm.dataset
-    rows = algorithm.client_rows(int(data.client_sizes().argmax()))[:2]
-    x, _ = algorithm.client_data(rows)
-    model = algorithm.model
+    rows = np.asarray(data.client_indices[int(data.client_sizes().argmax())][:2])
+    features, _ = data.take(rows.astype(np.int64))
+    x = torch.as_tensor(np.ascontiguousarray(features)).to(device)
+    model.to(device)
     training = model.training
     model.eval()
     try:
@@ -420,6 +427,7 @@ def make_private(
                 "1/n for n privacy units); got None"
             )
         delta = check_delta("delta", delta)
+    _check_model_and_data(model, data, device)
     stats = DataStats.of(data)
     plan = plan_privacy(
         cls,
@@ -442,7 +450,6 @@ def make_private(
         device=device,
         loss_fn=F.cross_entropy if loss_fn is None else loss_fn,
     )
-    _check_model_and_data(alg)
     budget = (
         Budget(epsilon, delta)
         if epsilon is not None and delta is not None and plan.event is not None
