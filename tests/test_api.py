@@ -316,3 +316,10 @@ def test_import_dpfl_stays_torch_free():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_all_names_exist():
+    import dpfl.api
+
+    assert all(hasattr(dpfl.api, name) for name in dpfl.api.__all__)
+    assert all(hasattr(dpfl, name) for name in dpfl.__all__)
