@@ -23,8 +23,12 @@ folder ``output_dir/name/`` holding
     analysis and its status; beside an unproven analysis, the proven ε; and
     every other analysis of the scheme with its status.
 
-The command line (``dpfl train``) adds ``accuracy.png``: accuracy against
-rounds and against ε spent (the runner itself draws nothing).
+The round loop is :meth:`dpfl.sim.loop.Trainer.fit`; the files above (except
+``config.yaml``), the progress display and anything a caller adds
+(``callbacks=``: TensorBoard, :class:`~dpfl.sim.callbacks.AccuracyFigure`'s
+``accuracy.png``, your own) are its callbacks (:mod:`dpfl.sim.callbacks`).
+Progress is a bar on a terminal and a plain line every few rounds otherwise
+(a log file, CI, ``nohup``).
 
 The run stops cleanly when the ledger's guard refuses a round
 (:class:`~dpfl.errors.BudgetExceededError`): "budget reached at round k".
@@ -43,32 +47,38 @@ ledger equals the uninterrupted one.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import math
-import os
-import signal
-import tempfile
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from dpfl._files import atomic_write as _atomic_write
+from dpfl._files import read_jsonl
 from dpfl.accounting import events as ev
 from dpfl.accounting import schemes
-from dpfl.accounting.calibrate import calibrate_noise_multiplier
 from dpfl.accounting.ledger import Budget, PrivacyLedger, ledger_class
-from dpfl.errors import BudgetExceededError, DpflError
+from dpfl.errors import DpflError
 from dpfl.experiments.config import (
     ConfigError,
     RunConfig,
     config_from_dict,
     load_config,
 )
+from dpfl.sim.callbacks import (
+    CHECKPOINT_FORMAT,
+    Callback,
+    Checkpoint,
+    FitState,
+    MetricsFile,
+    check_callbacks,
+    save_checkpoint,
+)
+from dpfl.sim.callbacks import progress as progress_callback
 
 __all__ = [
     "CHECKPOINT",
@@ -90,9 +100,6 @@ METRICS = "metrics.jsonl"
 LEDGER = "ledger.json"
 CHECKPOINT = "checkpoint.pt"
 GUARANTEE = "guarantee.json"
-_CKPT_FORMAT = 1
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +115,9 @@ class RunResult:
     rounds_completed : int
         Rounds completed (and charged, for a private run).
     stopped : str
-        ``"completed"``, ``"budget"`` (the guard refused the next round) or
-        ``"interrupted"`` (Ctrl-C).
+        ``"completed"``, ``"budget"`` (the guard refused the next round),
+        ``"interrupted"`` (Ctrl-C) or the reason a callback gave to
+        :meth:`~dpfl.sim.callbacks.FitState.stop`.
     epsilon : float or None
         ε spent by the worst-off privacy unit (upper bound at the budget's δ)
         under the run's analysis; ``None`` for a non-private run (no noise:
@@ -132,22 +140,6 @@ class RunResult:
 
 
 # -- files ------------------------------------------------------------------------
-def _atomic_write(path: Path, write: Callable[[Any], None], *, binary: bool) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; use the usual mode
-        with os.fdopen(fd, "wb" if binary else "w") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """Read ``metrics.jsonl`` of a run (one dict per completed round).
 
@@ -170,68 +162,22 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / METRICS
     if not path.exists():
         raise DpflError(f"no {METRICS} in {run_dir}")
-    out = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
-def _truncate_metrics(run_dir: Path, rounds: int) -> None:
-    """Keep only records with ``round <= rounds`` (no duplicates after resume)."""
-    path = run_dir / METRICS
-    if not path.exists():
-        return
-    kept = [r for r in read_metrics(run_dir) if int(r.get("round", 0)) <= rounds]
-    text = "".join(json.dumps(r) + "\n" for r in kept)
-    _atomic_write(path, lambda fh: fh.write(text), binary=False)
+    return read_jsonl(path)
 
 
 def _save_checkpoint(run_dir: Path, trainer: Any, ledger: PrivacyLedger) -> None:
-    import torch
+    """``checkpoint.pt`` of ``run_dir`` (:func:`dpfl.sim.callbacks.save_checkpoint`).
 
-    # Ledger first: the ledger on disk never holds fewer rounds than the
-    # checkpoint (Trainer.load_state_dict refuses that case).
-    ledger.save()
-    state = {
-        "format": _CKPT_FORMAT,
-        "round": trainer.round,
-        "trainer": trainer.state_dict(),
-    }
-    _atomic_write(run_dir / CHECKPOINT, lambda fh: torch.save(state, fh), binary=True)
+    ``ledger`` must be the trainer's (it is saved first).
+    """
+    if ledger is not trainer.ledger:
+        raise DpflError("the ledger to save is not the trainer's")
+    save_checkpoint(run_dir / CHECKPOINT, trainer)
 
 
 def _write_config(run_dir: Path, config: RunConfig) -> None:
     text = yaml.safe_dump(config.to_dict(), sort_keys=False)
     _atomic_write(run_dir / CONFIG, lambda fh: fh.write(text), binary=False)
-
-
-# -- Ctrl-C -----------------------------------------------------------------------
-@contextlib.contextmanager
-def _deferred_interrupt() -> Iterator[dict[str, bool]]:
-    """First SIGINT sets a flag (checked between rounds); a second one aborts."""
-    flag = {"stop": False}
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-    previous = signal.getsignal(signal.SIGINT)
-
-    def handler(signum: int, frame: Any) -> None:
-        if flag["stop"]:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        flag["stop"] = True
-        log.warning("interrupt: finishing this round, then saving a checkpoint")
-
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield flag
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 # -- building -----------------------------------------------------------------------
@@ -316,106 +262,45 @@ def _executor(config: RunConfig) -> Any:
     )
 
 
-def _units(event: ev.Event, dataset: Any) -> tuple[str, int]:
-    """The privacy unit of ``event`` and how many of them the data holds."""
-    unit = schemes.scheme_of(event).unit
-    if unit == "client":
-        return "clients", int(dataset.num_clients)
-    return "records", int(dataset.client_sizes().sum())
-
-
 def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
     """Check the privacy settings against the algorithm; fill in analysis and σ.
 
-    Everything here reads the algorithm's pure event function
-    (``round_event``): no model is built. Refuses (ConfigError, one line
-    naming the key) an analysis the algorithm's scheme does not offer, an
-    unproven analysis or mechanism without ``privacy.allow_unproven``, and
-    δ >= 1/n without ``privacy.allow_large_delta``; calibrates σ when it is
-    not given (:func:`dpfl.accounting.calibrate.calibrate_noise_multiplier`,
-    planning for the guard that will run).
+    :func:`dpfl.sim.plan.plan_privacy` (shared with :func:`dpfl.make_private`)
+    reads the algorithm's pure event function (``round_event``; no model is
+    built). It refuses (ConfigError, one line naming the key) an analysis the
+    algorithm's scheme does not offer, an unproven analysis or mechanism
+    without ``privacy.allow_unproven``, and δ >= 1/n without
+    ``privacy.allow_large_delta``; it calibrates σ when it is not given,
+    planning for the guard that will run.
     """
     from dpfl.sim.algorithms import algorithm_class
     from dpfl.sim.algorithms.base import DataStats
+    from dpfl.sim.plan import plan_privacy
 
-    cls = algorithm_class(config.algorithm.name)
-    params = config.algorithm.params
-    stats = DataStats.of(dataset)
     priv = config.privacy
-    own = cls.resolve_noise(params, stats)
-    if own is not None:
-        if priv.noise_multiplier is not None:
-            raise ConfigError(
-                "the algorithm's parameters set the noise multiplier themselves "
-                f"({own[0]:.4g}); leave privacy.noise_multiplier null; got "
-                f"{priv.noise_multiplier!r}"
-            )
-        sigma_own, params = own
-        log.info("noise multiplier %.4f from the algorithm's parameters", sigma_own)
-        tree = config.to_dict()
-        tree["algorithm"]["params"] = params.to_dict()
-        tree["privacy"]["noise_multiplier"] = sigma_own
-        config = config_from_dict(tree)
-        priv = config.privacy
-    if priv.noise_multiplier == 0:
-        log.info("privacy.noise_multiplier is 0: a NON-PRIVATE run (no noise)")
-        return config
-    event = cls.round_event(params, stats, priv.noise_multiplier or 1.0)
-    if priv.guard == "accountant":
-        analysis = schemes.resolve_analysis(event, priv.analysis)
-    else:
-        analysis = ledger_class(priv.guard).rule  # type: ignore[attr-defined]
-    info = schemes.scheme_of(event).analysis(analysis)
-    reasons = []
-    if not info.valid:
-        reasons.append(
-            f"privacy.analysis {analysis!r} is not a proven bound ({info.status}: "
-            f"{info.basis})"
-        )
-    unproven = cls.unproven_reason(params)
-    if unproven:
-        reasons.append(unproven)
-    if reasons and not priv.allow_unproven:
-        raise ConfigError(
-            f"{reasons[0]}; set privacy.allow_unproven: true to run anyway (every "
-            "epsilon is then labelled as not a proven bound, beside the proven one)"
-        )
-    what, n = _units(event, dataset)
-    if priv.delta >= 1.0 / n and not priv.allow_large_delta:
-        raise ConfigError(
-            f"privacy.delta must be < 1/n = {1.0 / n:.3g} for the n = {n} {what} "
-            "this run protects (a delta that large allows releasing one of them "
-            f"outright with probability delta); got {priv.delta!r}; set "
-            "privacy.allow_large_delta: true to accept it"
-        )
-    sigma = priv.noise_multiplier
-    if sigma is None:
-        log.info(
-            "calibrating the noise multiplier to (epsilon=%g, delta=%g) over %d "
-            "rounds under the %r analysis",
-            priv.epsilon,
-            priv.delta,
-            config.rounds,
-            analysis,
-        )
-        sigma = calibrate_noise_multiplier(
-            lambda s: cls.round_event(params, stats, s),
-            epsilon=priv.epsilon,
-            delta=priv.delta,
-            rounds=config.rounds,
-            analysis=analysis,
-            population=stats.num_clients,
-            bound_tolerance=PrivacyLedger(analysis=analysis).tolerance,
-            tolerance=2e-3,
-        )
-        log.info("noise multiplier: %.4f", sigma)
-    keep = None if priv.guard != "accountant" else analysis
-    return _with_privacy(config, noise_multiplier=sigma, analysis=keep)
-
-
-def _with_privacy(config: RunConfig, **changes: Any) -> RunConfig:
+    plan = plan_privacy(
+        algorithm_class(config.algorithm.name),
+        config.algorithm.params,
+        DataStats.of(dataset),
+        epsilon=priv.epsilon,
+        delta=priv.delta,
+        rounds=config.rounds,
+        noise_multiplier=priv.noise_multiplier,
+        analysis=priv.analysis,
+        guard=priv.guard,
+        allow_unproven=priv.allow_unproven,
+        allow_large_delta=priv.allow_large_delta,
+        keys="privacy.",
+        error=ConfigError,
+        logger=log,
+    )
     tree = config.to_dict()
-    tree["privacy"].update(changes)
+    tree["algorithm"]["params"] = plan.params.to_dict()
+    tree["privacy"]["noise_multiplier"] = plan.noise_multiplier
+    if plan.event is not None:
+        tree["privacy"]["analysis"] = (
+            plan.analysis if priv.guard == "accountant" else None
+        )
     return config_from_dict(tree)
 
 
@@ -433,7 +318,13 @@ def _ledger(config: RunConfig, run_dir: Path) -> PrivacyLedger:
 
 
 # -- the run ------------------------------------------------------------------------
-def run(config: RunConfig, *, progress: bool = True, resume: bool = False) -> RunResult:
+def run(
+    config: RunConfig,
+    *,
+    progress: bool = True,
+    resume: bool = False,
+    callbacks: Sequence[Callback] | None = None,
+) -> RunResult:
     """Run an experiment (or continue one) and write its folder.
 
     Parameters
@@ -444,11 +335,18 @@ def run(config: RunConfig, *, progress: bool = True, resume: bool = False) -> Ru
         (:func:`dpfl.accounting.calibrate.calibrate_noise_multiplier`); 0 runs
         without noise (non-private).
     progress : bool
-        Show a progress bar (round, test loss and accuracy, ε spent).
+        Show progress (round, test loss and accuracy, ε spent): a bar on a
+        terminal, else a plain line every few rounds
+        (:func:`dpfl.sim.callbacks.progress`).
     resume : bool
         Continue from the folder's checkpoint and ledger if it has them
         (otherwise start afresh). Without it, a folder that already holds a
         run is an error.
+    callbacks : sequence of Callback or None
+        More callbacks of the round loop (:mod:`dpfl.sim.callbacks`), called
+        after the run's own (metrics file, checkpoint, guarantee, progress),
+        e.g. :class:`~dpfl.sim.callbacks.TensorBoard` or
+        :class:`~dpfl.sim.callbacks.AccuracyFigure`.
 
     Returns
     -------
@@ -466,6 +364,7 @@ def run(config: RunConfig, *, progress: bool = True, resume: bool = False) -> Ru
     """
     import torch  # noqa: F401  (fail early with a clear import error)
 
+    extra = check_callbacks(callbacks)
     run_dir = config.run_dir
     ckpt_path = run_dir / CHECKPOINT
     ledger_path = run_dir / LEDGER
@@ -496,7 +395,7 @@ def run(config: RunConfig, *, progress: bool = True, resume: bool = False) -> Ru
             import torch
 
             state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-            if not isinstance(state, dict) or state.get("format") != _CKPT_FORMAT:
+            if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
                 raise DpflError(f"{ckpt_path} is not a dpfl run checkpoint")
             trainer.load_state_dict(state["trainer"])
             if ledger.rounds > trainer.round:
@@ -516,12 +415,11 @@ def run(config: RunConfig, *, progress: bool = True, resume: bool = False) -> Ru
                 "0 with that spend kept",
                 ledger.rounds,
             )
-        _truncate_metrics(run_dir, trainer.round)
         _write_config(run_dir, config)
         start = getattr(execution, "start", None)
         if callable(start):  # a distributed executor: its workers, before round 1
             start(algorithm)
-        return _loop(config, run_dir, trainer, progress=progress)
+        return _loop(config, run_dir, trainer, progress=progress, callbacks=extra)
     finally:
         close = getattr(execution, "close", None)
         if callable(close):
@@ -616,151 +514,64 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+class _GuaranteeFile(Callback):
+    """Write ``guarantee.json`` when the loop ends (not after an error)."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.guarantee: dict[str, Any] = {}
+
+    def on_fit_end(self, state: FitState) -> None:
+        if state.error is not None:
+            return
+        trainer = state.trainer
+        self.guarantee = _guarantee(
+            trainer.ledger,
+            trainer.algorithm.event(),
+            self.config.privacy.delta,
+            self.config,
+            trainer.algorithm.stats,
+        )
+        text = json.dumps(self.guarantee, indent=1, default=str)
+        path = state.run_dir or self.config.run_dir
+        _atomic_write(path / GUARANTEE, lambda fh: fh.write(text), binary=False)
+
+
 def _loop(
-    config: RunConfig, run_dir: Path, trainer: Any, *, progress: bool
+    config: RunConfig,
+    run_dir: Path,
+    trainer: Any,
+    *,
+    progress: bool,
+    callbacks: Sequence[Callback] = (),
 ) -> RunResult:
-    from tqdm.auto import tqdm
-
-    event = trainer.algorithm.event()
-    private = event is not None
-    ledger: PrivacyLedger = trainer.ledger
-    status = schemes.describe(event, ledger.analysis)["status"] if private else None
-    default = schemes.scheme_of(event).default if private else None
-    stopped = "completed"
-    last_eval: dict[str, float] = {}
-    spent: float | None = None
-    proven: float | None = None
-    last_ckpt = trainer.round if (run_dir / CHECKPOINT).exists() else -1
-
-    def evaluate() -> dict[str, Any]:
-        nonlocal last_eval, spent, proven
-        last_eval = {k: float(v) for k, v in trainer.algorithm.evaluate().items()}
-        out: dict[str, Any] = dict(last_eval)
-        if not private:
-            out["epsilon"] = None
-            out["private"] = False
-            return out
-        delta = config.privacy.delta
-        spent = float(ledger.epsilon(delta).upper) if ledger.rounds else 0.0
-        out["epsilon"] = spent
-        if status != "proven":
-            # an unproven figure never travels without the proven one
-            proven = (
-                float(ledger.epsilon(delta, analysis=default).upper)
-                if ledger.rounds
-                else 0.0
-            )
-            out["epsilon_status"] = status
-            out["epsilon_proven"] = proven
-        return out
-
-    bar = tqdm(
-        total=config.rounds,
-        initial=trainer.round,
-        disable=not progress,
-        unit="round",
-        desc=config.name,
-        dynamic_ncols=True,
+    """The round loop (:meth:`Trainer.fit`) with the run folder's callbacks."""
+    guarantee = _GuaranteeFile(config)
+    own: list[Callback] = [
+        MetricsFile(run_dir / METRICS),
+        Checkpoint(run_dir / CHECKPOINT, every=config.checkpoint_every),
+        guarantee,
+    ]
+    if progress:
+        own.append(progress_callback(desc=config.name))
+    fit = trainer.fit(
+        config.rounds,
+        eval_every=config.eval_every,
+        delta=config.privacy.delta,
+        callbacks=[*own, *callbacks],
+        name=config.name,
+        run_dir=run_dir,
+        logger=log,
     )
-    metrics_file = (run_dir / METRICS).open("a")
-    try:
-        with _deferred_interrupt() as flag:
-            while trainer.round < config.rounds:
-                try:
-                    report = trainer.step()
-                except BudgetExceededError as exc:
-                    stopped = "budget"
-                    log.warning(
-                        "budget reached at round %d: %s", trainer.round + 1, exc
-                    )
-                    break
-                done = report.round + 1
-                record: dict[str, Any] = {"round": done}
-                record.update({k: float(v) for k, v in report.metrics.items()})
-                if done % config.eval_every == 0 or done == config.rounds:
-                    record.update(evaluate())
-                    bar.set_postfix(
-                        _postfix(last_eval, spent, private, status, proven),
-                        refresh=False,
-                    )
-                metrics_file.write(json.dumps(record) + "\n")
-                metrics_file.flush()
-                bar.update(1)
-                if done % config.checkpoint_every == 0:
-                    _save_checkpoint(run_dir, trainer, ledger)
-                    last_ckpt = done
-                if flag["stop"]:
-                    stopped = "interrupted"
-                    log.warning("interrupted after round %d; checkpoint saved", done)
-                    break
-        if (
-            stopped != "completed"
-            and trainer.round
-            and (trainer.round % config.eval_every)
-        ):
-            # a final evaluation of the model the run ends with
-            record = {"round": trainer.round, **evaluate()}
-            _replace_last(metrics_file, run_dir, record)
-        if last_ckpt != trainer.round:
-            _save_checkpoint(run_dir, trainer, ledger)
-        else:
-            ledger.save()
-    finally:
-        metrics_file.close()
-        bar.close()
-    if not last_eval and trainer.round:
-        evaluate()
-    guarantee = _guarantee(
-        ledger, event, config.privacy.delta, config, trainer.algorithm.stats
-    )
-    text = json.dumps(guarantee, indent=1, default=str)
-    _atomic_write(run_dir / GUARANTEE, lambda fh: fh.write(text), binary=False)
     return RunResult(
         run_dir=run_dir,
         config=config,
-        rounds_completed=trainer.round,
-        stopped=stopped,
-        epsilon=spent if private else None,
-        metrics=last_eval,
-        guarantee=guarantee,
+        rounds_completed=fit.rounds_completed,
+        stopped=fit.stopped,
+        epsilon=fit.epsilon,
+        metrics=fit.metrics,
+        guarantee=guarantee.guarantee,
     )
-
-
-def _replace_last(fh: Any, run_dir: Path, record: dict[str, Any]) -> None:
-    """Merge ``record`` into the metrics line of the same round (written last)."""
-    fh.flush()
-    rows = read_metrics(run_dir)
-    if rows and rows[-1].get("round") == record["round"]:
-        rows[-1].update(record)
-    else:
-        rows.append(record)
-    text = "".join(json.dumps(r) + "\n" for r in rows)
-    fh.seek(0)
-    fh.truncate()
-    fh.write(text)
-    fh.flush()
-
-
-def _postfix(
-    metrics: dict[str, float],
-    spent: float | None,
-    private: bool,
-    status: str | None,
-    proven: float | None,
-) -> dict[str, str]:
-    out = {}
-    if "test_loss" in metrics:
-        out["loss"] = f"{metrics['test_loss']:.3f}"
-    if "test_accuracy" in metrics:
-        out["acc"] = f"{metrics['test_accuracy']:.3f}"
-    if not private:
-        out["eps"] = "none (non-private)"
-    elif status != "proven":
-        out["eps"] = f"{spent:.3g} ({status}, not a bound)"
-        out["proven eps"] = f"{proven:.3g}"
-    else:
-        out["eps"] = f"{spent:.3g}"
-    return out
 
 
 #: Keys ``dpfl resume --set`` may change: where the client steps run, which
@@ -770,7 +581,11 @@ RESUME_KEYS = ("execution", "ray")
 
 
 def resume(
-    run_dir: str | Path, *, progress: bool = True, overrides: Sequence[str] = ()
+    run_dir: str | Path,
+    *,
+    progress: bool = True,
+    overrides: Sequence[str] = (),
+    callbacks: Sequence[Callback] | None = None,
 ) -> RunResult:
     """Continue a stopped run from its checkpoint and ledger.
 
@@ -783,6 +598,8 @@ def resume(
     overrides : sequence of str
         ``"key=value"`` items for the keys of :data:`RESUME_KEYS` only
         (``execution``, ``ray.*``), e.g. ``"ray.address=auto"``.
+    callbacks : sequence of Callback or None
+        More callbacks of the round loop, as in :func:`run`.
 
     Returns
     -------
@@ -809,4 +626,4 @@ def resume(
     # the folder may have been moved: it is where the run lives now
     tree.update(output_dir=str(run_dir.parent), name=run_dir.name)
     config = config_from_dict(tree)
-    return run(config, progress=progress, resume=True)
+    return run(config, progress=progress, resume=True, callbacks=callbacks)

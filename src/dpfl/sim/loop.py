@@ -15,6 +15,12 @@ Each :meth:`Trainer.step`
    algorithm's guarantee is per client), and saves the ledger if it has a
    path.
 
+:meth:`Trainer.fit` runs rounds to a target, evaluates the model every few
+rounds with the ε spent so far, stops cleanly on the budget, Ctrl-C or a
+callback's request, and hands every round's record to its callbacks
+(:mod:`dpfl.sim.callbacks`: metrics files, checkpoints, progress, tracking);
+``dpfl train`` and :func:`dpfl.make_private` both train through it.
+
 Randomness is keyed by position (seed, round, client), not carried as
 stream state: a checkpoint needs no generator state, a resumed run draws
 exactly what the uninterrupted run drew, and the result does not depend on
@@ -23,20 +29,30 @@ the executor or on how a cohort is split.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dpfl._validate import check_count
+from dpfl._validate import check_count, check_delta
+from dpfl.accounting import schemes
 from dpfl.accounting.events import Event
 from dpfl.accounting.ledger import PrivacyLedger
-from dpfl.errors import DpflError, InvalidParameterError
+from dpfl.errors import BudgetExceededError, DpflError, InvalidParameterError
 from dpfl.sim.algorithms.base import Cohort, FederatedAlgorithm, Messages
+from dpfl.sim.callbacks import Callback, FitResult, FitState, check_callbacks
 from dpfl.sim.executors import Executor, executor
 from dpfl.sim.randomness import CohortStreams, Streams, server_streams
 
-__all__ = ["RoundPlan", "RoundReport", "Trainer"]
+__all__ = ["RoundPlan", "RoundReport", "Trainer", "deferred_interrupt"]
+
+_log = logging.getLogger("dpfl.sim")
 
 _STATE_FORMAT = 2
 
@@ -299,6 +315,184 @@ class Trainer:
         num_rounds = check_count("num_rounds", num_rounds, minimum=0)
         return [self.step() for _ in range(num_rounds)]
 
+    def fit(
+        self,
+        rounds: int,
+        *,
+        eval_every: int = 10,
+        delta: float | None = None,
+        callbacks: Sequence[Callback] | None = None,
+        name: str = "",
+        run_dir: str | Path | None = None,
+        logger: logging.Logger | None = None,
+    ) -> FitResult:
+        """Run to round ``rounds``, evaluating and reporting to ``callbacks``.
+
+        Each round's record (``round`` = rounds completed, the round's
+        metrics, and on every ``eval_every``-th and the last round the test
+        loss and accuracy with ε spent so far) goes to every callback's
+        :meth:`~dpfl.sim.callbacks.Callback.on_round_end`; files, progress and
+        tracking are callbacks (:mod:`dpfl.sim.callbacks`). The loop stops
+        cleanly
+
+        * at round ``rounds``: ``"completed"``;
+        * when the ledger's guard refuses the next round
+          (:class:`~dpfl.errors.BudgetExceededError`): ``"budget"``;
+        * on Ctrl-C (in the main thread), after finishing the round in
+          progress: ``"interrupted"`` (a second Ctrl-C aborts at once);
+        * when a callback calls :meth:`FitState.stop`: its reason.
+
+        After an early stop the model is evaluated once more if its last
+        round was not (``FitState.final_evaluation``).
+
+        Parameters
+        ----------
+        rounds : int
+            The round to run to, counted from round 0 (>= 1): a trainer
+            already at round ``k`` (a resumed run) runs ``rounds - k`` more.
+        eval_every : int
+            Evaluate every this many rounds (and at round ``rounds``).
+        delta : float or None
+            δ at which ε spent is reported; ``None``: the ledger budget's δ
+            (required for a private run whose ledger has no budget).
+        callbacks : sequence of Callback or None
+            Called in order at the start, after each round and at the end.
+        name : str
+            A label for progress output.
+        run_dir : str or Path or None
+            The run folder, for callbacks that write into it.
+        logger : logging.Logger or None
+            Where the budget stop and interrupt messages go (default
+            ``dpfl.sim``).
+
+        Returns
+        -------
+        FitResult
+            Rounds completed, why the loop stopped, ε spent, the last
+            evaluation and every round's record.
+
+        Raises
+        ------
+        dpfl.errors.InvalidParameterError
+            On a bad argument (the message names it and its value).
+        """
+        rounds = check_count("rounds", rounds, minimum=1)
+        eval_every = check_count("eval_every", eval_every, minimum=1)
+        items = check_callbacks(callbacks)
+        log = logger if logger is not None else _log
+        ledger = self.ledger
+        event = self.algorithm.event()
+        private = event is not None
+        if private and delta is None:
+            if ledger.budget is None:
+                raise InvalidParameterError(
+                    "delta must be given to fit a private run whose ledger has no "
+                    "budget; got None"
+                )
+            delta = ledger.budget.delta
+        if delta is not None:
+            delta = check_delta("delta", delta)
+        at = float(delta) if delta is not None else 0.0  # δ of the ε reported
+        status = default = None
+        if event is not None:
+            status = schemes.describe(event, ledger.analysis)["status"]
+            default = schemes.scheme_of(event).default
+        state = FitState(
+            trainer=self,
+            rounds=rounds,
+            eval_every=eval_every,
+            delta=delta if private else None,
+            private=private,
+            status=status,
+            budget=ledger.budget,
+            name=str(name),
+            run_dir=None if run_dir is None else Path(run_dir),
+            start_round=self.round,
+        )
+
+        def evaluate(done: int) -> dict[str, Any]:
+            state.evaluation = {
+                k: float(v) for k, v in self.algorithm.evaluate().items()
+            }
+            state.evaluated_round = done
+            out: dict[str, Any] = dict(state.evaluation)
+            if not private:
+                out["epsilon"] = None
+                out["private"] = False
+                return out
+            state.epsilon = float(ledger.epsilon(at).upper) if ledger.rounds else 0.0
+            out["epsilon"] = state.epsilon
+            if status != "proven":
+                # an unproven figure never travels without the proven one
+                state.epsilon_proven = (
+                    float(ledger.epsilon(at, analysis=default).upper)
+                    if ledger.rounds
+                    else 0.0
+                )
+                out["epsilon_status"] = status
+                out["epsilon_proven"] = state.epsilon_proven
+            return out
+
+        begun: list[Callback] = []
+        try:
+            for cb in items:
+                cb.on_fit_begin(state)
+                begun.append(cb)
+            with deferred_interrupt(log) as flag:
+                while self.round < rounds:
+                    try:
+                        report = self.step()
+                    except BudgetExceededError as exc:
+                        state.stopped = "budget"
+                        log.warning(
+                            "budget reached at round %d: %s", self.round + 1, exc
+                        )
+                        break
+                    done = report.round + 1
+                    record: dict[str, Any] = {"round": done}
+                    record.update({k: float(v) for k, v in report.metrics.items()})
+                    if done % eval_every == 0 or done == rounds:
+                        record.update(evaluate(done))
+                    state.history.append(record)
+                    for cb in items:
+                        cb.on_round_end(state, record)
+                    if flag["stop"]:
+                        state.stopped = "interrupted"
+                        log.warning("interrupted after round %d", done)
+                        break
+                    if state.stop_requested is not None:
+                        state.stopped = state.stop_requested
+                        log.info("stopped by a callback after round %d", done)
+                        break
+            if state.stopped is None:
+                state.stopped = "completed"
+            if (
+                state.stopped != "completed"
+                and self.round
+                and state.evaluated_round != self.round
+            ):
+                # a final evaluation of the model the fit ends with
+                final = {"round": self.round, **evaluate(self.round)}
+                if state.history and state.history[-1]["round"] == self.round:
+                    state.history[-1].update(final)
+                state.final_evaluation = final
+            elif not state.evaluation and self.round:
+                evaluate(self.round)  # nothing left to run (a finished run resumed)
+        except BaseException as exc:
+            state.error = exc
+            raise
+        finally:
+            for cb in begun:
+                cb.on_fit_end(state)
+        return FitResult(
+            rounds_completed=self.round,
+            stopped=state.stopped,
+            epsilon=state.epsilon if private else None,
+            delta=state.delta,
+            metrics=dict(state.evaluation),
+            history=state.history,
+        )
+
     def state_dict(self) -> dict[str, Any]:
         """Return the algorithm's state, the round counter and the seed.
 
@@ -357,3 +551,45 @@ class Trainer:
             )
         self.algorithm.load_state_dict(state["algorithm"])
         self.round = int(state["round"])
+
+
+@contextlib.contextmanager
+def deferred_interrupt(
+    logger: logging.Logger | None = None,
+) -> Iterator[dict[str, bool]]:
+    """Turn the first Ctrl-C into a flag checked between rounds; a second aborts.
+
+    Outside the main thread (where signals cannot be handled) the flag is
+    never set.
+
+    Parameters
+    ----------
+    logger : logging.Logger or None
+        Where the "finishing this round" notice goes (default ``dpfl.sim``).
+
+    Yields
+    ------
+    dict
+        ``{"stop": bool}``, set to True by the first SIGINT.
+    """
+    flag = {"stop": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    log = logger if logger is not None else _log
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum: int, frame: Any) -> None:
+        if flag["stop"]:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        flag["stop"] = True
+        log.warning(
+            "interrupt: finishing this round, then stopping (Ctrl-C again aborts)"
+        )
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
