@@ -51,7 +51,7 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,6 @@ from dpfl.sim.callbacks import (
     FitState,
     MetricsFile,
     check_callbacks,
-    save_checkpoint,
 )
 from dpfl.sim.callbacks import progress as progress_callback
 
@@ -163,16 +162,6 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise DpflError(f"no {METRICS} in {run_dir}")
     return read_jsonl(path)
-
-
-def _save_checkpoint(run_dir: Path, trainer: Any, ledger: PrivacyLedger) -> None:
-    """``checkpoint.pt`` of ``run_dir`` (:func:`dpfl.sim.callbacks.save_checkpoint`).
-
-    ``ledger`` must be the trainer's (it is saved first).
-    """
-    if ledger is not trainer.ledger:
-        raise DpflError("the ledger to save is not the trainer's")
-    save_checkpoint(run_dir / CHECKPOINT, trainer)
 
 
 def _write_config(run_dir: Path, config: RunConfig) -> None:
@@ -544,8 +533,13 @@ def _loop(
     *,
     progress: bool,
     callbacks: Sequence[Callback] = (),
+    step: Callable[[], Any] | None = None,
 ) -> RunResult:
-    """The round loop (:meth:`Trainer.fit`) with the run folder's callbacks."""
+    """The round loop (:meth:`Trainer.fit`) with the run folder's callbacks.
+
+    ``step`` runs one round where the trainer does not (a driver that
+    delivers the tasks itself, :meth:`Trainer.fit`'s ``step``).
+    """
     guarantee = _GuaranteeFile(config)
     own: list[Callback] = [
         MetricsFile(run_dir / METRICS),
@@ -562,6 +556,7 @@ def _loop(
         name=config.name,
         run_dir=run_dir,
         logger=log,
+        step=step,
     )
     return RunResult(
         run_dir=run_dir,

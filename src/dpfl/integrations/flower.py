@@ -55,6 +55,7 @@ configuration rather than run a deployment whose server holds the noise.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -87,12 +88,14 @@ import numpy as np
 import torch
 import yaml
 
-from dpfl.errors import BudgetExceededError, DpflError, InvalidParameterError
+from dpfl._files import atomic_write
+from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.experiments import runner
 from dpfl.experiments.config import RunConfig, config_from_dict
 from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages, Task
 from dpfl.sim.algorithms.base import Message as DpflMessage
-from dpfl.sim.loop import RoundPlan, Trainer
+from dpfl.sim.callbacks import Callback, FitState
+from dpfl.sim.loop import RoundPlan, RoundReport, Trainer
 from dpfl.sim.randomness import client_streams
 
 __all__ = [
@@ -290,6 +293,34 @@ def _decode_messages(content: RecordDict) -> dict[int, DpflMessage]:
 
 
 # -- the server -------------------------------------------------------------------
+class _FlowerResult(Callback):
+    """Fill Flower's :class:`Result` from the round loop's records."""
+
+    def __init__(
+        self,
+        result: Result,
+        arrays: Callable[[], ArrayRecord],
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
+    ) -> None:
+        self.result = result
+        self.arrays = arrays
+        self.evaluate_fn = evaluate_fn
+
+    def on_round_end(self, state: FitState, record: dict[str, Any]) -> None:
+        server_round = int(record["round"])
+        arrays = self.arrays()
+        self.result.arrays = arrays
+        if state.evaluated_round == server_round:
+            values = {**state.evaluation, "epsilon": record.get("epsilon")}
+            self.result.evaluate_metrics_serverapp[server_round] = MetricRecord(
+                {k: float(v) for k, v in values.items() if v is not None}
+            )
+        if self.evaluate_fn is not None:
+            extra = self.evaluate_fn(server_round, arrays)
+            if extra is not None:
+                self.result.evaluate_metrics_serverapp[server_round] = extra
+
+
 class DpflStrategy(Strategy):
     """A Flower strategy that runs a dpfl :class:`Trainer` round by round.
 
@@ -613,51 +644,35 @@ class DpflStrategy(Strategy):
             self.discover(grid)
         result = Result()
         config = train_config if train_config is not None else ConfigRecord()
-        ledger = trainer.ledger
-        metrics_path = self.run_dir / runner.METRICS
-        with metrics_path.open("a") as metrics_file:
-            while trainer.round < rounds:
-                server_round = trainer.round + 1
-                try:
-                    messages = list(
-                        self.configure_train(server_round, self._arrays(), config, grid)
-                    )
-                except BudgetExceededError as exc:
-                    self.stopped = "budget"
-                    log.warning("budget reached at round %d: %s", server_round, exc)
-                    break
-                replies = (
-                    list(grid.send_and_receive(messages, timeout=self.round_timeout))
-                    if messages
-                    else []
-                )
-                _, metrics = self.aggregate_train(server_round, replies)
-                arrays = self._arrays()
-                result.arrays = arrays
-                if metrics is not None:
-                    result.train_metrics_clientapp[server_round] = metrics
-                record: dict[str, Any] = {"round": server_round}
-                record.update(dict(metrics or {}))
-                if server_round % self.config.eval_every == 0 or server_round == rounds:
-                    evaluation: dict[str, Any] = {
-                        k: float(v) for k, v in trainer.algorithm.evaluate().items()
-                    }
-                    if ledger.rounds and trainer.algorithm.private:
-                        evaluation["epsilon"] = float(
-                            ledger.epsilon(self.config.privacy.delta).upper
-                        )
-                    record.update(evaluation)
-                    result.evaluate_metrics_serverapp[server_round] = MetricRecord(
-                        evaluation
-                    )
-                if evaluate_fn is not None:
-                    extra = evaluate_fn(server_round, arrays)
-                    if extra is not None:
-                        result.evaluate_metrics_serverapp[server_round] = extra
-                metrics_file.write(json.dumps(record) + "\n")
-                metrics_file.flush()
-                runner._save_checkpoint(self.run_dir, trainer, ledger)
-        runner._save_checkpoint(self.run_dir, trainer, ledger)
+
+        def flower_round() -> RoundReport:
+            # One round through the grid; the budget guard in configure_train
+            # raises BudgetExceededError before anything is sent.
+            server_round = trainer.round + 1
+            messages = list(
+                self.configure_train(server_round, self._arrays(), config, grid)
+            )
+            replies = (
+                list(grid.send_and_receive(messages, timeout=self.round_timeout))
+                if messages
+                else []
+            )
+            _, metrics = self.aggregate_train(server_round, replies)
+            if metrics is not None:
+                result.train_metrics_clientapp[server_round] = metrics
+            return self._last_report
+
+        # The runner's round loop and run-folder callbacks (metrics.jsonl,
+        # checkpoint, guarantee.json), with Flower delivering the tasks.
+        run = runner._loop(
+            dataclasses.replace(self.config, rounds=rounds),
+            self.run_dir,
+            trainer,
+            progress=False,
+            callbacks=[_FlowerResult(result, self._arrays, evaluate_fn)],
+            step=flower_round,
+        )
+        self.stopped = run.stopped
         if not result.arrays:
             result.arrays = self._arrays()
         self.write_summary()
@@ -674,9 +689,7 @@ class DpflStrategy(Strategy):
             "config_fingerprint": _fingerprint(self.config_text),
         }
         text = json.dumps(summary, indent=1)
-        runner._atomic_write(
-            self.run_dir / SUMMARY, lambda fh: fh.write(text), binary=False
-        )
+        atomic_write(self.run_dir / SUMMARY, lambda fh: fh.write(text), binary=False)
 
 
 def server_app(

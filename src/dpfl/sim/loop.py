@@ -34,7 +34,7 @@ import dataclasses
 import logging
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -325,6 +325,7 @@ class Trainer:
         name: str = "",
         run_dir: str | Path | None = None,
         logger: logging.Logger | None = None,
+        step: Callable[[], RoundReport] | None = None,
     ) -> FitResult:
         """Run to round ``rounds``, evaluating and reporting to ``callbacks``.
 
@@ -364,6 +365,13 @@ class Trainer:
         logger : logging.Logger or None
             Where the budget stop and interrupt messages go (default
             ``dpfl.sim``).
+        step : callable or None
+            Runs one round and returns its report (default :meth:`step`). A
+            driver that delivers the tasks itself (the Flower strategy) passes
+            its own, built on :meth:`begin_round` and :meth:`finish_round` or
+            :meth:`abandon_round`; it raises
+            :class:`~dpfl.errors.BudgetExceededError` when the guard refuses
+            the round, as :meth:`step` does.
 
         Returns
         -------
@@ -379,6 +387,7 @@ class Trainer:
         rounds = check_count("rounds", rounds, minimum=1)
         eval_every = check_count("eval_every", eval_every, minimum=1)
         items = check_callbacks(callbacks)
+        run_round = self.step if step is None else step
         log = logger if logger is not None else _log
         ledger = self.ledger
         event = self.algorithm.event()
@@ -441,7 +450,7 @@ class Trainer:
             with deferred_interrupt(log) as flag:
                 while self.round < rounds:
                     try:
-                        report = self.step()
+                        report = run_round()
                     except BudgetExceededError as exc:
                         state.stopped = "budget"
                         log.warning(
