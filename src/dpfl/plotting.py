@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,24 @@ def save_figure(fig: Any, out_path: str | Path) -> list[Path]:
     finally:
         plt.close(fig)
     return paths
+
+
+def _plain_ticks() -> Any:
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _: f"{v:g}")
+
+
+def _log_ticks(axis: Any) -> None:
+    """Plain numbers on a log axis: 1, 2, 5, 10, ... (no 3×10^0 clutter)."""
+    from matplotlib.ticker import FuncFormatter
+
+    def minor(v: float, _: Any) -> str:
+        lead = f"{v:.0e}"[0]
+        return f"{v:g}" if lead in "25" else ""
+
+    axis.set_major_formatter(_plain_ticks())
+    axis.set_minor_formatter(FuncFormatter(minor))
 
 
 def _log_worthy(values: Any) -> bool:
@@ -186,12 +204,15 @@ def plot_runs(
     labels : sequence of str, optional
         Legend entries (default: the folder names).
     title : str, optional
-        Figure title.
+        Figure title (default, for one run: its name and its guarantee's
+        terms).
 
     Returns
     -------
     Path
-        ``out_path``.
+        ``out_path`` (a ``.png`` also gets a ``.pdf`` and a ``.svg`` beside
+        it). Runs without noise have no ε: with no private run the ε panel is
+        left out, beside private runs they are a dotted level line.
 
     Raises
     ------
@@ -208,11 +229,27 @@ def plot_runs(
             f"labels must have one entry per run ({len(dirs)}); got {len(labels)}"
         )
     plt = _pyplot()
-    fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(11, 4.5), constrained_layout=True)
-    drawn = 0
     terms, differ = epsilon_terms(dirs)
+    evaluated = {
+        i: [r for r in _read_rows(d) if r.get("test_accuracy") is not None]
+        for i, d in enumerate(dirs)
+    }
+    private = any(
+        r.get("epsilon") is not None for rows in evaluated.values() for r in rows
+    )
+    fig, axes = plt.subplots(
+        1,
+        2 if private else 1,
+        figsize=(11 if private else 6, 4.6),
+        constrained_layout=True,
+        squeeze=False,
+    )
+    ax_r = axes[0][0]
+    ax_e = axes[0][1] if private else None
+    drawn = 0
+    eps_values: list[float] = []
     for i, d in enumerate(dirs):
-        rows = [r for r in _read_rows(d) if r.get("test_accuracy") is not None]
+        rows = evaluated[i]
         if not rows:
             continue
         label = labels[i] if labels is not None else d.name
@@ -226,7 +263,10 @@ def plot_runs(
         (line,) = ax_r.plot(rounds, acc, marker=".", label=label)
         drawn += 1
         eps_rows = [r for r in rows if r.get("epsilon") is not None]
+        if ax_e is None:
+            continue
         if eps_rows:
+            eps_values += [float(r["epsilon"]) for r in eps_rows]
             ax_e.plot(
                 [r["epsilon"] for r in eps_rows],
                 [r["test_accuracy"] for r in eps_rows],
@@ -240,15 +280,32 @@ def plot_runs(
         plt.close(fig)
         raise DpflError(f"no evaluated rounds in {[str(d) for d in dirs]}")
     ax_r.set_xlabel("round")
-    ax_r.set_ylabel("test accuracy")
+    ax_r.xaxis.get_major_locator().set_params(integer=True)
+    ax_r.set_ylabel("test accuracy (fraction of the test set)")
+    ax_r.set_title("test accuracy against rounds")
     ax_r.grid(alpha=0.3)
-    ax_e.set_xlabel(
-        "ε spent by the worst-off unit (upper bound at the budget's δ)"
-        if not differ
-        else f"ε spent: NOT one scale, the runs differ in {', '.join(differ)}"
-    )
-    ax_e.set_ylabel("test accuracy")
-    ax_e.grid(alpha=0.3)
+    known = [t for t in terms if t]
+    if ax_e is not None:
+        if differ:
+            ax_e.set_xlabel(
+                f"ε spent: NOT one scale, the runs differ in {', '.join(differ)}"
+            )
+        elif known:
+            t = known[0]
+            ax_e.set_xlabel(
+                f"ε spent by the worst-off {t.get('unit')}\n(upper bound at "
+                f"δ = {t.get('delta'):g}, {t.get('analysis')} analysis)"
+                if isinstance(t.get("delta"), float)
+                else f"ε spent by the worst-off {t.get('unit')} (upper bound)"
+            )
+        else:
+            ax_e.set_xlabel("ε spent (upper bound at the budget's δ)")
+        if _log_worthy(eps_values):
+            ax_e.set_xscale("log")
+            _log_ticks(ax_e.xaxis)
+        ax_e.set_ylabel("test accuracy (fraction of the test set)")
+        ax_e.set_title("test accuracy against privacy spent")
+        ax_e.grid(alpha=0.3)
     # one legend for both panels, below them: long labels carry the terms
     handles, names = ax_r.get_legend_handles_labels()
     wide = max(len(n) for n in names) > 55
@@ -260,13 +317,19 @@ def plot_runs(
         ncols=1 if wide else 2,
         fontsize="small",
     )
+    if title is None:
+        title = dirs[0].name if len(dirs) == 1 else f"{len(dirs)} runs"
+        t = known[0] if known and not differ else {}
+        if t and isinstance(t.get("delta"), float):
+            title += (
+                f": {t.get('unit')}-level, δ = {t.get('delta'):g}, "
+                f"{t.get('analysis')} analysis"
+            )
+        elif not private:
+            title += ": not private (no noise, no guarantee)"
     if title:
         fig.suptitle(title)
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out_path)[0]
 
 
 def _curves(
@@ -299,8 +362,16 @@ def plot_epsilon_curves(
     rounds: Sequence[int] | None = None,
     epsilon_by_rounds: Mapping[str, Sequence[float]] | None = None,
     title: str | None = None,
+    delta_title: str | None = None,
+    rounds_title: str | None = None,
+    epsilon_label: str = "ε (upper bound)",
+    dashed: Collection[str] = (),
 ) -> Path:
     """Plot precomputed ε–δ and/or ε–rounds curves, one line per analysis.
+
+    The ε axis is logarithmic where the values span a factor of 10 or more
+    (so that a loose analysis does not flatten the tight ones), as is the
+    rounds axis. A ``.png`` also gets a ``.pdf`` and a ``.svg`` beside it.
 
     Parameters
     ----------
@@ -316,6 +387,13 @@ def plot_epsilon_curves(
         Analysis name to ε after each number of rounds.
     title : str, optional
         Figure title.
+    delta_title, rounds_title : str, optional
+        Panel titles: what the other variable is fixed at (e.g. "after 100
+        rounds", "at δ = 1e-05").
+    epsilon_label : str
+        The ε axis label (say the unit and that it is an upper bound).
+    dashed : collection of str
+        Curves drawn dashed (analyses that are not proven bounds).
 
     Returns
     -------
@@ -334,35 +412,48 @@ def plot_epsilon_curves(
     if (rounds is None) != (epsilon_by_rounds is None):
         raise InvalidParameterError("rounds and epsilon_by_rounds go together")
     if deltas is not None and epsilon_by_delta is not None:
-        panels.append(("δ", *_curves("deltas", deltas, epsilon_by_delta), True))
+        xs, cs = _curves("deltas", deltas, epsilon_by_delta)
+        panels.append(("δ", xs, cs, delta_title))
     if rounds is not None and epsilon_by_rounds is not None:
-        panels.append(("rounds", *_curves("rounds", rounds, epsilon_by_rounds), False))
+        xs, cs = _curves("rounds", rounds, epsilon_by_rounds)
+        panels.append(("rounds T", xs, cs, rounds_title))
     if not panels:
         raise InvalidParameterError(
             "give deltas with epsilon_by_delta, rounds with epsilon_by_rounds, or both"
         )
     plt = _pyplot()
     fig, axes = plt.subplots(
-        1, len(panels), figsize=(5 * len(panels), 4), constrained_layout=True
+        1, len(panels), figsize=(5.6 * len(panels), 4.4), constrained_layout=True
     )
     axes = np.atleast_1d(axes)
-    for ax, (xlabel, xs, curves, log_x) in zip(axes, panels):
+    for ax, (xlabel, xs, curves, panel_title) in zip(axes, panels):
+        finite = []
         for label, ys in curves.items():
             ok = np.isfinite(ys)
-            ax.plot(xs[ok], ys[ok], marker=".", label=label)
-        if log_x:
+            finite.extend(ys[ok])
+            ax.plot(
+                xs[ok],
+                ys[ok],
+                marker=".",
+                ls="--" if label in dashed else "-",
+                label=label,
+            )
+        if xlabel == "δ" or _log_worthy(xs):
             ax.set_xscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("ε")
+        if _log_worthy(finite):
+            ax.set_yscale("log")
+            _log_ticks(ax.yaxis)
+        ax.set_xlabel(xlabel + (" (log scale)" if ax.get_xscale() == "log" else ""))
+        ax.set_ylabel(epsilon_label)
+        if panel_title:
+            ax.set_title(panel_title)
+        if xlabel.startswith("rounds"):
+            ax.xaxis.set_major_formatter(_plain_ticks())
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out_path)[0]
 
 
 def plot_sweep(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import csv
 import dataclasses
+import importlib.util
 import itertools
 import json
 import math
@@ -216,6 +217,8 @@ def _run_one(tree: dict[str, Any], threads: int) -> dict[str, Any]:
         result = run(config_from_dict(tree), progress=False)
     except DpflError as exc:
         return {"error": str(exc), "seconds": time.perf_counter() - start}
+    if result.stopped == "interrupted":  # Ctrl-C: stop the sweep, not this run only
+        raise KeyboardInterrupt
     g = result.guarantee
     return {
         "run_dir": str(result.run_dir),
@@ -334,6 +337,11 @@ def run_sweep(
     DpflError
         If the sweep folder already holds one of its runs, or Ray is asked
         for and not installed.
+    ModuleNotFoundError
+        If PyTorch (the ``train`` extra) is not installed.
+    KeyboardInterrupt
+        On Ctrl-C: the running runs finish their round and save a checkpoint
+        (``dpfl resume`` continues each), and no table is written.
     """
     seeds = [int(s) for s in seeds]
     if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
@@ -360,6 +368,8 @@ def run_sweep(
     if "seed" in full_grid:
         raise ConfigError("sweep seeds with seeds (--seeds), not a grid key 'seed'")
 
+    if importlib.util.find_spec("torch") is None:
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
     base = apply_overrides(_base_tree(config), fixed)
     base_config = config_from_dict(base)
     out_dir = (
