@@ -49,7 +49,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize("path,parser", PARSERS, ids=[" ".join(p) for p, _ in PARSERS])
 def test_every_option_has_help_and_shows_its_default(path, parser) -> None:
-    text = parser.format_help()  # formats without error
+    parser.format_help()  # formats without error
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction | argparse._VersionAction):
             continue
