@@ -149,6 +149,25 @@ def _run_terms(run_dir: Path) -> dict[str, Any]:
     return {}
 
 
+def _epsilon_label(known: Sequence[Mapping[str, Any]], differ: Sequence[str]) -> str:
+    """The ε axis label: the terms the runs share, and a warning for the rest."""
+    t = known[0] if known else {}
+    unit = t.get("unit") if "unit" not in differ else None
+    head = f"ε spent by the worst-off {unit}" if unit else "ε spent"
+    detail = []
+    if "delta" not in differ and isinstance(t.get("delta"), float):
+        detail.append(f"upper bound at δ = {t['delta']:g}")
+    else:
+        detail.append("upper bound at each run's δ")
+    analyses = {k.get("analysis") for k in known}
+    if len(analyses) == 1 and None not in analyses:
+        detail.append(f"{analyses.pop()} analysis")
+    label = f"{head}\n({', '.join(detail)})"
+    if differ:
+        label += f"\nNOT one scale: the runs differ in {', '.join(differ)}"
+    return label
+
+
 def epsilon_terms(
     run_dirs: Sequence[str | Path],
 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -286,20 +305,7 @@ def plot_runs(
     ax_r.grid(alpha=0.3)
     known = [t for t in terms if t]
     if ax_e is not None:
-        if differ:
-            ax_e.set_xlabel(
-                f"ε spent: NOT one scale, the runs differ in {', '.join(differ)}"
-            )
-        elif known:
-            t = known[0]
-            ax_e.set_xlabel(
-                f"ε spent by the worst-off {t.get('unit')}\n(upper bound at "
-                f"δ = {t.get('delta'):g}, {t.get('analysis')} analysis)"
-                if isinstance(t.get("delta"), float)
-                else f"ε spent by the worst-off {t.get('unit')} (upper bound)"
-            )
-        else:
-            ax_e.set_xlabel("ε spent (upper bound at the budget's δ)")
+        ax_e.set_xlabel(_epsilon_label(known, differ))
         if _log_worthy(eps_values):
             ax_e.set_xscale("log")
             _log_ticks(ax_e.xaxis)
