@@ -153,3 +153,18 @@ def test_sweep_cli_in_processes(
         assert float(r["epsilon_mean"]) <= float(r["epsilon_budget"])
         assert float(r["test_accuracy_sd"]) >= 0
     assert (out / "sweep.png").exists() and (out / "sweep.pdf").exists()
+
+
+@pytest.mark.integration
+def test_ray_backend_gives_the_in_process_results(tmp_path: Path) -> None:
+    """Ray tasks run the same configurations: the same table as one process."""
+    pytest.importorskip("ray")
+    over = [*TINY, "privacy.noise_multiplier=[1.0, 4.0]"]
+    local = run_sweep(PRESET, [0, 1], overrides=over, out=tmp_path / "a", jobs=1)
+    ray = run_sweep(
+        PRESET, [0, 1], overrides=over, out=tmp_path / "b", jobs=2, backend="ray"
+    )
+    assert ray.failed == 0
+    for a, b in zip(local.rows, ray.rows):
+        assert a["test_accuracy_mean"] == pytest.approx(b["test_accuracy_mean"])
+        assert a["epsilon_mean"] == b["epsilon_mean"]

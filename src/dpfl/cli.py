@@ -476,15 +476,22 @@ def _plot_curves(
     unit = f"{desc['unit']}-level"
     deltas = sorted({float(d) for d in np.logspace(-10, -2, 9)} | {float(delta)})
     steps = rounds or 1
-    by_delta = {names[a]: epsilon(a, deltas, steps) for a in analyses}
-    kw: dict[str, Any] = {}
+    grid = [steps]
     if rounds is not None and rounds > 1:
-        grid = sorted({int(round(t)) for t in np.geomspace(1, rounds, 6)} | {rounds})
+        grid = sorted({int(round(t)) for t in np.geomspace(1, rounds, 5)} | {rounds})
+    by_delta: dict[str, list[float]] = {}
+    by_rounds: dict[str, list[float]] = {}
+    for a in analyses:  # one composition per round count, queried at every δ
+        at = {t: epsilon(a, deltas if t == steps else [delta], t) for t in grid}
+        by_delta[names[a]] = at[steps]
+        by_rounds[names[a]] = [
+            at[t][deltas.index(delta)] if t == steps else at[t][0] for t in grid
+        ]
+    kw: dict[str, Any] = {}
+    if len(grid) > 1:
         kw = {
             "rounds": grid,
-            "epsilon_by_rounds": {
-                names[a]: [epsilon(a, [delta], t)[0] for t in grid] for a in analyses
-            },
+            "epsilon_by_rounds": by_rounds,
             "rounds_title": f"at δ = {delta:g}",
         }
     plot_epsilon_curves(
