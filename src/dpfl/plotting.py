@@ -96,9 +96,13 @@ def _log_ticks(axis: Any) -> None:
 
 
 def _log_worthy(values: Any) -> bool:
-    """Positive values spanning a factor of 10 or more read better on a log axis."""
-    arr = np.asarray([v for v in np.ravel(values) if np.isfinite(v)], dtype=float)
-    return bool(arr.size >= 2 and np.all(arr > 0) and arr.max() / arr.min() >= 10)
+    """Values spanning a factor of 10 or more read better on a log axis.
+
+    Only the positive finite values count (a log axis leaves out an ε of 0).
+    """
+    arr = np.asarray(np.ravel(values), dtype=float)
+    arr = arr[np.isfinite(arr) & (arr > 0)]
+    return bool(arr.size >= 2 and arr.max() / arr.min() >= 10)
 
 
 def axis_label(key: str, terms: str | None = None) -> str:
