@@ -422,19 +422,7 @@ def run_sweep(
         for i, seed, tree in tasks:
             finished(i, seed, _run_one(tree, threads))
     elif backend == "process":
-        ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-            futures = {
-                pool.submit(_run_one, tree, threads): (i, seed)
-                for i, seed, tree in tasks
-            }
-            try:
-                for fut in concurrent.futures.as_completed(futures):
-                    finished(*futures[fut], fut.result())
-            except BaseException:
-                for fut in futures:
-                    fut.cancel()
-                raise
+        _run_processes(tasks, jobs, threads, finished)
     else:
         _run_ray(tasks, jobs, threads, finished)
 
@@ -477,6 +465,39 @@ def run_sweep(
         table_md=table_md,
         figures=figures,
     )
+
+
+def _run_processes(
+    tasks: list[tuple[int, int, dict[str, Any]]],
+    jobs: int,
+    threads: int,
+    finished: Callable[[int, int, dict[str, Any]], None],
+) -> None:
+    """Run the tasks in ``jobs`` spawned processes, at most ``jobs`` at a time.
+
+    A run starts only when a process is free, so that on Ctrl-C (which
+    reaches the workers too: each finishes its round and saves a checkpoint)
+    no queued run starts afterwards; the runs under way are waited for, then
+    the interrupt is raised.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    queue = list(tasks)
+    running: dict[concurrent.futures.Future[dict[str, Any]], tuple[int, int]] = {}
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        try:
+            while queue or running:
+                while queue and len(running) < jobs:
+                    i, seed, tree = queue.pop(0)
+                    running[pool.submit(_run_one, tree, threads)] = (i, seed)
+                done, _ = concurrent.futures.wait(
+                    running, return_when=concurrent.futures.FIRST_COMPLETED
+                )
+                for fut in done:
+                    finished(*running.pop(fut), fut.result())
+        except KeyboardInterrupt:
+            queue.clear()
+            concurrent.futures.wait(running)  # each saves its checkpoint
+            raise
 
 
 def _run_ray(
