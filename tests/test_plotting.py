@@ -159,3 +159,14 @@ def test_sweep_figure_bands_and_errorbars(tmp_path: Path, figures: list) -> None
         x_label="grid point",
     )
     assert len(figures[-1]["axes"]) == 1 and figures[-1]["axes"][0]["bands"] == 0
+
+
+def test_personalised_accuracy_is_labelled(tmp_path: Path, figures: list) -> None:
+    run = _run(tmp_path, "pfs", [0.5, 2.0, 8.0], TERMS)
+    (run / "config.yaml").write_text("algorithm:\n  name: prifedsync\n")
+    plot_runs([run], tmp_path / "fig.png")
+    assert figures[-1]["axes"][0]["ylabel"].startswith("personalised test accuracy")
+    other = _run(tmp_path, "avg", [0.5, 2.0, 8.0], TERMS)
+    (other / "config.yaml").write_text("algorithm:\n  name: dp-fedavg\n")
+    plot_runs([other], tmp_path / "fig2.png")
+    assert figures[-1]["axes"][0]["ylabel"].startswith("test accuracy")

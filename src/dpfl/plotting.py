@@ -22,6 +22,7 @@ from dpfl.errors import DpflError, InvalidParameterError
 
 __all__ = [
     "DPI",
+    "PERSONALISED",
     "axis_label",
     "epsilon_terms",
     "plot_epsilon_curves",
@@ -196,6 +197,23 @@ def epsilon_terms(
     return terms, differ
 
 
+#: Algorithms whose ``test_accuracy`` is the clients' personalised models'
+#: mean accuracy (their papers' metric), not a global model's.
+PERSONALISED = frozenset({"prifedsync", "ms-pafl"})
+
+
+def _algorithm(run_dir: Path) -> str | None:
+    """The run's algorithm name from its ``config.yaml`` (None if unreadable)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+        name = data["algorithm"]["name"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return str(name)
+
+
 def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
@@ -270,6 +288,7 @@ def plot_runs(
     ax_r = axes[0][0]
     ax_e = axes[0][1] if private else None
     drawn = 0
+    personalised = 0
     eps_values: list[float] = []
     for i, d in enumerate(dirs):
         rows = evaluated[i]
@@ -281,6 +300,9 @@ def plot_runs(
         status = terms[i].get("status", "proven")
         if status != "proven" and "not a proven bound" not in label:
             label += f" ({status}: not a proven bound)"
+        if _algorithm(d) in PERSONALISED and "personalised" not in label:
+            label += " (personalised accuracy)"
+            personalised += 1
         rounds = [r["round"] for r in rows]
         acc = [r["test_accuracy"] for r in rows]
         (line,) = ax_r.plot(rounds, acc, marker=".", label=label)
@@ -304,7 +326,8 @@ def plot_runs(
         raise DpflError(f"no evaluated rounds in {[str(d) for d in dirs]}")
     ax_r.set_xlabel("round")
     ax_r.xaxis.get_major_locator().set_params(integer=True)
-    ax_r.set_ylabel("test accuracy (fraction of the test set)")
+    what = "personalised test accuracy" if personalised == drawn else "test accuracy"
+    ax_r.set_ylabel(f"{what} (fraction of the test set)")
     ax_r.set_title("test accuracy against rounds")
     ax_r.grid(alpha=0.3)
     known = [t for t in terms if t]
@@ -313,7 +336,7 @@ def plot_runs(
         if _log_worthy(eps_values):
             ax_e.set_xscale("log")
             _log_ticks(ax_e.xaxis)
-        ax_e.set_ylabel("test accuracy (fraction of the test set)")
+        ax_e.set_ylabel(f"{what} (fraction of the test set)")
         ax_e.set_title("test accuracy against privacy spent")
         ax_e.grid(alpha=0.3)
     # one legend for both panels, below them: long labels carry the terms

@@ -703,7 +703,7 @@ def _figures(
     metric: str,
     base: RunConfig,
 ) -> list[Path]:
-    from dpfl.plotting import axis_label, plot_sweep
+    from dpfl.plotting import PERSONALISED, axis_label, plot_sweep
 
     curves: dict[str, tuple[list[float], list[float], list[float], int]] = {}
     for i, point in enumerate(points):
@@ -754,6 +754,8 @@ def _figures(
     x_label = axis_label(x_key, terms_text) if x_key else "grid point"
     n = len(seeds)
     name = _METRICS[metric]
+    if base.algorithm.name in PERSONALISED:  # the clients' own models
+        name = f"personalised {name}"
     title = f"{base.name}: {name}, mean ± sd over {n} seed{'s' if n > 1 else ''}"
     if terms_text:
         title += f"  ({terms_text})"
