@@ -168,3 +168,19 @@ def test_ray_backend_gives_the_in_process_results(tmp_path: Path) -> None:
     for a, b in zip(local.rows, ray.rows):
         assert a["test_accuracy_mean"] == pytest.approx(b["test_accuracy_mean"])
         assert a["epsilon_mean"] == b["epsilon_mean"]
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--seeds", "2-1"], "seeds: a range A-B needs 0 <= A <= B; got '2-1'"),
+        (["--jobs", "0"], "jobs must be an integer >= 1; got 0"),
+        (["--set", "privacy.epsilonn=[1,2]"], "did you mean 'privacy.epsilon'"),
+    ],
+)
+def test_sweep_cli_errors_are_one_line(tmp_path, capsys, extra, needle) -> None:
+    argv = ["sweep", str(PRESET), "--out", str(tmp_path / "s"), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+    assert not (tmp_path / "s").exists()
