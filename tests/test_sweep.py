@@ -79,12 +79,10 @@ def test_sweep_table_and_banded_figure(tmp_path: Path) -> None:
         jobs=1,
         progress=lines.append,
     )
-    assert len(lines) == 4 and lines[-1].startswith("[4/4] noise_multiplier=4 seed=1:")
+    assert len(lines) == 4 and lines[-1].startswith("[4/4] σ=4 seed=1:")
     assert res.failed == 0 and len(res.runs) == 4
-    assert [r["point"] for r in res.rows] == [
-        "noise_multiplier=1",
-        "noise_multiplier=4",
-    ]
+    assert (out / "runs" / "noise_multiplier-4-s1" / "ledger.json").exists()
+    assert [r["point"] for r in res.rows] == ["σ=1", "σ=4"]
     for row, sigma in zip(res.rows, (1.0, 4.0)):
         runs = [r for r in res.runs if r["point"] == row["point"]]
         accs = [r["metrics"]["test_accuracy"] for r in runs]

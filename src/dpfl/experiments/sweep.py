@@ -167,11 +167,21 @@ def _short(key: str) -> str:
     return key.rsplit(".", 1)[-1]
 
 
+#: Symbols for the privacy keys in labels (folder names keep the words).
+_SYMBOLS = {
+    "privacy.epsilon": "ε",
+    "privacy.delta": "δ",
+    "privacy.noise_multiplier": "σ",
+}
+
+
 def _label(point: Mapping[str, Any]) -> str:
-    """``epsilon=2, clip=0.5`` (the last part of each key); ``all`` when empty."""
+    """``ε=2, clip=0.5`` (a symbol or the last part of each key); ``all`` if empty."""
     if not point:
         return "all"
-    return ", ".join(f"{_short(k)}={_value_text(v)}" for k, v in point.items())
+    return ", ".join(
+        f"{_SYMBOLS.get(k, _short(k))}={_value_text(v)}" for k, v in point.items()
+    )
 
 
 def _value_text(v: Any) -> str:
