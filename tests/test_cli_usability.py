@@ -227,3 +227,23 @@ def test_accounting_commands_run_without_torch(tmp_path: Path) -> None:
         env=ENV,
     )
     assert proc.returncode == 0 and "Gaussian mechanism" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "argv,line",
+    [
+        (
+            ["account", "random-participation", "--p", "1.5", "--q", "0.1",
+             "--records-per-client", "30", "--noise-multiplier", "1"],
+            "dpfl: error: --p: participation_probability must be in (0, 1]; got 1.5",
+        ),
+        (
+            ["account", "gaussian", "--noise-multiplier", "-1"],
+            "dpfl: error: --noise-multiplier: noise_multiplier must be > 0 and "
+            "finite; got -1.0",
+        ),
+    ],
+)  # fmt: skip
+def test_errors_name_the_flag(capsys, argv, line) -> None:
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == line

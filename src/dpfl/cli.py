@@ -18,6 +18,7 @@ import functools
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, NoReturn
@@ -1388,6 +1389,31 @@ EXTRAS = {
 }
 
 
+#: Library parameter names whose command-line flag is spelled differently.
+FLAG_OF = {
+    "participation_probability": "p",
+    "record_probability": "q",
+    "first_stage_probability": "q1",
+    "cohort_size": "cohort",
+    "sample_size": "batch_size",
+}
+
+
+def _flag_first(message: str, args: argparse.Namespace) -> str:
+    """Prefix an error about a library parameter with the flag that set it.
+
+    ``participation_probability must be in (0, 1]; got 1.5`` from ``--p 1.5``
+    becomes ``--p: participation_probability must be ...``.
+    """
+    name = re.match(r"[A-Za-z_][A-Za-z0-9_]*", message)
+    if name is None:
+        return message
+    dest = FLAG_OF.get(name.group(), name.group())
+    if getattr(args, dest, None) is None or dest in ("command", "scheme", "handler"):
+        return message
+    return f"--{dest.replace('_', '-')}: {message}"
+
+
 def missing_extra(exc: ModuleNotFoundError, command: str | None) -> str | None:
     """The one-line message for a missing optional dependency, else None.
 
@@ -1523,7 +1549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             return int(outcome or 0)
     except DpflError as exc:
-        print(f"dpfl: error: {exc}", file=sys.stderr)
+        print(f"dpfl: error: {_flag_first(str(exc), args)}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
         message = missing_extra(exc, args.command)
