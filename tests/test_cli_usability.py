@@ -5,6 +5,7 @@ a one-line message for a missing extra, exit 130 on Ctrl-C."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -247,3 +248,17 @@ def test_accounting_commands_run_without_torch(tmp_path: Path) -> None:
 def test_errors_name_the_flag(capsys, argv, line) -> None:
     assert main(argv) == 2
     assert capsys.readouterr().err.strip() == line
+
+
+def test_json_echoes_the_inputs(capsys) -> None:
+    argv = ["account", "gaussian", "--noise-multiplier", "2", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["inputs"] == {
+        "scheme": "gaussian",
+        "sensitivity": 1.0,
+        "noise_multiplier": 2.0,
+        "analysis": "exact",
+        "delta": DEFAULT_DELTA,
+        "epsilon": None,
+    }

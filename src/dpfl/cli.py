@@ -85,10 +85,13 @@ class Report:
         self.notes = list(notes)
         self.plot = plot
 
-    def to_json(self) -> str:
+    def to_json(self, inputs: dict[str, Any] | None = None) -> str:
+        """The chosen result as JSON; ``inputs`` (the command's options) echoed."""
         out = dict(self.result)
         if self.notes:
             out.setdefault("notes", self.notes)
+        if inputs:
+            out.setdefault("inputs", inputs)
         return json.dumps(out, indent=2, default=_jsonable)
 
     def to_table(self) -> str:
@@ -1414,6 +1417,12 @@ def _flag_first(message: str, args: argparse.Namespace) -> str:
     return f"--{dest.replace('_', '-')}: {message}"
 
 
+def _inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """The options a command ran with (for ``--json``: a script logs them)."""
+    skip = {"handler", "json", "plot", "command", "default_delta"}
+    return {k: v for k, v in vars(args).items() if k not in skip}
+
+
 def missing_extra(exc: ModuleNotFoundError, command: str | None) -> str | None:
     """The one-line message for a missing optional dependency, else None.
 
@@ -1538,7 +1547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             outcome = args.handler(args)
             if isinstance(outcome, Report):
                 print(
-                    outcome.to_json()
+                    outcome.to_json(_inputs(args))
                     if getattr(args, "json", False)
                     else outcome.to_table()
                 )
