@@ -262,3 +262,16 @@ def test_json_echoes_the_inputs(capsys) -> None:
         "delta": DEFAULT_DELTA,
         "epsilon": None,
     }
+
+
+def test_analysis_help_gives_each_status() -> None:
+    """The statuses come from the scheme registry (the tables' own labels)."""
+    from dpfl.accounting import events as ev
+    from dpfl.accounting import schemes
+
+    parser = dict(PARSERS)[("account", "random-participation")]
+    text = " ".join(parser.format_help().split())
+    event = ev.ClientPoisson(0.5, ev.RecordPoisson(0.5, 2, ev.Gaussian(1.0)))
+    for a in schemes.scheme_of(event).analyses:
+        assert f"{a.name} ({a.status})" in text
+    assert "sound (open)" in text and "wcs (proven)" in text

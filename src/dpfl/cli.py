@@ -1448,6 +1448,33 @@ def missing_extra(exc: ModuleNotFoundError, command: str | None) -> str | None:
     )
 
 
+def _analysis_statuses(scheme: str) -> str:
+    """``wcs (proven), sound (open), ...``: each analysis of a scheme's table."""
+    from dpfl.accounting import events as ev
+    from dpfl.accounting import schemes
+
+    g = ev.Gaussian(1.0)
+    events = {
+        "random-participation": ev.ClientPoisson(0.5, ev.RecordPoisson(0.5, 2, g)),
+        "dp-fedavg": ev.FixedCohort(1, 2, g),
+        "ms-pafl": ev.CheckIn(0.5, g),
+        "locks": ev.TwoStage(0.5, 1, 0.5, g, g),
+    }
+    formulas = {
+        "prifedsync": [("exact", "proven"), ("clt", "prifedsync/clt")],
+        "gaussian": [("exact", "proven"), ("classic", "gaussian/classic")],
+        "ms-pafl": [(k, f"ms-pafl/{k}") for k in ("central", "local", "global")],
+    }
+    pairs: list[tuple[str, str]] = []
+    if scheme in events:
+        pairs += [
+            (a.name, a.status) for a in schemes.scheme_of(events[scheme]).analyses
+        ]
+    for name, key in formulas.get(scheme, []):
+        pairs.append((name, schemes.FORMULAS[key].status if "/" in key else key))
+    return ", ".join(f"{n} ({st})" for n, st in pairs)
+
+
 def _drop_option(parser: argparse.ArgumentParser, flag: str) -> None:
     """Remove an option that shared argument helpers added but ``parser`` lacks."""
     for action in list(parser._actions):
@@ -1488,6 +1515,13 @@ def build_parser() -> argparse.ArgumentParser:
                 name, help=SCHEME_HELP[name], description=SCHEME_HELP[name]
             )
             add_args(sp, mode == "calibrate")
+            for action in sp._actions:
+                if action.dest == "analysis" and action.help:
+                    action.help += (
+                        f"; the table shows every one: {_analysis_statuses(name)} "
+                        "(proven: a valid bound; open: not known to be one; "
+                        "invalid: not a worst-case bound, for comparison)"
+                    )
             sp.set_defaults(handler=handler)
     ap = sub.add_parser(
         "audit",
