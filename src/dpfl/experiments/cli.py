@@ -1,4 +1,4 @@
-"""Subcommands ``train``, ``resume``, ``plot`` and ``demo`` of the ``dpfl`` CLI.
+"""Subcommands ``train``, ``resume``, ``sweep``, ``plot``, ``demo``, ``reproduce``.
 
 :func:`add_subcommands` registers them on the top-level parser's subparsers;
 each handler is stored as the ``handler`` default and returns an exit status.
@@ -11,6 +11,7 @@ them as one line and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -83,20 +84,38 @@ def _summary(result: Any) -> str:
     return "\n".join(lines)
 
 
+#: Exit status of a run stopped by Ctrl-C (128 + SIGINT, the shell's convention).
+EXIT_INTERRUPTED = 130
+
+
+def _finish(result: Any) -> int:
+    """Draw the run's figure, print its summary; 130 if Ctrl-C stopped it."""
+    _figure(result.run_dir)
+    print(_summary(result))
+    if result.stopped == "interrupted":
+        print(
+            f"interrupted after round {result.rounds_completed}; continue with: "
+            f"dpfl resume {result.run_dir}",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    return 0
+
+
 def _train(args: argparse.Namespace) -> int:
     from dpfl.experiments.config import load_config
     from dpfl.experiments.runner import run
 
     _logging()
-    config = load_config(args.config, args.set or [])
-    result = run(config, progress=not args.no_progress)
-    _figure(result.run_dir)
-    print(_summary(result))
-    return 0
+    overrides = list(args.set or [])
+    if args.out is not None:
+        overrides.append(f"output_dir={json.dumps(str(args.out))}")
+    config = load_config(args.config, overrides)
+    return _finish(run(config, progress=not args.no_progress))
 
 
 def _figure(run_dir: Path) -> None:
-    """Draw ``RUN_DIR/accuracy.png`` (nothing when no round was evaluated)."""
+    """Draw ``RUN_DIR/accuracy.png`` (and .pdf, .svg; none without an evaluation)."""
     from dpfl.errors import DpflError
     from dpfl.plotting import plot_runs
 
@@ -113,9 +132,7 @@ def _resume(args: argparse.Namespace) -> int:
     result = resume(
         args.run_dir, progress=not args.no_progress, overrides=args.set or []
     )
-    _figure(result.run_dir)
-    print(_summary(result))
-    return 0
+    return _finish(result)
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -173,6 +190,33 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from dpfl.experiments.sweep import parse_seeds, run_sweep
+
+    _logging()
+    result = run_sweep(
+        args.config,
+        parse_seeds(args.seeds),
+        overrides=args.set or [],
+        out=args.out,
+        jobs=args.jobs,
+        backend=args.backend,
+        metric=args.metric,
+        progress=lambda line: print(line, flush=True),
+    )
+    print(f"table: {result.table_md} ({result.table_csv.name})")
+    if result.figures:
+        print(f"figure: {', '.join(str(f) for f in result.figures)}")
+    if result.failed:
+        print(
+            f"dpfl: {result.failed} of {len(result.runs)} runs failed; see the lines "
+            "above",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 def add_subcommands(subparsers: Any) -> None:
     """Register ``train``, ``resume``, ``plot`` and ``demo``.
 
@@ -185,8 +229,10 @@ def add_subcommands(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "train",
         help="train a run from a YAML config",
-        description="Train a run; writes runs/NAME/ (config.yaml, metrics.jsonl, "
-        "ledger.json, checkpoint.pt, accuracy.png).",
+        description="Train a run; writes OUT/NAME/ (config.yaml, metrics.jsonl, "
+        "ledger.json, guarantee.json, checkpoint.pt, accuracy.png/.pdf/.svg), OUT "
+        "being the config's output_dir (runs, relative to the current directory) "
+        "or --out. Ctrl-C finishes the round, saves a checkpoint and exits 130.",
     )
     p.add_argument("config", help="the run's YAML configuration")
     p.add_argument(
@@ -196,23 +242,81 @@ def add_subcommands(subparsers: Any) -> None:
         help="override a key, e.g. --set privacy.epsilon=2 (value parsed as YAML; "
         "repeatable)",
     )
+    p.add_argument(
+        "--out",
+        help="parent folder of the run folder (default: the config's output_dir, "
+        "runs in the current directory)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_train)
 
     p = subparsers.add_parser(
+        "sweep",
+        help="run a config over a grid of --set values and several seeds",
+        description="Run CONFIG once per grid point and seed in parallel processes, "
+        "then write OUT/table.csv, OUT/table.md (final metric mean ± sd over the "
+        "seeds, with epsilon, delta, unit and analysis) and OUT/sweep.png/.pdf/.svg "
+        "(seed bands). The grid is the cartesian product of the list-valued --set "
+        "items, e.g. --set privacy.epsilon=[2,8] --set algorithm.params.clip=[0.5,1].",
+    )
+    p.add_argument("config", help="the base run's YAML configuration")
+    p.add_argument(
+        "--seeds",
+        default="0-2",
+        help="seeds, as ranges and lists: 0-4, 0,3,7 or 0-2,10",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a key (value parsed as YAML; repeatable); a list value, "
+        "e.g. privacy.epsilon=[1,2,4,8], is swept (a literal list: [[1,2]])",
+    )
+    p.add_argument(
+        "--out",
+        help="the sweep folder (default: runs/sweep-NAME in the current directory)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        help="runs at a time (default: the number of CPUs, at most the number of "
+        "runs; 1: one after another in this process)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("process", "ray"),
+        default="process",
+        help="worker processes on this machine, or Ray tasks (pip install "
+        "'dpfl[ray]'; joins a running Ray instance)",
+    )
+    p.add_argument(
+        "--metric",
+        choices=("test_accuracy", "test_loss"),
+        default="test_accuracy",
+        help="the metric summarised (its value at each run's last evaluation)",
+    )
+    p.set_defaults(handler=_sweep)
+
+    p = subparsers.add_parser(
         "reproduce",
         help="recompute a paper's accounting tables and run its small experiment",
-        description="Write reports/PAPER/report.md: the paper's accounting tables "
-        "recomputed beside its printed values, and its experiment at a scale this "
-        "machine runs in minutes.",
+        description="Write OUT/PAPER/report.md (OUT: runs/reports): the paper's "
+        "accounting tables recomputed beside its printed values, and its "
+        "experiment at a scale this machine runs in minutes.",
     )
     p.add_argument(
         "paper",
         help="random-participation, federated-f-dp (prifedsync), "
         "client-level-dp-fedavg (dp-fedavg), ms-pafl, locks, or all",
     )
-    p.add_argument("--out", default="reports", help="parent folder of the reports")
-    p.add_argument("--rounds", type=int, help="override the experiment's rounds")
+    p.add_argument(
+        "--out",
+        default=str(Path("runs") / "reports"),
+        help="parent folder of the reports (relative to the current directory)",
+    )
+    p.add_argument(
+        "--rounds", type=int, help="override the experiment's rounds (default: its own)"
+    )
     p.add_argument(
         "--no-experiment", action="store_true", help="accounting tables only"
     )
@@ -241,7 +345,11 @@ def add_subcommands(subparsers: Any) -> None:
         "one line per run.",
     )
     p.add_argument("run_dirs", nargs="+", help="run folders")
-    p.add_argument("--out", help="image to write (default: RUN_DIR/accuracy.png)")
+    p.add_argument(
+        "--out",
+        help="image to write; a .png also gets a .pdf and a .svg (default: "
+        "RUN_DIR/accuracy.png for one run, runs.png for several)",
+    )
     p.set_defaults(handler=_plot)
 
     p = subparsers.add_parser(
@@ -251,7 +359,11 @@ def add_subcommands(subparsers: Any) -> None:
         "digits with noise calibrated by the WCS (default), sound (open) and OLS "
         "analyses to one budget, and without noise; writes OUT/report.md.",
     )
-    p.add_argument("--out", default="demo", help="output folder (default: demo)")
+    p.add_argument(
+        "--out",
+        default=str(Path("runs") / "demo"),
+        help="output folder (relative to the current directory)",
+    )
     p.add_argument("--rounds", type=int, help="number of rounds (default 100)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=_demo)
