@@ -89,8 +89,7 @@ EXIT_INTERRUPTED = 130
 
 
 def _finish(result: Any) -> int:
-    """Draw the run's figure, print its summary; 130 if Ctrl-C stopped it."""
-    _figure(result.run_dir)
+    """Print the run's summary; 130 if Ctrl-C stopped it."""
     print(_summary(result))
     if result.stopped == "interrupted":
         print(
@@ -105,32 +104,28 @@ def _finish(result: Any) -> int:
 def _train(args: argparse.Namespace) -> int:
     from dpfl.experiments.config import load_config
     from dpfl.experiments.runner import run
+    from dpfl.sim.callbacks import AccuracyFigure
 
     _logging()
     overrides = list(args.set or [])
     if args.out is not None:
         overrides.append(f"output_dir={json.dumps(str(args.out))}")
     config = load_config(args.config, overrides)
-    return _finish(run(config, progress=not args.no_progress))
-
-
-def _figure(run_dir: Path) -> None:
-    """Draw ``RUN_DIR/accuracy.png`` (and .pdf, .svg; none without an evaluation)."""
-    from dpfl.errors import DpflError
-    from dpfl.plotting import plot_runs
-
-    try:
-        plot_runs([run_dir], Path(run_dir) / "accuracy.png")
-    except DpflError as exc:
-        logging.getLogger("dpfl.experiments").info("no figure: %s", exc)
+    return _finish(
+        run(config, progress=not args.no_progress, callbacks=[AccuracyFigure()])
+    )
 
 
 def _resume(args: argparse.Namespace) -> int:
     from dpfl.experiments.runner import resume
+    from dpfl.sim.callbacks import AccuracyFigure
 
     _logging()
     result = resume(
-        args.run_dir, progress=not args.no_progress, overrides=args.set or []
+        args.run_dir,
+        progress=not args.no_progress,
+        overrides=args.set or [],
+        callbacks=[AccuracyFigure()],
     )
     return _finish(result)
 
