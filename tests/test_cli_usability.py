@@ -143,7 +143,13 @@ def test_outputs_default_under_runs_in_the_current_directory() -> None:
 
 
 def _fake_run(stopped: str, seen: dict[str, Any]) -> Any:
-    def run(config: Any, *, progress: bool = True, resume: bool = False) -> Any:
+    def run(
+        config: Any,
+        *,
+        progress: bool = True,
+        resume: bool = False,
+        callbacks: Any = None,
+    ) -> Any:
         seen["config"] = config
         config.run_dir.mkdir(parents=True, exist_ok=True)
         return runner.RunResult(
