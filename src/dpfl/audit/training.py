@@ -220,13 +220,12 @@ class CanaryHook:
             algorithm.estimate = self._estimate  # type: ignore[attr-defined]
 
     # -- the cohort's messages ------------------------------------------------
-    def _canary_vector(self, index: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-        """``[len(index), d]``: canary ``i``'s contribution on its coordinate."""
-        out = like.new_zeros((len(index), like.numel()))
+    def _canary_sum(self, index: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+        """``[d]``: the sum of the contributions of canaries ``index``."""
+        out = torch.zeros(like.numel(), dtype=torch.float64)
         idx = torch.as_tensor(index, dtype=torch.int64)
-        vals = (self.values[idx] * self.clip).to(out.dtype)
-        out[torch.arange(len(index)), self._coords_t[idx]] = vals
-        return out
+        out.index_add_(0, self._coords_t[idx], self.values[idx] * self.clip)
+        return out.to(like.device)
 
     def _client_steps(
         self, weights: torch.Tensor, tasks: Sequence[Task], streams: Sequence[Any]
@@ -247,14 +246,15 @@ class CanaryHook:
             self._real_sum = msgs.total().detach().double().clone()
             if canary.size == 0:
                 return msgs
-            rows = self._canary_vector(canary, weights)
-            norms = (self.values[torch.as_tensor(canary)].abs() * self.clip).to(
-                torch.float64
-            )
-            vectors = torch.cat([msgs.vectors, rows.to(msgs.vectors.dtype)])
+            # The drawn canaries' messages enter as their sum, one row: the
+            # release (sum + noise) is the same, and a [canaries, d] matrix
+            # of one-hot rows would not fit in memory for large audits. The
+            # round's diagnostics (norms, variance) then see them as one client.
+            row = self._canary_sum(canary, weights)[None].to(msgs.vectors.dtype)
+            norm = torch.linalg.vector_norm(row.double()).reshape(1).cpu()
             before = msgs.scalars.get("norm", torch.zeros(0, dtype=torch.float64))
-            scalars = {"norm": torch.cat([before.double().cpu(), norms])}
-            return Messages(vectors, scalars)
+            scalars = {"norm": torch.cat([before.double().cpu(), norm])}
+            return Messages(torch.cat([msgs.vectors, row]), scalars)
         # record level: strip the canary records, write their clipped gradients
         stripped, found = [], []
         for t in tasks:
@@ -267,7 +267,7 @@ class CanaryHook:
         self._real_sum = total.detach().double().clone()
         canary = np.concatenate(found) if found else np.empty(0, np.int64)
         if canary.size:
-            total += self._canary_vector(canary, weights).sum(0).to(total.dtype)
+            total += self._canary_sum(canary, weights).to(total.dtype)
             if "records" in msgs.scalars:
                 msgs.scalars["records"] = msgs.scalars["records"] + float(canary.size)
         return msgs
