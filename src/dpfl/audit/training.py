@@ -617,7 +617,7 @@ def _best_guesses(
 ) -> tuple[float, float]:
     """Fractions (k₊/n, k₋/n) maximising the one-run bound on pilot canaries."""
     n = scores.size
-    grid = np.unique(np.concatenate([[0.0], np.geomspace(1.0 / n, 0.5, 24)]))
+    grid = np.unique(np.concatenate([[0.0], np.geomspace(4.0 / n, 0.5, 12)]))
     order = np.argsort(scores, kind="stable")
     inc = included[order]
     top = np.concatenate([[0], np.cumsum(inc[::-1])])  # correct among top k
@@ -630,7 +630,7 @@ def _best_guesses(
                 continue
             v = int(top[ki] + bottom[ko])
             e = one_run_epsilon(
-                n, ki + ko, v, delta=delta, confidence=confidence, tolerance=1e-3
+                n, ki + ko, v, delta=delta, confidence=confidence, tolerance=1e-2
             )
             if e > best:
                 best, arg = e, (fi, fo)
