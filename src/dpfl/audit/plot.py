@@ -7,7 +7,10 @@ Oh & Viswanath 2015, Theorem 2.1), and, where the audited mechanism is a
 Gaussian (every canary in every round), its Gaussian-DP curve
 ``G_μ(α) = Φ(Φ⁻¹(1 − α) − μ)`` (Dong, Roth & Su 2022, Definition 2.7) with
 ``μ = (a₁ − a₀) √T / σ``. A point below a curve would refute that claim (up to
-its interval).
+its interval). For a subsampled canary (add/remove) the dashed curve is the
+exact trade-off of the audited pair itself, the T-fold composition of the
+Poisson-subsampled Gaussian (dpfl's PLD, symmetrised over add and remove):
+the best any test of these canaries can do.
 """
 
 from __future__ import annotations
@@ -74,6 +77,21 @@ def plot_tradeoff(audit: TrainingAudit, path: str | Path) -> list[Path]:
         mu = (1.0 - audit.out_value) * math.sqrt(audit.rounds) / audit.noise_multiplier
         g = special.ndtr(special.ndtri(1.0 - alpha) - mu)
         ax.plot(alpha, g, color="C2", ls="--", label=f"Gaussian DP, μ = {mu:.3g}")
+    elif audit.out_value == 0.0:
+        from dpfl.accounting.fdp import subsampled_gaussian_pld, tradeoff_from_deltas
+
+        pld = subsampled_gaussian_pld(
+            noise_multiplier=audit.noise_multiplier,
+            sampling_probability=audit.rate,
+            value_discretization=1e-2,
+        ).self_compose(audit.rounds)
+        ax.plot(
+            alpha,
+            tradeoff_from_deltas(alpha, pld),
+            color="C2",
+            ls="--",
+            label=f"canary's exact pair (rate {audit.rate:.3g}, T = {audit.rounds})",
+        )
     pts = audit.points
     if pts:
         x = np.array([p.fpr for p in pts])
