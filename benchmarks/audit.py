@@ -103,7 +103,8 @@ def fedavg(args: argparse.Namespace) -> None:
     stats = DataStats(num_clients=K, client_sizes=(1,) * K)
     print(f"\n## DP-FedAvg, client level: K = 20 + {n} canary clients, T = {T}")
     for eps in args.epsilons:
-        for sampling in ("all", "poisson") if eps == 8 else ("all",):
+        extras = eps == 8 and args.extras
+        for sampling in ("all", "poisson") if extras else ("all",):
             params = (
                 {"cohort_size": K, "clip": 1.0}
                 if sampling == "all"
@@ -117,7 +118,7 @@ def fedavg(args: argparse.Namespace) -> None:
                 rounds=T,
             )
             kinds = [("multi-run", "white-box")]
-            if eps == 8 and sampling == "all":
+            if extras and sampling == "all":
                 kinds += [("one-run", "white-box"), ("one-run", "black-box")]
             for protocol, threat in kinds:
                 runs = args.runs if protocol == "multi-run" else 1
@@ -211,7 +212,13 @@ def dsgd(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="*", default=["fedavg", "rp", "dsgd"])
-    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument(
+        "--no-extras",
+        dest="extras",
+        action="store_false",
+        help="skip the one-run and Poisson comparisons at eps = 8",
+    )
     parser.add_argument("--canaries", type=int, default=38_000)
     parser.add_argument("--epsilons", type=float, nargs="*", default=[1, 2, 4, 8])
     parser.add_argument("--rp-trials", type=int, default=10_000_000)
