@@ -37,7 +37,7 @@ shared, so the 1-minute load average is printed with each line.
 
 Usage::
 
-    python benchmarks/audit.py [--parts fedavg rp dsgd] [--runs 10]
+    python benchmarks/audit.py [--parts fedavg rp dsgd] [--runs 20] [--no-extras]
         [--canaries 38000] [--epsilons 1 2 4 8] [--plot-dir DIR]
 """
 
