@@ -92,7 +92,8 @@ def plot_tradeoff(audit: TrainingAudit, path: str | Path) -> list[Path]:
             ls="--",
             label=f"canary's exact pair (rate {audit.rate:.3g}, T = {audit.rounds})",
         )
-    pts = audit.points
+    # A zero count has no place on log axes; its interval is in the JSON.
+    pts = [p for p in audit.points if p.fpr > 0 and p.fnr > 0]
     if pts:
         x = np.array([p.fpr for p in pts])
         y = np.array([p.fnr for p in pts])

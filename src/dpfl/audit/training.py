@@ -592,7 +592,7 @@ def _two_sided(k: int, n: int, confidence: float) -> tuple[float, float]:
 
 
 def tradeoff_points(
-    null: np.ndarray, alt: np.ndarray, *, confidence: float = 0.95, count: int = 12
+    null: np.ndarray, alt: np.ndarray, *, confidence: float = 0.95, count: int = 16
 ) -> list[TradeoffPoint]:
     """(FPR, FNR) of "reject when score > τ" at ``count`` thresholds, with CIs.
 
@@ -601,7 +601,9 @@ def tradeoff_points(
     """
     null, alt = np.sort(null), np.sort(alt)
     both = np.concatenate([null, alt])
-    qs = np.quantile(both, np.linspace(0.02, 0.98, count))
+    # Quantiles on a geometric grid towards both tails, where the claim bites.
+    tail = np.geomspace(10.0 / both.size, 0.5, count // 2)
+    qs = np.quantile(both, np.unique(np.concatenate([tail, 1.0 - tail])))
     out = []
     for tau in qs:
         fp = int(null.size - np.searchsorted(null, tau, side="right"))
