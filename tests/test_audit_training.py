@@ -20,7 +20,7 @@ from dpfl.models import build_model
 
 # -------------------------------------------------------------- the one-run bound
 def _p_value_by_definition(m, r, v, eps, delta):
-    """Steinke, Nasr & Jagielski (2023), Theorem 3, summed term by term from pmfs."""
+    """Steinke, Nasr & Jagielski (2023), approximate DP, summed from pmfs."""
     p = math.exp(eps) / (1 + math.exp(eps))
     pmf = [stats.binom.pmf(k, r, p) for k in range(r + 1)]
     tail = sum(pmf[v:])

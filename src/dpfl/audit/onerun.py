@@ -6,11 +6,11 @@
 ``v`` are correct, Steinke, Nasr & Jagielski, "Privacy auditing with one (1)
 training run" (NeurIPS 2023) bound how many can be right:
 
-* **pure ε-DP** (their Theorem 2): ``W``, the number of correct guesses, is
+* **pure ε-DP** (their main theorem): ``W``, the number of correct guesses, is
   stochastically dominated by ``Binomial(r, p)`` with ``p = e^ε / (1 + e^ε)``
   (the accuracy of ε randomized response), so ``P[W ≥ v] ≤ P[Binomial(r, p) ≥ v]``;
-* **(ε, δ)-DP** (their Theorem 3 and the function ``p_value_DP_audit`` of their
-  appendix)::
+* **(ε, δ)-DP** (the theorem's approximate-DP version, arXiv 2305.08846,
+  evaluated as in their appendix's p-value routine)::
 
       P[W ≥ v] ≤ P[Bin(r, p) ≥ v] + 2 m δ · max_{1≤i≤v} P[v − i ≤ Bin(r, p) < v] / i
 
@@ -78,8 +78,8 @@ def one_run_p_value(
     Returns
     -------
     float
-        The bound of Steinke, Nasr & Jagielski (2023), Theorem 3 (Theorem 2
-        when δ = 0), capped at 1.
+        The bound of Steinke, Nasr & Jagielski (2023), approximate-DP
+        version (the pure-DP binomial tail when δ = 0), capped at 1.
 
     Examples
     --------
