@@ -1,0 +1,807 @@
+"""Training audits: Dirac canaries inserted into a real dpfl run.
+
+A canary is a unit whose contribution to the privatized sum is a fixed
+direction of norm C on one coordinate of the model, ``C e_j`` (a *Dirac*
+canary; Nasr, Hayes, Steinke, Balle, Tramèr, Jagielski, Carlini & Terzis,
+"Tight auditing of differentially private machine learning", USENIX Security
+2023, §4):
+
+``client`` level (DP-FedAvg, ``"dp-fedavg"``)
+    ``n`` canary clients join the federation; the run's own sampler draws
+    them like every client, and a canary client that is drawn sends the
+    clipped update ``C e_j`` in place of local training.
+``record`` level (DP-DSGD with random participation, ``"dsgd-rp"``)
+    ``n`` canary records, each held by a client of its own; the run's own
+    sampler draws the client (w.p. p) and the record (w.p. q), and a drawn
+    canary record's clipped per-sample gradient is ``C e_j`` (a *gradient
+    canary*).
+
+Everything else is the real run: the real clients' local training or
+per-sample gradients on the embedded digits, the algorithm's server step,
+its privatizer drawing the noise from the run's generators, the ledger that
+prices the run. The hook only wraps three methods of the algorithm object
+(:class:`CanaryHook`): the cohort's client step (canaries' messages are
+written, the real clients' are computed as usual) and the step that turns
+the noisy sum into the model update (where the white-box observer reads it).
+
+**Neighbouring pair.** A canary that is *in* contributes ``C e_j`` when drawn;
+one that is *out* contributes ``0`` (add/remove events: a client or record
+whose contribution is zero changes no output distribution, so this is the
+run without it) or ``−C e_j`` (replace-one events, the fixed-cohort analysis
+of DP-FedAvg: the canary client replaced by one that sends the opposite
+update, a neighbour at distance 2C).
+
+**White-box** (the adversary sees each round's noisy sum). In the threat
+model of DP the adversary knows everything but the noise and the canary's
+membership: the other clients' data, hence (given the public model of the
+round) the clipped contributions of those who were drawn, which the auditor
+subtracts (recorded from the run: they are a function of the public history).
+What is left on coordinate ``j`` in round ``t`` is, in units of C,
+
+    y_{j,t} = b_{j,t} · a + σ z_{j,t},   a ∈ {a₀ (out), a₁ (in)},
+
+with ``b_{j,t}`` the canary's participation (Bernoulli of its per-round rate)
+and ``z`` the privatizer's standard normal noise. Knowing who *else* was
+drawn must not reveal whether the canary was: it does not when units are
+sampled independently (Poisson clients, random participation) or all take
+part (a cohort of every client); with a fixed cohort of m < K clients the
+other m − 1 (or m) reveal it, so the white-box audit refuses that setting
+(the audit would condition on the secret sampling and overstate ε).
+
+**Why one run gives many independent trials.** Canaries sit on *disjoint*
+coordinates, each canary's participation is drawn independently of every
+other's, and the Gaussian noise is iid across coordinates. So the vectors
+``(y_{j,t})_t`` of different canaries are independent, each distributed
+exactly as the one-canary mechanism on the pair (``a₀``, ``a₁``): a run with
+``n`` canaries is ``n`` independent runs of the one-canary experiment, seen
+through the coordinate the adversary watches. The score of canary ``j`` is
+the exact log-likelihood ratio of the T-round Poisson-subsampled Gaussian,
+``Σ_t ln[(1 − r) φ(y − 0) + r φ(y − a₁)] − ln[(1 − r) φ(y) + r φ(y − a₀)]``
+with ``φ`` the N(0, σ²) density and ``r`` the per-round rate (the
+Neyman–Pearson optimal test of the pair). The ``multi-run`` protocol pools
+these trials over one or more runs, chooses the threshold on pilot trials and
+counts errors on the rest (:func:`dpfl.audit.stats.score_audit`).
+
+**Black-box** (final model only). The score is the canary coordinate's total
+movement ``±(w_T − w_0)_j``; the real clients' training also moves it and
+couples the coordinates, so the trials are not independent and only the
+one-run protocol applies.
+
+**One run** (Steinke, Nasr & Jagielski 2023; :mod:`dpfl.audit.onerun`).
+Each canary is in w.p. 1/2; the auditor guesses "in" for the highest scores
+and "out" for the lowest, with the numbers of guesses chosen on a pilot share
+of the canaries (whose memberships are then part of the fixed data), and
+bounds ε from the correct guesses; valid for any dependence between canaries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from dpfl._validate import check_count, check_delta, check_positive
+from dpfl.accounting import events as ev
+from dpfl.accounting.ledger import PrivacyLedger
+from dpfl.audit.onerun import OneRunResult, one_run_epsilon, one_run_guesses
+from dpfl.audit.stats import AuditResult, clopper_pearson_upper, score_audit
+from dpfl.data.dataset import FederatedDataset
+from dpfl.errors import InvalidParameterError
+from dpfl.sim.algorithms import build_algorithm
+from dpfl.sim.algorithms.base import (
+    FederatedAlgorithm,
+    Messages,
+    Task,
+    algorithm_class,
+)
+
+__all__ = [
+    "CanaryHook",
+    "CanaryRun",
+    "TrainingAudit",
+    "audit_training",
+    "canary_dataset",
+    "canary_run",
+    "white_box_scores",
+]
+
+LEVELS = {"dp-fedavg": "client", "dsgd-rp": "record"}
+THREATS = ("white-box", "black-box")
+PROTOCOLS = ("multi-run", "one-run")
+
+
+# ------------------------------------------------------------------ the data
+def canary_dataset(
+    dataset: FederatedDataset, canaries: int, *, level: str
+) -> FederatedDataset:
+    """``dataset`` with ``canaries`` canary clients appended (after the real ones).
+
+    ``client``: each canary client holds no record (it never trains: its
+    update is written by :class:`CanaryHook`). ``record``: each holds one new
+    record (zero features, label 0) whose gradient the hook writes.
+    """
+    n = check_count("canaries", canaries, minimum=1)
+    if level == "client":
+        extra = [np.empty(0, dtype=np.int64) for _ in range(n)]
+        return dataclasses.replace(
+            dataset, client_indices=list(dataset.client_indices) + extra
+        )
+    if level != "record":
+        raise InvalidParameterError(
+            f"level must be one of ['client', 'record']; got {level!r}"
+        )
+    base = len(dataset.labels)
+    features = np.asarray(dataset.features)
+    features = np.concatenate(
+        [features, np.zeros((n, *features.shape[1:]), dtype=features.dtype)]
+    )
+    labels = np.concatenate([dataset.labels, np.zeros(n, dtype=np.int64)])
+    extra = [np.array([base + i], dtype=np.int64) for i in range(n)]
+    test_ix = dataset.client_test_indices
+    return dataclasses.replace(
+        dataset,
+        features=features,
+        labels=labels,
+        client_indices=list(dataset.client_indices) + extra,
+        client_test_indices=None
+        if test_ix is None
+        else list(test_ix) + [np.empty(0, dtype=np.int64)] * n,
+    )
+
+
+# ------------------------------------------------------------------ the hook
+class CanaryHook:
+    """Writes the canaries' contributions into a run and records what it releases.
+
+    Wraps, on the algorithm *object* only (nothing in the engine changes),
+    ``client_steps`` (the batched cohort step: the real clients' messages are
+    computed by the algorithm itself, the canaries' are written) and the step
+    where the noisy sum becomes the update (``apply_update`` for DP-FedAvg,
+    ``estimate`` for DP-DSGD), where the white-box observer reads the noisy
+    sum.
+
+    Parameters
+    ----------
+    algorithm : FederatedAlgorithm
+        A ``"dp-fedavg"`` (fixed clipping) or ``"dsgd-rp"`` (trusted server)
+        algorithm built on :func:`canary_dataset`'s data.
+    coordinates : numpy.ndarray
+        ``[n]`` distinct model coordinates, canary ``i`` on ``coordinates[i]``.
+    values : numpy.ndarray
+        ``[n]`` each canary's contribution in units of C (1: in; 0 or −1: out;
+        anything else: a deliberately broken canary, e.g. left unclipped).
+    real_units : int
+        Clients (client level) or records (record level) before the canaries.
+    """
+
+    def __init__(
+        self,
+        algorithm: FederatedAlgorithm,
+        coordinates: np.ndarray,
+        values: np.ndarray,
+        *,
+        real_units: int,
+    ) -> None:
+        name = type(algorithm).name
+        if name not in LEVELS:
+            raise InvalidParameterError(
+                f"algorithm must be one of {sorted(LEVELS)} for a canary audit; "
+                f"got {name!r}"
+            )
+        self.algorithm = algorithm
+        self.level = LEVELS[name]
+        self.coordinates = np.asarray(coordinates, dtype=np.int64)
+        if len(np.unique(self.coordinates)) != self.coordinates.size:
+            raise InvalidParameterError("coordinates must be distinct")
+        if self.coordinates.max(initial=0) >= algorithm.num_weights:
+            raise InvalidParameterError(
+                f"coordinates must be < the model's {algorithm.num_weights} weights"
+            )
+        self.values = torch.as_tensor(np.asarray(values, dtype=np.float64))
+        self.real_units = int(real_units)
+        self.clip = float(algorithm.params.clip)  # type: ignore[attr-defined]
+        self.observations: list[np.ndarray] = []
+        self._real_sum: torch.Tensor | None = None
+        self._coords_t = torch.as_tensor(self.coordinates)
+        self._inner_steps = algorithm.client_steps
+        algorithm.client_steps = self._client_steps  # type: ignore[method-assign]
+        if self.level == "client":
+            self._inner_apply = algorithm.apply_update
+            self._inner_server = algorithm.server_step
+            algorithm.apply_update = self._apply_update  # type: ignore[method-assign]
+            algorithm.server_step = self._server_step  # type: ignore[method-assign]
+        else:
+            self._inner_estimate = algorithm.estimate  # type: ignore[attr-defined]
+            algorithm.estimate = self._estimate  # type: ignore[attr-defined]
+
+    # -- the cohort's messages ------------------------------------------------
+    def _canary_sum(self, index: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+        """``[d]``: the sum of the contributions of canaries ``index``."""
+        out = torch.zeros(like.numel(), dtype=torch.float64)
+        idx = torch.as_tensor(index, dtype=torch.int64)
+        out.index_add_(0, self._coords_t[idx], self.values[idx] * self.clip)
+        return out.to(like.device)
+
+    def _client_steps(
+        self, weights: torch.Tensor, tasks: Sequence[Task], streams: Sequence[Any]
+    ) -> Messages:
+        if self.level == "client":
+            real = [j for j, t in enumerate(tasks) if t.client < self.real_units]
+            canary = np.array(
+                [
+                    t.client - self.real_units
+                    for t in tasks
+                    if t.client >= self.real_units
+                ],
+                dtype=np.int64,
+            )
+            msgs = self._inner_steps(
+                weights, [tasks[j] for j in real], [streams[j] for j in real]
+            )
+            self._real_sum = msgs.total().detach().double().clone()
+            if canary.size == 0:
+                return msgs
+            # The drawn canaries' messages enter as their sum, one row: the
+            # release (sum + noise) is the same, and a [canaries, d] matrix
+            # of one-hot rows would not fit in memory for large audits. The
+            # round's diagnostics (norms, variance) then see them as one client.
+            row = self._canary_sum(canary, weights)[None].to(msgs.vectors.dtype)
+            norm = torch.linalg.vector_norm(row.double()).reshape(1).cpu()
+            before = msgs.scalars.get("norm", torch.zeros(0, dtype=torch.float64))
+            scalars = {"norm": torch.cat([before.double().cpu(), norm])}
+            return Messages(torch.cat([msgs.vectors, row]), scalars)
+        # record level: strip the canary records, write their clipped gradients
+        stripped, found = [], []
+        for t in tasks:
+            held = np.asarray(t.rows, dtype=np.int64)
+            is_canary = held >= self.real_units
+            found.append(held[is_canary] - self.real_units)
+            stripped.append(dataclasses.replace(t, rows=held[~is_canary]))
+        msgs = self._inner_steps(weights, stripped, streams)
+        total = msgs.total()
+        self._real_sum = total.detach().double().clone()
+        canary = np.concatenate(found) if found else np.empty(0, np.int64)
+        if canary.size:
+            total += self._canary_sum(canary, weights).to(total.dtype)
+            if "records" in msgs.scalars:
+                msgs.scalars["records"] = msgs.scalars["records"] + float(canary.size)
+        return msgs
+
+    # -- where the noisy sum is released ----------------------------------------
+    def _server_step(self, cohort: Any, messages: Messages, server: Any) -> Any:
+        self._cohort_size = float(cohort.info["cohort_size"])
+        return self._inner_server(cohort, messages, server)
+
+    def _apply_update(self, delta: torch.Tensor, *, scale: float = 1.0) -> None:
+        noisy_sum = delta.detach().double() * self._cohort_size
+        self._observe(noisy_sum)
+        self._inner_apply(delta, scale=scale)
+
+    def _estimate(self, cohort: Any, messages: Messages) -> Any:
+        estimate, norm = self._inner_estimate(cohort, messages)
+        scale = float(self.algorithm.scale)  # type: ignore[attr-defined]
+        self._observe(estimate.detach().double() / scale)
+        return estimate, norm
+
+    def _observe(self, noisy_sum: torch.Tensor) -> None:
+        real = self._real_sum
+        if real is None:
+            raise InvalidParameterError("the canary hook saw no cohort step")
+        y = (noisy_sum - real.to(noisy_sum.device))[self._coords_t] / self.clip
+        self.observations.append(y.cpu().numpy())
+        self._real_sum = None
+
+
+# ------------------------------------------------------------------ one run
+@dataclasses.dataclass(frozen=True)
+class CanaryRun:
+    """What one canary run released, seen from the canaries' coordinates.
+
+    Attributes
+    ----------
+    observations : numpy.ndarray
+        ``[n, T]`` white-box observations ``y_{j,t}`` in units of C.
+    movement : numpy.ndarray
+        ``[n]`` black-box: ``(w_T − w_0)`` on each canary's coordinate.
+    values : numpy.ndarray
+        ``[n]`` each canary's contribution (in units of C).
+    included : numpy.ndarray
+        ``[n]`` bool, whether the canary is in.
+    rate : float
+        A canary's per-round participation probability.
+    noise : float
+        The noise std on the sum, in units of C.
+    out_value : float
+        An out canary's contribution (0 add/remove, −1 replace-one).
+    reported_epsilon : float
+        dpfl's upper bound for the run at ``delta`` (its ledger).
+    delta : float
+        The δ of ``reported_epsilon``.
+    event : dpfl.accounting.events.Event
+        The round's event the ledger priced.
+    algorithm : str
+        The algorithm's registered name.
+    """
+
+    observations: np.ndarray
+    movement: np.ndarray
+    values: np.ndarray
+    included: np.ndarray
+    rate: float
+    noise: float
+    out_value: float
+    reported_epsilon: float
+    delta: float
+    event: ev.Event
+    algorithm: str
+
+
+def _rate_and_pair(alg: FederatedAlgorithm, white_box: bool) -> tuple[float, float]:
+    """Per-round canary rate and the out value, from the round's event."""
+    event = alg.event(0)
+    if event is None:
+        raise InvalidParameterError(
+            "noise_multiplier must be > 0 for an audit (a non-private run "
+            "releases the canaries exactly)"
+        )
+    if isinstance(event, ev.FixedCohort):
+        full = event.cohort_size == event.population
+        if white_box and not full:
+            raise InvalidParameterError(
+                "a white-box canary audit needs sampling 'poisson' or a cohort of "
+                f"every client: with a fixed cohort of {event.cohort_size} of "
+                f"{event.population} the other clients drawn reveal whether the "
+                "canary was, which the guarantee keeps secret"
+            )
+        return event.sampling_probability, -1.0
+    if isinstance(event, ev.ClientPoisson):
+        inner = event.event
+        if isinstance(inner, ev.RecordPoisson):  # canary client holds one record
+            return event.sampling_probability * inner.sampling_probability, 0.0
+        return event.sampling_probability, 0.0
+    raise InvalidParameterError(
+        f"no canary audit for the round event {type(event).__name__}"
+    )
+
+
+def canary_run(
+    algorithm: str,
+    params: Mapping[str, Any],
+    dataset: FederatedDataset,
+    *,
+    noise_multiplier: float,
+    model: Callable[[FederatedDataset], nn.Module],
+    canaries: int,
+    included: np.ndarray,
+    rounds: int,
+    delta: float,
+    seed: int,
+    canary_norm: float = 1.0,
+    white_box: bool = True,
+    coordinate_seed: int = 0,
+) -> CanaryRun:
+    """Train a real run with ``canaries`` Dirac canaries; return what it released.
+
+    Parameters
+    ----------
+    algorithm : str
+        ``"dp-fedavg"`` (fixed clipping) or ``"dsgd-rp"`` (trusted server).
+    params : mapping
+        The algorithm's parameters (its ``algorithm.params`` section); a
+        cohort size counts the canary clients among the clients.
+    dataset : FederatedDataset
+        The real data (canaries are appended).
+    noise_multiplier : float
+        σ of the run (> 0).
+    model : callable
+        Builds the model (seeded) for the data it is given.
+    canaries : int
+        n (at most the model's weights).
+    included : numpy.ndarray
+        ``[n]`` bool, which canaries are in.
+    rounds : int
+        T, rounds trained.
+    delta : float
+        δ of the reported ε.
+    seed : int
+        The run's seed (sampling, noise, local training).
+    canary_norm : float
+        An in canary's norm in units of C: 1 is a correct canary; > 1 plays a
+        client whose update the implementation forgot to clip.
+    white_box : bool
+        Whether the observations will be used white-box (checks the setting).
+    coordinate_seed : int
+        Seed of the choice of the canaries' coordinates.
+
+    Returns
+    -------
+    CanaryRun
+        Observations, movement and the run's reported ε.
+    """
+    from dpfl.sim.loop import Trainer
+
+    n = check_count("canaries", canaries, minimum=1)
+    rounds = check_count("rounds", rounds, minimum=1)
+    delta = check_delta("delta", delta)
+    check_positive("canary_norm", canary_norm)
+    inc = np.asarray(included, dtype=bool).reshape(-1)
+    if inc.size != n:
+        raise InvalidParameterError(
+            f"included must hold one flag per canary ({n}); got {inc.size}"
+        )
+    name = algorithm_class(algorithm).name
+    level = LEVELS.get(name)
+    if level is None:
+        raise InvalidParameterError(
+            f"algorithm must be one of {sorted(LEVELS)} for a canary audit; got "
+            f"{algorithm!r}"
+        )
+    check_positive("noise_multiplier", noise_multiplier)
+    real_units = (
+        len(dataset.client_indices) if level == "client" else len(dataset.labels)
+    )
+    data = canary_dataset(dataset, n, level=level)
+    alg = build_algorithm(
+        name, params, model=model(data), dataset=data, noise_multiplier=noise_multiplier
+    )
+    d = alg.num_weights
+    if n > d:
+        raise InvalidParameterError(
+            f"canaries must be <= the model's weights ({d}) (one coordinate each); "
+            f"got {n}"
+        )
+    clipping = getattr(alg.params, "clipping", "fixed")
+    server = getattr(alg.params, "server", "trusted")
+    if level == "client" and clipping != "fixed":
+        raise InvalidParameterError(
+            f"a canary audit of dp-fedavg needs clipping 'fixed'; got {clipping!r}"
+        )
+    if level == "record" and server != "trusted":
+        raise InvalidParameterError(
+            f"a canary audit of dsgd-rp needs server 'trusted'; got {server!r}"
+        )
+    rate, out_value = _rate_and_pair(alg, white_box)
+    values = np.where(inc, float(canary_norm), out_value)
+    coords = np.random.default_rng(coordinate_seed).choice(d, size=n, replace=False)
+    hook = CanaryHook(alg, coords, values, real_units=real_units)
+    start = alg.weights.detach().double().cpu().numpy()[coords]
+    ledger = PrivacyLedger(None)
+    trainer = Trainer(alg, ledger=ledger, seed=seed, execution="batched")
+    trainer.run(rounds)
+    end = alg.weights.detach().double().cpu().numpy()[coords]
+    event = alg.event(0)
+    assert event is not None
+    return CanaryRun(
+        observations=np.stack(hook.observations, axis=1),
+        movement=end - start,
+        values=values,
+        included=inc,
+        rate=float(rate),
+        noise=float(alg.noise_multiplier),
+        out_value=out_value,
+        reported_epsilon=float(ledger.epsilon(delta).upper),
+        delta=delta,
+        event=event,
+        algorithm=type(alg).name,
+    )
+
+
+def white_box_scores(run: CanaryRun, *, assumed_norm: float = 1.0) -> np.ndarray:
+    """Each canary's T-round log-likelihood ratio (in against out), ``[n]``.
+
+    The score assumes the pair the guarantee is about (in: ``assumed_norm``,
+    out: ``run.out_value``); a broken canary of another norm still gets a
+    valid test, only not the optimal one.
+    """
+    y = run.observations
+    s2 = run.noise**2
+    r = run.rate
+
+    def log_mix(mean: float) -> np.ndarray:
+        at = -((y - mean) ** 2) / (2 * s2)
+        if r >= 1.0:
+            return at
+        at0 = -(y**2) / (2 * s2)
+        return np.logaddexp(math.log1p(-r) + at0, math.log(r) + at)
+
+    return np.asarray((log_mix(assumed_norm) - log_mix(run.out_value)).sum(axis=1))
+
+
+# ------------------------------------------------------------------ audits
+@dataclasses.dataclass(frozen=True)
+class TradeoffPoint:
+    """An empirical (FPR, FNR) with two-sided Clopper–Pearson intervals."""
+
+    fpr: float
+    fpr_low: float
+    fpr_high: float
+    fnr: float
+    fnr_low: float
+    fnr_high: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingAudit:
+    """A training audit's outcome.
+
+    Attributes
+    ----------
+    epsilon : float
+        The lower bound on ε at ``delta`` (holds w.p. >= ``confidence``).
+    delta, confidence : float
+        What it is for.
+    reported_epsilon : float
+        dpfl's upper bound for the audited run(s) at ``delta``.
+    ratio : float
+        ``epsilon / reported_epsilon``.
+    protocol, threat : str
+        ``"multi-run"`` / ``"one-run"``; ``"white-box"`` / ``"black-box"``.
+    algorithm, level : str
+        The algorithm's name and ``"client"`` / ``"record"``.
+    runs, canaries, rounds : int
+        Runs trained, canaries per run, rounds per run.
+    rate, noise_multiplier : float
+        A canary's per-round rate and σ.
+    out_value : float
+        An out canary's contribution (0: add/remove, −1: replace-one).
+    detail : dict
+        The protocol's counts (:class:`~dpfl.audit.stats.AuditResult` or
+        :class:`~dpfl.audit.onerun.OneRunResult` as data).
+    points : list of TradeoffPoint
+        Empirical trade-off points of the score test on the counted canaries.
+    seconds : float
+        Wall time of the training runs.
+    """
+
+    epsilon: float
+    delta: float
+    confidence: float
+    reported_epsilon: float
+    ratio: float
+    protocol: str
+    threat: str
+    algorithm: str
+    level: str
+    runs: int
+    canaries: int
+    rounds: int
+    rate: float
+    noise_multiplier: float
+    out_value: float
+    detail: dict[str, Any]
+    points: list[TradeoffPoint]
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON ready)."""
+        return dataclasses.asdict(self)
+
+
+def _two_sided(k: int, n: int, confidence: float) -> tuple[float, float]:
+    from scipy import stats
+
+    a = (1.0 - confidence) / 2.0
+    low = 0.0 if k == 0 else float(stats.beta.ppf(a, k, n - k + 1))
+    high = clopper_pearson_upper(k, n, 1.0 - a)
+    return low, high
+
+
+def tradeoff_points(
+    null: np.ndarray, alt: np.ndarray, *, confidence: float = 0.95, count: int = 16
+) -> list[TradeoffPoint]:
+    """(FPR, FNR) of "reject when score > τ" at ``count`` thresholds, with CIs.
+
+    The intervals are two-sided Clopper–Pearson at ``confidence`` each
+    (pointwise, for reading the figure; the ε bound uses its own).
+    """
+    null, alt = np.sort(null), np.sort(alt)
+    both = np.concatenate([null, alt])
+    # Quantiles on a geometric grid towards both tails, where the claim bites.
+    tail = np.geomspace(10.0 / both.size, 0.5, count // 2)
+    qs = np.quantile(both, np.unique(np.concatenate([tail, 1.0 - tail])))
+    out = []
+    for tau in qs:
+        fp = int(null.size - np.searchsorted(null, tau, side="right"))
+        fn = int(np.searchsorted(alt, tau, side="right"))
+        fl, fh = _two_sided(fp, null.size, confidence)
+        nl, nh = _two_sided(fn, alt.size, confidence)
+        out.append(TradeoffPoint(fp / null.size, fl, fh, fn / alt.size, nl, nh))
+    return out
+
+
+def _best_guesses(
+    scores: np.ndarray, included: np.ndarray, *, delta: float, confidence: float
+) -> tuple[float, float]:
+    """Fractions (k₊/n, k₋/n) maximising the one-run bound on pilot canaries."""
+    n = scores.size
+    grid = np.unique(np.concatenate([[0.0], np.geomspace(4.0 / n, 0.5, 12)]))
+    order = np.argsort(scores, kind="stable")
+    inc = included[order]
+    top = np.concatenate([[0], np.cumsum(inc[::-1])])  # correct among top k
+    bottom = np.concatenate([[0], np.cumsum(~inc)])  # correct among bottom k
+    best, arg = -1.0, (grid[1], 0.0)
+    for fi in grid:
+        for fo in grid:
+            ki, ko = int(round(fi * n)), int(round(fo * n))
+            if ki + ko == 0 or ki + ko > n:
+                continue
+            v = int(top[ki] + bottom[ko])
+            e = one_run_epsilon(
+                n, ki + ko, v, delta=delta, confidence=confidence, tolerance=1e-2
+            )
+            if e > best:
+                best, arg = e, (fi, fo)
+    return arg
+
+
+def audit_training(
+    algorithm: str,
+    params: Mapping[str, Any],
+    dataset: FederatedDataset,
+    *,
+    noise_multiplier: float,
+    model: Callable[[FederatedDataset], nn.Module],
+    canaries: int,
+    rounds: int,
+    delta: float,
+    protocol: str = "multi-run",
+    threat: str = "white-box",
+    runs: int = 1,
+    confidence: float = 0.95,
+    pilot_fraction: float = 0.2,
+    seed: int = 0,
+    canary_norm: float = 1.0,
+) -> TrainingAudit:
+    """An ε lower bound for a real training run, from Dirac canaries.
+
+    Parameters
+    ----------
+    algorithm, params, dataset, noise_multiplier, model
+        The run, as for :func:`canary_run`.
+    canaries : int
+        Canaries per run.
+    rounds : int
+        T, rounds per run.
+    delta : float
+        δ of the bound.
+    protocol : {"multi-run", "one-run"}
+        Independent trials pooled over ``runs`` runs (white-box only), or
+        Steinke et al.'s one-run bound (on each run's canaries; with several
+        runs the best-scoring run is *not* picked: their counts are pooled as
+        one larger run would be, which the theorem allows since runs are
+        independent).
+    threat : {"white-box", "black-box"}
+        What the adversary sees (module docstring).
+    runs : int
+        Independent runs (seeds ``seed``, ``seed + 1``, ...).
+    confidence : float
+        Probability that the bound holds.
+    pilot_fraction : float
+        Share of the canaries (or trials) used to choose the test, never counted.
+    seed : int
+        Seed of the runs and of the canaries' memberships.
+    canary_norm : float
+        In-canary norm in units of C (> 1: a deliberately unclipped canary).
+
+    Returns
+    -------
+    TrainingAudit
+        The bound, the reported ε, their ratio and the trade-off points.
+    """
+    import time
+
+    if protocol not in PROTOCOLS:
+        raise InvalidParameterError(
+            f"protocol must be one of {list(PROTOCOLS)}; got {protocol!r}"
+        )
+    if threat not in THREATS:
+        raise InvalidParameterError(
+            f"threat must be one of {list(THREATS)}; got {threat!r}"
+        )
+    if protocol == "multi-run" and threat == "black-box":
+        raise InvalidParameterError(
+            "the black-box canaries of one run are not independent trials (the real "
+            "training couples the coordinates): use protocol 'one-run'"
+        )
+    runs = check_count("runs", runs, minimum=1)
+    n = check_count("canaries", canaries, minimum=2)
+    if not 0.0 < pilot_fraction < 1.0:
+        raise InvalidParameterError(
+            f"pilot_fraction must be in (0, 1); got {pilot_fraction!r}"
+        )
+    rng = np.random.default_rng([seed, 0xA0D17])
+    t0 = time.perf_counter()
+    scores, incl, reported = [], [], []
+    last: CanaryRun | None = None
+    for k in range(runs):
+        if protocol == "multi-run":
+            inc = np.zeros(n, dtype=bool)
+            inc[rng.permutation(n)[: n // 2]] = True
+        else:
+            inc = rng.random(n) < 0.5
+        run = canary_run(
+            algorithm,
+            params,
+            dataset,
+            noise_multiplier=noise_multiplier,
+            model=model,
+            canaries=n,
+            included=inc,
+            rounds=rounds,
+            delta=delta,
+            seed=seed + k,
+            canary_norm=canary_norm,
+            white_box=threat == "white-box",
+            coordinate_seed=seed + k,
+        )
+        s = (
+            white_box_scores(run)
+            if threat == "white-box"
+            else run.movement * (1.0 - run.out_value)
+        )
+        scores.append(s)
+        incl.append(inc)
+        reported.append(run.reported_epsilon)
+        last = run
+    seconds = time.perf_counter() - t0
+    assert last is not None
+    score = np.concatenate(scores)
+    inc_all = np.concatenate(incl)
+    pilot = rng.random(score.size) < pilot_fraction
+    counted = ~pilot
+    null, alt = score[counted & ~inc_all], score[counted & inc_all]
+    if null.size == 0 or alt.size == 0:
+        raise InvalidParameterError(
+            "too few canaries: the counted share holds no in or no out canary"
+        )
+    detail: dict[str, Any]
+    if protocol == "multi-run":
+        res: AuditResult = score_audit(
+            null,
+            alt,
+            delta=delta,
+            confidence=confidence,
+            pilot_null=score[pilot & ~inc_all],
+            pilot_alt=score[pilot & inc_all],
+        )
+        eps, detail = res.epsilon, res.to_dict()
+    else:
+        fi, fo = _best_guesses(
+            score[pilot], inc_all[pilot], delta=delta, confidence=confidence
+        )
+        m = int(counted.sum())
+        one: OneRunResult = one_run_guesses(
+            score[counted],
+            inc_all[counted],
+            guess_in=min(m, int(round(fi * m))),
+            guess_out=min(m - int(round(fi * m)), int(round(fo * m))),
+            delta=delta,
+            confidence=confidence,
+        )
+        eps, detail = one.epsilon, one.to_dict()
+    rep = max(reported)
+    return TrainingAudit(
+        epsilon=float(eps),
+        delta=delta,
+        confidence=confidence,
+        reported_epsilon=rep,
+        ratio=float(eps / rep) if rep > 0 else math.inf,
+        protocol=protocol,
+        threat=threat,
+        algorithm=last.algorithm,
+        level=LEVELS[last.algorithm],
+        runs=runs,
+        canaries=n,
+        rounds=rounds,
+        rate=last.rate,
+        noise_multiplier=last.noise,
+        out_value=last.out_value,
+        detail=detail,
+        points=tradeoff_points(null, alt, confidence=confidence),
+        seconds=seconds,
+    )
