@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import dpfl
-from dpfl.cli import DEFAULT_DELTA, build_parser, main
+from dpfl.cli import AUDIT_FIGURES, DEFAULT_DELTA, build_parser, main
 from dpfl.experiments import runner
 from dpfl.experiments.config import load_config
 
@@ -85,8 +85,10 @@ def test_one_default_delta() -> None:
 def test_plot_offered_only_where_it_draws() -> None:
     for path, parser in LEAVES:
         has_plot = any("--plot" in a.option_strings for a in parser._actions)
-        if path[0] == "account":
-            assert has_plot, path
+        if path[0] == "account" or tuple(path[:2]) in {
+            ("audit", n) for n in AUDIT_FIGURES
+        }:
+            assert has_plot, path  # curves, or the training audits' trade-off figure
         elif path[0] in ("calibrate", "audit"):
             assert not has_plot, path
     with pytest.raises(SystemExit) as exc:

@@ -1390,10 +1390,25 @@ def _train_audit_args(p: argparse.ArgumentParser, record: bool) -> None:
     p.add_argument(
         "--hidden", type=int, default=64, help="MLP hidden width (default 64)"
     )
-    p.add_argument("--protocol", default="multi-run", choices=("multi-run", "one-run"))
-    p.add_argument("--threat", default="white-box", choices=("white-box", "black-box"))
     p.add_argument(
-        "--delta", type=float, default=1e-5, help="delta of both bounds (1e-5)"
+        "--protocol",
+        default="multi-run",
+        choices=("multi-run", "one-run"),
+        help="multi-run: canaries on disjoint coordinates as independent trials, "
+        "Clopper-Pearson; one-run: Steinke, Nasr & Jagielski (2023) guesses",
+    )
+    p.add_argument(
+        "--threat",
+        default="white-box",
+        choices=("white-box", "black-box"),
+        help="white-box: the adversary sees every round's noisy aggregate; "
+        "black-box: the final model only (one-run protocol)",
+    )
+    p.add_argument(
+        "--delta",
+        type=float,
+        default=DEFAULT_DELTA,
+        help="delta of both bounds",
     )
     p.add_argument(
         "--confidence",
@@ -1533,7 +1548,14 @@ AUDIT_HELP = {
     "epsilon lower bound beside every analysis's upper bound",
     "gaussian": "one Gaussian mechanism: the attack's lower bound beside the exact "
     "epsilon",
+    "dp-fedavg": "client-level DP-FedAvg on the digits with canary clients: the "
+    "audit's lower bound beside the run's reported epsilon",
+    "dp-dsgd": "record-level DP-DSGD on the digits with gradient canaries: the "
+    "audit's lower bound beside the run's reported epsilon",
 }
+
+#: The audits that draw a trade-off figure (``--plot FILE``): the training audits.
+AUDIT_FIGURES = frozenset({"dp-fedavg", "dp-dsgd"})
 
 #: The extra that provides each optional top-level module.
 EXTRAS = {
@@ -1685,7 +1707,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (add_args, handler) in AUDITS.items():
         sp = audits.add_parser(name, help=AUDIT_HELP.get(name))
         add_args(sp, False)
-        _drop_option(sp, "--plot")  # an audit draws no curves: refuse the flag
+        if name not in AUDIT_FIGURES:
+            _drop_option(sp, "--plot")  # no trade-off figure: refuse the flag
         sp.set_defaults(handler=handler)
     add_subcommands(sub)  # registered always: a missing extra is named on use
     return parser
