@@ -607,18 +607,38 @@ def apply_overrides(
     """
     out = _deep_copy(tree)
     for item in overrides:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key or any(not p for p in key.split(".")):
-            raise ConfigError(f"--set expects key.sub=value; got {item!r}")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError as exc:
-            raise ConfigError(
-                f"--set {key}: value {raw!r} is not YAML: {exc}"
-            ) from None
-        _set_dotted(out, key, value)
+        _set_dotted(out, *parse_override(item))
     return out
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """Split one ``--set key.sub=value`` item into its key and YAML value.
+
+    Parameters
+    ----------
+    item : str
+        ``key.sub=value``; an empty value is ``None``.
+
+    Returns
+    -------
+    tuple of (str, Any)
+        The dotted key and the parsed value.
+
+    Raises
+    ------
+    ConfigError
+        If the item has no ``=``, an empty key or key part, or a value that
+        is not YAML.
+    """
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"--set expects key.sub=value; got {item!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {key}: value {raw!r} is not YAML: {exc}") from None
+    return key, value
 
 
 def _deep_copy(tree: Mapping[str, Any]) -> dict[str, Any]:

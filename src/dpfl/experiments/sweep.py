@@ -47,6 +47,7 @@ from dpfl.experiments.config import (
     _set_dotted,
     apply_overrides,
     config_from_dict,
+    parse_override,
 )
 
 __all__ = [
@@ -135,16 +136,7 @@ def split_overrides(items: Sequence[str]) -> tuple[list[str], dict[str, list[Any
     fixed: list[str] = []
     grid: dict[str, list[Any]] = {}
     for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(f"--set expects key.sub=value; got {item!r}")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError as exc:
-            raise ConfigError(
-                f"--set {key}: value {raw!r} is not YAML: {exc}"
-            ) from None
+        key, value = parse_override(item)
         if not isinstance(value, list):
             fixed.append(item)
         elif not value:
