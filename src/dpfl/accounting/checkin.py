@@ -538,9 +538,9 @@ def local_total_moments(
     λ* <= (σ/Δ)² ln(1/(γ σ/Δ)); the three are reported, and ``valid`` is their
     conjunction.  They usually fail for MS-PAFL's parameters (docs/analyses.md);
     :func:`pld_subsampled_local` is the exact alternative.  p R is the expected
-    number of rounds joined, not a bound on the realised one (item 5), and the
-    γ amplification itself is unsound while the private submodel persists
-    across rounds (item 2, :func:`sound_client`).
+    number of rounds joined, not a bound on the realised one, and the γ
+    amplification itself is unsound while the private submodel persists
+    across rounds (see :func:`sound_client`).
 
     Parameters
     ----------

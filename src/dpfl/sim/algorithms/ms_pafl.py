@@ -31,10 +31,11 @@ messages up to float rounding.
 
 **Choices (docs/analyses.md).**
 
-- ``clip_mode="update"`` (default) clips ``public(w) - w_pub`` (item 10);
+- ``clip_mode="update"`` (default) clips ``public(w) - w_pub`` (the update, whose
+  sensitivity the analysis assumes);
   ``"parameters"`` clips the public parameters themselves (eq. 15). Either way
   one client's message moves by at most Δ = 2C when its data change.
-- ``aggregation="update"`` (default): Horvitz-Thompson on updates (item 9),
+- ``aggregation="update"`` (default): Horvitz-Thompson on updates,
   unbiased for the mean clipped update; ``"model"``: the literal eq. 17,
   ``w_pub <- (1/K) Σ m_k / p_k`` on models (shrinks the model when fewer than
   ``Σ p_k`` clients check in); ``"ratio"``: ``w_pub + mean of the updates``
