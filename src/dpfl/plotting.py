@@ -20,7 +20,18 @@ import numpy as np
 
 from dpfl.errors import DpflError, InvalidParameterError
 
-__all__ = ["epsilon_terms", "plot_epsilon_curves", "plot_runs"]
+__all__ = [
+    "DPI",
+    "axis_label",
+    "epsilon_terms",
+    "plot_epsilon_curves",
+    "plot_runs",
+    "plot_sweep",
+    "save_figure",
+]
+
+#: Resolution of the PNG figures (a PDF and an SVG are written beside each).
+DPI = 200
 
 #: The terms that must agree before two runs' ε share an axis.
 _TERMS = ("delta", "unit", "neighbouring", "adversary")
@@ -33,6 +44,76 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig: Any, out_path: str | Path) -> list[Path]:
+    """Save ``fig`` to ``out_path``; a ``.png`` also gets a PDF and an SVG beside it.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+        The figure (closed afterwards).
+    out_path : str or Path
+        The image to write; its suffix picks the format. PNGs are written at
+        :data:`DPI` dots per inch, with ``.pdf`` and ``.svg`` (vector, for a
+        paper) of the same name beside them.
+
+    Returns
+    -------
+    list of Path
+        The files written, ``out_path`` first.
+    """
+    plt = _pyplot()
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths = [out]
+    if out.suffix.lower() == ".png":
+        paths += [out.with_suffix(".pdf"), out.with_suffix(".svg")]
+    try:
+        for path in paths:
+            fig.savefig(path, dpi=DPI)
+    finally:
+        plt.close(fig)
+    return paths
+
+
+def _log_worthy(values: Any) -> bool:
+    """Positive values spanning a factor of 10 or more read better on a log axis."""
+    arr = np.asarray([v for v in np.ravel(values) if np.isfinite(v)], dtype=float)
+    return bool(arr.size >= 2 and np.all(arr > 0) and arr.max() / arr.min() >= 10)
+
+
+def axis_label(key: str, terms: str | None = None) -> str:
+    """An axis label for a configuration key, with units and the ε terms.
+
+    Parameters
+    ----------
+    key : str
+        A dotted configuration key (``privacy.epsilon``, ``rounds``, ...).
+    terms : str, optional
+        The terms an ε is meaningful under (δ, unit, analysis), shown on an ε
+        axis.
+
+    Returns
+    -------
+    str
+        E.g. ``"privacy budget ε (δ = 1e-05, client-level, sound analysis)"``.
+    """
+    known = {
+        "privacy.epsilon": "privacy budget ε",
+        "privacy.delta": "δ of the budget",
+        "privacy.noise_multiplier": "noise multiplier σ (noise std / clip)",
+        "rounds": "rounds T",
+        "algorithm.params.clip": "clip bound S (L2 norm)",
+        "algorithm.params.cohort_size": "cohort size m (clients per round)",
+        "algorithm.params.learning_rate": "client learning rate η",
+        "algorithm.params.local_epochs": "local epochs E",
+        "data.num_clients": "clients K",
+    }
+    label = known.get(key, key)
+    if key == "privacy.epsilon" and terms:
+        label += f" ({terms})"
+    return label
 
 
 def _run_terms(run_dir: Path) -> dict[str, Any]:
@@ -282,3 +363,117 @@ def plot_epsilon_curves(
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def plot_sweep(
+    out_path: str | Path,
+    *,
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float], int]],
+    finals: Mapping[str, tuple[Sequence[Any], Sequence[float], Sequence[float]]],
+    x_label: str,
+    metric_label: str = "test accuracy",
+    title: str | None = None,
+) -> list[Path]:
+    """Plot a sweep: metric against rounds with seed bands, and final metric.
+
+    Parameters
+    ----------
+    out_path : str or Path
+        Image to write (a ``.png`` also gets a ``.pdf`` and a ``.svg``).
+    curves : mapping of str to (rounds, mean, sd, n)
+        Per grid point: the evaluated rounds, the metric's mean and sample
+        standard deviation over the ``n`` seeds at each (drawn as the mean
+        line and a ±1 sd band).
+    finals : mapping of str to (x, mean, sd)
+        Series of the final metric against the swept parameter (drawn with
+        ±1 sd error bars); x values that are not all numbers are drawn as
+        categories. Empty: the right panel is left out.
+    x_label : str
+        Label of the swept parameter's axis (with its unit and, for ε, the
+        terms).
+    metric_label : str
+        Name of the metric (the y axes).
+    title : str, optional
+        Figure title.
+
+    Returns
+    -------
+    list of Path
+        The files written.
+
+    Raises
+    ------
+    InvalidParameterError
+        If ``curves`` is empty or a curve's arrays differ in length.
+    """
+    if not curves:
+        raise InvalidParameterError("curves: no grid point to draw")
+    plt = _pyplot()
+    ncols = 2 if finals else 1
+    fig, axes = plt.subplots(
+        1, ncols, figsize=(6.2 * ncols, 4.6), constrained_layout=True, squeeze=False
+    )
+    ax_r = axes[0][0]
+    for label, (rounds, mean, sd, n) in curves.items():
+        x = np.asarray(rounds, dtype=float)
+        m = np.asarray(mean, dtype=float)
+        s = np.asarray(sd, dtype=float)
+        if not (x.shape == m.shape == s.shape):
+            raise InvalidParameterError(
+                f"curve {label!r}: rounds, mean and sd must have one length; got "
+                f"{x.shape}, {m.shape}, {s.shape}"
+            )
+        (line,) = ax_r.plot(x, m, marker=".", label=f"{label} (n={n})")
+        if n > 1:
+            ax_r.fill_between(x, m - s, m + s, color=line.get_color(), alpha=0.2)
+    ax_r.set_xlabel("round")
+    ax_r.xaxis.get_major_locator().set_params(integer=True)
+    ax_r.set_ylabel(f"{metric_label} (mean, band ±1 sd)")
+    ax_r.set_title(f"{metric_label} against rounds")
+    ax_r.grid(alpha=0.3)
+    ax_r.legend(fontsize="small")
+    if finals:
+        ax_f = axes[0][1]
+        numeric = all(
+            isinstance(v, int | float) and not isinstance(v, bool)
+            for xs, _, _ in finals.values()
+            for v in xs
+        )
+        categories: list[str] = []
+        if not numeric:
+            for xs, _, _ in finals.values():
+                categories += [str(v) for v in xs if str(v) not in categories]
+        for label, (xs, mean, sd) in finals.items():
+            xv = (
+                np.asarray(xs, dtype=float)
+                if numeric
+                else np.asarray([categories.index(str(v)) for v in xs], dtype=float)
+            )
+            order = np.argsort(xv)
+            ax_f.errorbar(
+                xv[order],
+                np.asarray(mean, dtype=float)[order],
+                yerr=np.asarray(sd, dtype=float)[order],
+                marker="o",
+                capsize=4,
+                label=label or None,
+            )
+        if numeric:
+            all_x = [float(v) for xs, _, _ in finals.values() for v in xs]
+            if _log_worthy(all_x):
+                ax_f.set_xscale("log")
+            ticks = sorted(set(all_x))
+            if len(ticks) <= 8:
+                ax_f.set_xticks(ticks, [f"{t:g}" for t in ticks])
+                ax_f.minorticks_off()
+        else:
+            ax_f.set_xticks(range(len(categories)), categories, rotation=20)
+        ax_f.set_xlabel(x_label)
+        ax_f.set_ylabel(f"final {metric_label} (mean ± sd)")
+        ax_f.set_title(f"final {metric_label} against the swept parameter")
+        ax_f.grid(alpha=0.3)
+        if any(finals):
+            ax_f.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return save_figure(fig, out_path)

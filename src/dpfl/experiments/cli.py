@@ -1,4 +1,4 @@
-"""Subcommands ``train``, ``resume``, ``plot`` and ``demo`` of the ``dpfl`` CLI.
+"""Subcommands ``train``, ``resume``, ``sweep``, ``plot``, ``demo``, ``reproduce``.
 
 :func:`add_subcommands` registers them on the top-level parser's subparsers;
 each handler is stored as the ``handler`` default and returns an exit status.
@@ -173,6 +173,33 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from dpfl.experiments.sweep import parse_seeds, run_sweep
+
+    _logging()
+    result = run_sweep(
+        args.config,
+        parse_seeds(args.seeds),
+        overrides=args.set or [],
+        out=args.out,
+        jobs=args.jobs,
+        backend=args.backend,
+        metric=args.metric,
+        progress=lambda line: print(line, flush=True),
+    )
+    print(f"table: {result.table_md} ({result.table_csv.name})")
+    if result.figures:
+        print(f"figure: {', '.join(str(f) for f in result.figures)}")
+    if result.failed:
+        print(
+            f"dpfl: {result.failed} of {len(result.runs)} runs failed; see the lines "
+            "above",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 def add_subcommands(subparsers: Any) -> None:
     """Register ``train``, ``resume``, ``plot`` and ``demo``.
 
@@ -198,6 +225,53 @@ def add_subcommands(subparsers: Any) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_train)
+
+    p = subparsers.add_parser(
+        "sweep",
+        help="run a config over a grid of --set values and several seeds",
+        description="Run CONFIG once per grid point and seed in parallel processes, "
+        "then write OUT/table.csv, OUT/table.md (final metric mean ± sd over the "
+        "seeds, with epsilon, delta, unit and analysis) and OUT/sweep.png/.pdf/.svg "
+        "(seed bands). The grid is the cartesian product of the list-valued --set "
+        "items, e.g. --set privacy.epsilon=[2,8] --set algorithm.params.clip=[0.5,1].",
+    )
+    p.add_argument("config", help="the base run's YAML configuration")
+    p.add_argument(
+        "--seeds",
+        default="0-2",
+        help="seeds, as ranges and lists: 0-4, 0,3,7 or 0-2,10",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a key (value parsed as YAML; repeatable); a list value, "
+        "e.g. privacy.epsilon=[1,2,4,8], is swept (a literal list: [[1,2]])",
+    )
+    p.add_argument(
+        "--out",
+        help="the sweep folder (default: runs/sweep-NAME in the current directory)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        help="runs at a time (default: the number of CPUs, at most the number of "
+        "runs; 1: one after another in this process)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("process", "ray"),
+        default="process",
+        help="worker processes on this machine, or Ray tasks (pip install "
+        "'dpfl[ray]'; joins a running Ray instance)",
+    )
+    p.add_argument(
+        "--metric",
+        choices=("test_accuracy", "test_loss"),
+        default="test_accuracy",
+        help="the metric summarised (its value at each run's last evaluation)",
+    )
+    p.set_defaults(handler=_sweep)
 
     p = subparsers.add_parser(
         "reproduce",

@@ -1,0 +1,736 @@
+"""Sweeps: one configuration over a grid of overrides and several seeds.
+
+:func:`run_sweep` runs every grid point (the cartesian product of the swept
+keys' values) once per seed, each through :func:`dpfl.experiments.runner.run`
+(the same path as ``dpfl train``), in parallel worker processes
+(:class:`concurrent.futures.ProcessPoolExecutor`; Ray tasks with
+``backend="ray"``), then writes into its output folder
+
+``runs/POINT-sSEED/``
+    Each run's folder, as ``dpfl train`` writes it.
+``table.csv``, ``table.md``
+    One row per grid point: the final metric's mean and sample standard
+    deviation over the seeds, the number of seeds, ε spent and the budget,
+    with δ, the privacy unit and the analysis (and its status).
+``sweep.png`` (``.pdf``, ``.svg``)
+    The metric against rounds per grid point (mean line, ±1 sd band over the
+    seeds) and the final metric against the swept parameter (mean ± sd).
+``sweep.json``
+    The same rows, every run's outcome, and the run folders (relative to the
+    sweep folder).
+
+Importing this module does not import torch: worker processes do.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import csv
+import dataclasses
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dpfl.errors import DpflError, InvalidParameterError
+from dpfl.experiments.config import (
+    ConfigError,
+    RunConfig,
+    _set_dotted,
+    apply_overrides,
+    config_from_dict,
+)
+
+__all__ = [
+    "BACKENDS",
+    "SweepResult",
+    "parse_seeds",
+    "run_sweep",
+    "split_overrides",
+]
+
+#: Where the runs execute: worker processes on this machine, or Ray tasks.
+BACKENDS = ("process", "ray")
+
+#: Metrics a sweep can summarise (the runner's evaluation columns).
+_METRICS = {
+    "test_accuracy": "test accuracy",
+    "test_loss": "test loss",
+}
+
+
+# -- the grid -----------------------------------------------------------------
+def parse_seeds(text: str) -> list[int]:
+    """Read seeds from ``"0-4"``, ``"0,2,7"`` or a mix (``"0-2,10"``).
+
+    Parameters
+    ----------
+    text : str
+        Comma-separated seeds or inclusive ranges ``A-B``.
+
+    Returns
+    -------
+    list of int
+        The seeds in the order given, without repeats.
+
+    Raises
+    ------
+    InvalidParameterError
+        If an item is not a non-negative integer or range, or a range runs
+        backwards, or nothing is given.
+    """
+    seeds: list[int] = []
+    for item in str(text).split(","):
+        item = item.strip()
+        lo, sep, hi = item.partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if sep else a
+        except ValueError:
+            raise InvalidParameterError(
+                f"seeds must be integers or ranges A-B separated by commas; "
+                f"got {text!r}"
+            ) from None
+        if a < 0 or b < a:
+            raise InvalidParameterError(
+                f"seeds: a range A-B needs 0 <= A <= B; got {item!r}"
+            )
+        seeds.extend(s for s in range(a, b + 1) if s not in seeds)
+    if not seeds:
+        raise InvalidParameterError(f"seeds must name at least one seed; got {text!r}")
+    return seeds
+
+
+def split_overrides(items: Sequence[str]) -> tuple[list[str], dict[str, list[Any]]]:
+    """Split ``--set`` items into fixed overrides and swept keys.
+
+    A value that parses (as YAML) to a list is swept: ``privacy.epsilon=[1,2]``
+    gives the grid axis ``privacy.epsilon: [1, 2]``. To set a key to one list,
+    nest it: ``key=[[1,2]]``.
+
+    Parameters
+    ----------
+    items : sequence of str
+        ``"dotted.key=value"`` items.
+
+    Returns
+    -------
+    (list of str, dict of str to list)
+        The fixed overrides (as given) and the grid, in the order given.
+
+    Raises
+    ------
+    ConfigError
+        If an item is not ``key=value``, its value is not YAML, a swept list
+        is empty, or one key is swept twice.
+    """
+    fixed: list[str] = []
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set expects key.sub=value; got {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(
+                f"--set {key}: value {raw!r} is not YAML: {exc}"
+            ) from None
+        if not isinstance(value, list):
+            fixed.append(item)
+        elif not value:
+            raise ConfigError(f"--set {key}: a swept list needs a value; got []")
+        elif key in grid:
+            raise ConfigError(f"--set {key} is swept twice")
+        elif len(value) == 1 and isinstance(value[0], list):
+            fixed.append(f"{key}={json.dumps(value[0])}")
+        else:
+            grid[key] = value
+    return fixed, grid
+
+
+def _points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*grid.values())]
+
+
+def _short(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def _label(point: Mapping[str, Any]) -> str:
+    """``epsilon=2, clip=0.5`` (the last part of each key); ``all`` when empty."""
+    if not point:
+        return "all"
+    return ", ".join(f"{_short(k)}={_value_text(v)}" for k, v in point.items())
+
+
+def _value_text(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _slug(point: Mapping[str, Any]) -> str:
+    """A folder-safe name for a grid point: ``epsilon-2_clip-0.5``."""
+    if not point:
+        return "run"
+    text = "_".join(f"{_short(k)}-{_value_text(v)}" for k, v in point.items())
+    return "".join(c if c.isalnum() or c in "-_.+" else "-" for c in text)
+
+
+def _base_tree(config: str | Path | RunConfig | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(config, RunConfig):
+        return config.to_dict()
+    if isinstance(config, Mapping):
+        return dict(config)
+    path = Path(config)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: a configuration must be a mapping; got {data!r}")
+    return dict(data)
+
+
+# -- one run (in a worker) ------------------------------------------------------
+def _run_one(tree: dict[str, Any], threads: int) -> dict[str, Any]:
+    """Run one (point, seed) configuration; return its outcome as plain data."""
+    import torch
+
+    from dpfl.experiments.runner import run
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    start = time.perf_counter()
+    try:
+        result = run(config_from_dict(tree), progress=False)
+    except DpflError as exc:
+        return {"error": str(exc), "seconds": time.perf_counter() - start}
+    g = result.guarantee
+    return {
+        "run_dir": str(result.run_dir),
+        "stopped": result.stopped,
+        "rounds": result.rounds_completed,
+        "noise_multiplier": result.config.privacy.noise_multiplier,
+        "metrics": dict(result.metrics),
+        "private": bool(g.get("private", result.epsilon is not None)),
+        "epsilon": result.epsilon,
+        "delta": g.get("delta", result.config.privacy.delta),
+        "unit": g.get("unit"),
+        "analysis": g.get("analysis"),
+        "status": g.get("status"),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+# -- the result -----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+    """What a sweep wrote.
+
+    Attributes
+    ----------
+    out_dir : Path
+        The sweep folder.
+    grid : dict of str to list
+        The swept keys and their values.
+    seeds : list of int
+        The seeds every grid point ran with.
+    rows : list of dict
+        One per grid point (the table's rows): ``point`` (its label), each
+        swept key, ``seeds`` (runs that finished), ``METRIC_mean`` and
+        ``METRIC_sd`` (sample sd, ``None`` for fewer than 2 seeds),
+        ``epsilon_mean``/``epsilon_sd`` (ε spent), ``epsilon_budget``,
+        ``delta``, ``unit``, ``analysis``, ``status``, ``noise_multiplier``,
+        ``rounds`` and ``failed`` (runs that raised an error).
+    runs : list of dict
+        One per (point, seed): its outcome (``error`` for a failed run).
+    table_csv, table_md : Path
+        The table.
+    figures : list of Path
+        ``sweep.png`` and its PDF and SVG (empty if no run was evaluated).
+    """
+
+    out_dir: Path
+    grid: dict[str, list[Any]]
+    seeds: list[int]
+    rows: list[dict[str, Any]]
+    runs: list[dict[str, Any]]
+    table_csv: Path
+    table_md: Path
+    figures: list[Path]
+
+    @property
+    def failed(self) -> int:
+        """Number of runs that ended in an error."""
+        return sum(1 for r in self.runs if "error" in r)
+
+
+def run_sweep(
+    config: str | Path | RunConfig | Mapping[str, Any],
+    seeds: Sequence[int],
+    *,
+    grid: Mapping[str, Sequence[Any]] | None = None,
+    overrides: Sequence[str] = (),
+    out: str | Path | None = None,
+    jobs: int | None = None,
+    backend: str = "process",
+    metric: str = "test_accuracy",
+    progress: Callable[[str], None] | None = None,
+) -> SweepResult:
+    """Run a configuration over a grid of overrides and seeds; tabulate and plot.
+
+    Parameters
+    ----------
+    config : str, Path, RunConfig or mapping
+        The base configuration (a YAML file, a config, or its plain tree).
+    seeds : sequence of int
+        Seeds; each grid point runs once per seed (``seed`` is overridden).
+    grid : mapping of str to sequence, optional
+        Swept keys (dotted, as in ``--set``) and their values; the grid is
+        their cartesian product.
+    overrides : sequence of str
+        ``--set`` items; list-valued ones are swept
+        (:func:`split_overrides`) and join ``grid``.
+    out : str or Path, optional
+        The sweep folder (default ``runs/sweep-NAME`` in the current
+        directory). It must not already hold the sweep's runs.
+    jobs : int, optional
+        Runs at a time (default: the number of CPUs, at most the number of
+        runs); each run gets ``CPUs // jobs`` torch threads. 1 runs in this
+        process, one after another.
+    backend : str
+        ``"process"`` (worker processes) or ``"ray"`` (Ray tasks; joins a
+        running Ray instance if there is one, else starts a local one;
+        ``pip install 'dpfl[ray]'``).
+    metric : str
+        The summarised metric: ``"test_accuracy"`` or ``"test_loss"`` (its
+        value at the last evaluation).
+    progress : callable, optional
+        Called with one line per finished run.
+
+    Returns
+    -------
+    SweepResult
+        The table's rows, every run's outcome and the files written.
+
+    Raises
+    ------
+    InvalidParameterError
+        On empty seeds, a bad ``jobs``, ``backend`` or ``metric``.
+    ConfigError
+        If any grid point's configuration is invalid (checked before any
+        run starts).
+    DpflError
+        If the sweep folder already holds one of its runs, or Ray is asked
+        for and not installed.
+    """
+    seeds = [int(s) for s in seeds]
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise InvalidParameterError(
+            f"seeds must be distinct non-negative integers, at least one; got {seeds}"
+        )
+    if backend not in BACKENDS:
+        raise InvalidParameterError(
+            f"backend must be one of {list(BACKENDS)}; got {backend!r}"
+        )
+    if metric not in _METRICS:
+        raise InvalidParameterError(
+            f"metric must be one of {list(_METRICS)}; got {metric!r}"
+        )
+    fixed, swept = split_overrides(overrides)
+    full_grid: dict[str, list[Any]] = {k: list(v) for k, v in (grid or {}).items()}
+    for k, v in swept.items():
+        if k in full_grid:
+            raise ConfigError(f"{k} is swept twice")
+        full_grid[k] = v
+    for k, v in full_grid.items():
+        if not v:
+            raise ConfigError(f"grid key {k}: a swept list needs a value; got []")
+    if "seed" in full_grid:
+        raise ConfigError("sweep seeds with seeds (--seeds), not a grid key 'seed'")
+
+    base = apply_overrides(_base_tree(config), fixed)
+    base_config = config_from_dict(base)
+    out_dir = (
+        Path(out) if out is not None else Path("runs") / f"sweep-{base_config.name}"
+    )
+    points = _points(full_grid)
+    tasks: list[tuple[int, int, dict[str, Any]]] = []
+    for i, point in enumerate(points):
+        for seed in seeds:
+            tree = apply_overrides(base, [])
+            for key, value in point.items():
+                _set_dotted(tree, key, value)
+            tree["seed"] = seed
+            tree["name"] = f"{_slug(point)}-s{seed}"
+            tree["output_dir"] = str(out_dir / "runs")
+            try:
+                cfg = config_from_dict(tree)
+            except ConfigError as exc:
+                raise ConfigError(f"grid point {_label(point)}: {exc}") from None
+            for name in ("checkpoint.pt", "ledger.json"):
+                if (cfg.run_dir / name).exists():
+                    raise DpflError(
+                        f"{out_dir} already holds this sweep's run {cfg.run_dir}; "
+                        "choose another folder (--out)"
+                    )
+            tasks.append((i, seed, tree))
+
+    cpus = os.cpu_count() or 1
+    if jobs is None:
+        jobs = min(cpus, len(tasks))
+    if not isinstance(jobs, int) or jobs < 1:
+        raise InvalidParameterError(f"jobs must be an integer >= 1; got {jobs!r}")
+    threads = max(1, cpus // jobs) if jobs > 1 else 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    outcomes: dict[tuple[int, int], dict[str, Any]] = {}
+    done = 0
+
+    def finished(i: int, seed: int, outcome: dict[str, Any]) -> None:
+        nonlocal done
+        done += 1
+        outcomes[(i, seed)] = outcome
+        if progress is not None:
+            progress(
+                f"[{done}/{len(tasks)}] {_label(points[i])} seed={seed}: "
+                f"{_outcome_text(outcome, metric)} ({outcome['seconds']:.0f} s)"
+            )
+
+    if jobs == 1:
+        for i, seed, tree in tasks:
+            finished(i, seed, _run_one(tree, threads))
+    elif backend == "process":
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+            futures = {
+                pool.submit(_run_one, tree, threads): (i, seed)
+                for i, seed, tree in tasks
+            }
+            try:
+                for fut in concurrent.futures.as_completed(futures):
+                    finished(*futures[fut], fut.result())
+            except BaseException:
+                for fut in futures:
+                    fut.cancel()
+                raise
+    else:
+        _run_ray(tasks, jobs, threads, finished)
+
+    runs = []
+    for i, seed, _ in tasks:
+        outcome = dict(outcomes[(i, seed)])
+        if "run_dir" in outcome:
+            outcome["run_dir"] = os.path.relpath(outcome["run_dir"], out_dir)
+        runs.append({"point": _label(points[i]), "seed": seed, **outcome})
+    rows = [
+        _row(point, [outcomes[(i, s)] for s in seeds], full_grid, base_config, metric)
+        for i, point in enumerate(points)
+    ]
+    table_csv, table_md = _write_tables(out_dir, rows, full_grid, seeds, metric)
+    figures = _figures(
+        out_dir, points, seeds, outcomes, rows, full_grid, metric, base_config
+    )
+    (out_dir / "sweep.json").write_text(
+        json.dumps(
+            {
+                "config": base,
+                "grid": full_grid,
+                "seeds": seeds,
+                "metric": metric,
+                "rows": rows,
+                "runs": runs,
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
+    return SweepResult(
+        out_dir=out_dir,
+        grid=full_grid,
+        seeds=seeds,
+        rows=rows,
+        runs=runs,
+        table_csv=table_csv,
+        table_md=table_md,
+        figures=figures,
+    )
+
+
+def _run_ray(
+    tasks: list[tuple[int, int, dict[str, Any]]],
+    jobs: int,
+    threads: int,
+    finished: Callable[[int, int, dict[str, Any]], None],
+) -> None:
+    try:
+        import ray
+    except ModuleNotFoundError:
+        raise DpflError("backend 'ray' needs Ray: pip install 'dpfl[ray]'") from None
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1)(_run_one)
+        refs = {remote.remote(tree, threads): (i, seed) for i, seed, tree in tasks}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            finished(*refs[ready[0]], ray.get(ready[0]))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _outcome_text(outcome: Mapping[str, Any], metric: str) -> str:
+    if "error" in outcome:
+        return f"FAILED: {outcome['error']}"
+    value = outcome["metrics"].get(metric)
+    parts = [f"{_METRICS[metric]} {value:.4g}" if value is not None else "no eval"]
+    if outcome["epsilon"] is not None:
+        parts.append(f"epsilon {outcome['epsilon']:.4g} at delta {outcome['delta']:g}")
+    else:
+        parts.append("not private")
+    if outcome["stopped"] != "completed":
+        parts.append(f"stopped ({outcome['stopped']}) after {outcome['rounds']} rounds")
+    return ", ".join(parts)
+
+
+# -- the table --------------------------------------------------------------------
+def _mean_sd(values: Sequence[float]) -> tuple[float | None, float | None]:
+    vals = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return None, None
+    mean = sum(vals) / len(vals)
+    if len(vals) < 2:
+        return mean, None
+    var = sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)
+    return mean, math.sqrt(var)
+
+
+def _one(values: Sequence[Any]) -> Any:
+    """The common value, or ``"mixed"`` when the runs disagree."""
+    distinct = list(dict.fromkeys(str(v) for v in values))
+    if not distinct:
+        return None
+    if len(distinct) > 1:
+        return "mixed"
+    return values[0]
+
+
+def _row(
+    point: Mapping[str, Any],
+    outcomes: Sequence[Mapping[str, Any]],
+    grid: Mapping[str, Any],
+    base: RunConfig,
+    metric: str,
+) -> dict[str, Any]:
+    ok = [o for o in outcomes if "error" not in o]
+    m_mean, m_sd = _mean_sd([o["metrics"].get(metric) for o in ok])
+    private = [o for o in ok if o["private"]]
+    e_mean, e_sd = _mean_sd([o["epsilon"] for o in private])
+    budget = point.get("privacy.epsilon", base.privacy.epsilon)
+    sigmas = [o["noise_multiplier"] for o in ok]
+    s_mean, _ = _mean_sd(sigmas)
+    row: dict[str, Any] = {"point": _label(point)}
+    row.update({k: point[k] for k in grid})
+    row.update(
+        {
+            "seeds": len(ok),
+            f"{metric}_mean": m_mean,
+            f"{metric}_sd": m_sd,
+            "epsilon_mean": e_mean,
+            "epsilon_sd": e_sd,
+            "epsilon_budget": budget,
+            "delta": _one([o["delta"] for o in ok]),
+            "unit": _one([o["unit"] for o in private]) if private else None,
+            "analysis": _one([o["analysis"] for o in private]) if private else None,
+            "status": _one([o["status"] for o in private])
+            if private
+            else "not private",
+            "noise_multiplier": _one(sigmas) if _one(sigmas) != "mixed" else s_mean,
+            "rounds": _one([o["rounds"] for o in ok]),
+            "failed": len(outcomes) - len(ok),
+        }
+    )
+    return row
+
+
+def _num(v: Any, digits: int = 4) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def _pm(mean: Any, sd: Any, digits: int = 4) -> str:
+    if mean is None:
+        return "n/a"
+    if sd is None:
+        return f"{mean:.{digits}g}"
+    return f"{mean:.{digits}g} ± {sd:.2g}"
+
+
+def _write_tables(
+    out_dir: Path,
+    rows: list[dict[str, Any]],
+    grid: Mapping[str, Any],
+    seeds: Sequence[int],
+    metric: str,
+) -> tuple[Path, Path]:
+    csv_path = out_dir / "table.csv"
+    cols = list(rows[0]) if rows else []
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=cols)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    name = _METRICS[metric]
+    head = [
+        "point",
+        f"final {name} (mean ± sd)",
+        "n seeds",
+        "ε spent (mean ± sd)",
+        "ε budget",
+        "δ",
+        "unit",
+        "analysis (status)",
+        "noise multiplier σ",
+        "rounds",
+    ]
+    lines = [
+        f"# Sweep: {len(rows)} grid point(s) × seeds {list(seeds)}",
+        "",
+        f"Final {name}: its value at each run's last evaluation; mean and sample "
+        "standard deviation over the seeds that finished. ε spent: the upper "
+        "bound for the worst-off privacy unit at δ under the analysis shown.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
+    ]
+    for r in rows:
+        analysis = f"{r['analysis']} ({r['status']})" if r["analysis"] else r["status"]
+        seeds_cell = str(r["seeds"]) + (
+            f" ({r['failed']} failed)" if r["failed"] else ""
+        )
+        cells = [
+            r["point"],
+            _pm(r[f"{metric}_mean"], r[f"{metric}_sd"]),
+            seeds_cell,
+            _pm(r["epsilon_mean"], r["epsilon_sd"]) if r["analysis"] else "n/a",
+            _num(r["epsilon_budget"]),
+            _num(r["delta"]),
+            _num(r["unit"]),
+            analysis,
+            _num(r["noise_multiplier"]),
+            _num(r["rounds"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Runs: `runs/POINT-sSEED/` beside this file; figure: `sweep.png` "
+        "(`sweep.pdf`, `sweep.svg`).",
+        "",
+    ]
+    md_path = out_dir / "table.md"
+    md_path.write_text("\n".join(lines))
+    return csv_path, md_path
+
+
+# -- the figure ---------------------------------------------------------------------
+def _curve(run_dir: Path, metric: str) -> dict[int, float]:
+    from dpfl.experiments.runner import read_metrics
+
+    return {
+        int(r["round"]): float(r[metric])
+        for r in read_metrics(run_dir)
+        if r.get(metric) is not None
+    }
+
+
+def _figures(
+    out_dir: Path,
+    points: list[dict[str, Any]],
+    seeds: Sequence[int],
+    outcomes: Mapping[tuple[int, int], Mapping[str, Any]],
+    rows: list[dict[str, Any]],
+    grid: Mapping[str, Sequence[Any]],
+    metric: str,
+    base: RunConfig,
+) -> list[Path]:
+    from dpfl.plotting import axis_label, plot_sweep
+
+    curves: dict[str, tuple[list[float], list[float], list[float], int]] = {}
+    for i, point in enumerate(points):
+        per_seed = [
+            _curve(Path(o["run_dir"]), metric)
+            for s in seeds
+            if "error" not in (o := outcomes[(i, s)])
+        ]
+        per_seed = [c for c in per_seed if c]
+        if not per_seed:
+            continue
+        common = sorted(set.intersection(*(set(c) for c in per_seed)))
+        means, sds = [], []
+        for rnd in common:
+            m, sd = _mean_sd([c[rnd] for c in per_seed])
+            means.append(float(m if m is not None else math.nan))
+            sds.append(float(sd or 0.0))
+        curves[_label(point)] = ([float(r) for r in common], means, sds, len(per_seed))
+    if not curves:
+        return []
+    terms = next((r for r in rows if r["analysis"]), None)
+    terms_text = (
+        f"δ = {terms['delta']:g}, {terms['unit']}-level, {terms['analysis']} analysis"
+        if terms and isinstance(terms["delta"], float)
+        else None
+    )
+    x_key = next(
+        (
+            k
+            for k, vs in grid.items()
+            if all(isinstance(v, int | float) and not isinstance(v, bool) for v in vs)
+        ),
+        None,
+    )
+    finals: dict[str, tuple[list[Any], list[float], list[float]]] = {}
+    if len(points) > 1:
+        for row, point in zip(rows, points):
+            mean = row[f"{metric}_mean"]
+            if mean is None:
+                continue
+            rest = {k: v for k, v in point.items() if k != x_key}
+            series = _label(rest) if x_key and rest else ""
+            x = point[x_key] if x_key else row["point"]
+            xs, ms, ss = finals.setdefault(series, ([], [], []))
+            xs.append(x)
+            ms.append(mean)
+            ss.append(row[f"{metric}_sd"] or 0.0)
+    x_label = axis_label(x_key, terms_text) if x_key else "grid point"
+    n = len(seeds)
+    name = _METRICS[metric]
+    title = f"{base.name}: {name}, mean ± sd over {n} seed{'s' if n > 1 else ''}"
+    if terms_text:
+        title += f"  ({terms_text})"
+    return plot_sweep(
+        out_dir / "sweep.png",
+        curves=curves,
+        finals=finals,
+        x_label=x_label,
+        metric_label=name,
+        title=title,
+    )
