@@ -692,10 +692,13 @@ def _fdp_figures() -> list[Figure]:
                 "--",
                 label=f"G_μ, CLT μ = {mu:.2f}",
             )
+
+            def profile(e: Any, dist: Any = dist) -> Any:
+                # δ(ε) of the composed PLD, clipped into [0, 1] against rounding
+                return np.clip(dist.get_delta_for_epsilon(e), 0.0, 1.0)
+
             exact = fdp.tradeoff_from_deltas(
-                alpha,
-                lambda e, dist=dist: np.clip(dist.get_delta_for_epsilon(e), 0.0, 1.0),
-                epsilons=np.linspace(-10.0, 60.0, 7001),
+                alpha, profile, epsilons=np.linspace(-10.0, 60.0, 7001)
             )
             ax.plot(alpha, exact, label="exact (PLD)")
             ax.set_title(name, fontsize="small")
@@ -1247,9 +1250,11 @@ def _locks_figures() -> list[Figure]:
 
 
 def _locks_experiment(scale: str) -> Experiment:
-    uniform = (
+    uniform = (  # as presets/locks-fmnist-uniform.yaml
         "algorithm.params.second_stage_size=1000000000000",
         "algorithm.params.norm_noise_ratio=1000000.0",
+        "algorithm.params.server_schedule=constant",
+        "algorithm.params.server_learning_rate=1.0",
     )
     if scale == "smoke":
         return Experiment(
