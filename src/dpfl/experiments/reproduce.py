@@ -118,6 +118,9 @@ class Experiment:
         Seeds per variant (0, 1, ...).
     note : str
         What differs from the paper at this scale.
+    target : float or None
+        An accuracy whose first round (of the seeds' mean curve) the table
+        reports, as the paper's "rounds to reach X%" tables do.
     """
 
     caption: str
@@ -126,6 +129,7 @@ class Experiment:
     variants: tuple[tuple[str, tuple[str, ...]], ...]
     seeds: int
     note: str = ""
+    target: float | None = None
 
 
 def _cell(v: Any) -> str:
@@ -763,6 +767,7 @@ def _fdp_experiment(scale: str) -> Experiment:
             ),
             seeds=2,
             note="digits, 50 clients with 2 label shards, MLP.",
+            target=0.3,
         )
     if scale == "default":
         return Experiment(
@@ -777,7 +782,8 @@ def _fdp_experiment(scale: str) -> Experiment:
             seeds=3,
             note="Fashion-MNIST stands in for MNIST; an MLP 784-200-10 stands in for "
             "the CNN (a CPU runs the CNN at 75-260 s per round); 40 of the paper's "
-            "194 rounds.",
+            "194 rounds. The target is 75% (the paper's 90% is for MNIST).",
+            target=0.75,
         )
     return Experiment(
         "Table 1 (p = 0.5): rounds to the target accuracy for σ = 1.0, 0.9, 0.75, "
@@ -791,6 +797,7 @@ def _fdp_experiment(scale: str) -> Experiment:
         ),
         seeds=3,
         note="needs a GPU (device: auto picks it); MNIST is not on this machine.",
+        target=0.8,
     )
 
 
@@ -1388,11 +1395,19 @@ def run_experiment(
                 means.append(mean)
                 sds.append(math.sqrt(var))
             curves[label] = ([float(r) for r in common], means, sds, len(per_seed))
+        reached = None
+        if experiment.target is not None and label in curves:
+            rounds_, means_, _, _ = curves[label]
+            reached = next(
+                (int(r) for r, m in zip(rounds_, means_) if m >= experiment.target),
+                "not reached",
+            )
         rows.append(
             [
                 label,
                 row.get("seeds"),
                 row.get("rounds"),
+                reached,
                 _pm(row.get("test_accuracy_mean"), row.get("test_accuracy_sd")),
                 row.get("noise_multiplier"),
                 _pm(row.get("epsilon_mean"), row.get("epsilon_sd")),
@@ -1420,6 +1435,9 @@ def run_experiment(
             "variant",
             "seeds",
             "rounds",
+            f"first round at mean accuracy ≥ {experiment.target}"
+            if experiment.target is not None
+            else "target",
             "final test accuracy (mean ± sd)",
             "σ",
             "ε spent (mean ± sd)",
