@@ -95,10 +95,19 @@ def test_run_experiment_bands_over_seeds(tmp_path):
 
 
 def test_every_paper_has_an_experiment_at_every_scale():
+    from dpfl.experiments.config import load_config
+    from dpfl.experiments.presets import find_preset
+
     for key, paper in PAPERS.items():
         for scale in rep.SCALES:
             exp = paper.experiment(scale)
             assert exp.variants and exp.seeds >= 2, (key, scale)
+            for label, overrides in exp.variants:
+                # every variant is a valid run configuration (checked, not run)
+                config = load_config(
+                    find_preset(exp.preset), [*exp.overrides, *overrides]
+                )
+                assert config.rounds >= 1, (key, scale, label)
         assert paper.experiment("smoke").preset != paper.experiment("paper").preset or (
             key == "ms-pafl"
         )
