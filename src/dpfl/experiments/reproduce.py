@@ -400,7 +400,7 @@ def _random_participation_figures() -> list[Figure]:
     p = q = 0.1
     eps_grid = [float(v) for v in np.linspace(0.1, 2.0, 12)]
     sigma_grid = [float(v) for v in np.linspace(0.6, 3.0, 9)]
-    q_grid = [1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0]
+    q_grid = [1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0]
     return [
         Figure(
             "rp-fig1-delta-vs-epsilon",
