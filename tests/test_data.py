@@ -575,8 +575,12 @@ def test_get_dataset_registry(tmp_path, monkeypatch):
         "mnist",
         "fashion-mnist",
         "emnist",
+        "femnist",
         "cifar10",
         "adult",
+        "csv",
+        "npz",
+        "idx",
     }
     ds = get_dataset("digits", num_clients=5, partition="shards", shards_per_client=2)
     assert ds.num_clients == 5 and ds.name == "digits/shards"

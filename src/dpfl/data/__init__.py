@@ -1,8 +1,12 @@
-"""Datasets for federated simulation: embedded, procedural and real loaders.
+"""Datasets for federated simulation: embedded, procedural, real and a user's own.
 
-Nothing is downloaded: :func:`load_digits` uses scikit-learn's bundled digits,
-:func:`synthetic` and :func:`synthetic_images` generate any number of clients,
-and the real loaders read standard local files (IDX, CIFAR pickles, Adult CSV).
+Nothing is downloaded at run time: :func:`load_digits` uses scikit-learn's
+bundled digits, :func:`synthetic` and :func:`synthetic_images` generate any
+number of clients, and the real loaders read standard local files (IDX, CIFAR
+pickles, Adult CSV). A user's own data come in as arrays or tensors
+(:func:`federate`), per-client lists (:func:`federate_clients`), a torch
+dataset (:func:`federate_torch`) or files (:func:`load_csv`,
+:func:`load_npz`, :func:`load_idx_files`).
 """
 
 from dpfl.data.dataset import (
@@ -14,12 +18,15 @@ from dpfl.data.dataset import (
 from dpfl.data.loaders import (
     DEBIAN_FASHION_MNIST_DIR,
     IDX_KINDS,
+    REAL_DATASETS,
     DatasetNotFoundError,
     load_adult,
     load_cifar10,
     load_digits,
+    load_femnist,
     load_idx,
     load_mnist,
+    locate,
 )
 from dpfl.data.partition import (
     client_test_split,
@@ -28,15 +35,24 @@ from dpfl.data.partition import (
     equal_size,
     federate,
     iid,
+    natural,
     shards,
 )
 from dpfl.data.registry import DATASETS, get_dataset
+from dpfl.data.sources import (
+    federate_clients,
+    federate_torch,
+    load_csv,
+    load_idx_files,
+    load_npz,
+)
 from dpfl.data.synthetic import ProceduralImages, synthetic, synthetic_images
 
 __all__ = [
     "DATASETS",
     "DEBIAN_FASHION_MNIST_DIR",
     "IDX_KINDS",
+    "REAL_DATASETS",
     "Dataset",
     "DatasetNotFoundError",
     "FederatedDataset",
@@ -48,13 +64,21 @@ __all__ = [
     "dirichlet_per_client",
     "equal_size",
     "federate",
+    "federate_clients",
+    "federate_torch",
     "get_dataset",
     "iid",
     "load_adult",
     "load_cifar10",
+    "load_csv",
     "load_digits",
+    "load_femnist",
     "load_idx",
+    "load_idx_files",
     "load_mnist",
+    "load_npz",
+    "locate",
+    "natural",
     "shards",
     "synthetic",
     "synthetic_images",

@@ -15,6 +15,7 @@ or :meth:`FederatedDataset.take`, which work for both.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -140,6 +141,14 @@ class Dataset:
         Shape of one record, e.g. ``(1, 28, 28)`` (channels first).
     source : str
         Where the data was read from (a path), or ``"generated"``.
+    client_ids : numpy.ndarray or None
+        The owner of each training record when the data come partitioned
+        (FEMNIST's writers, a CSV file's client column): the ``"natural"``
+        partition gives each distinct id its own client.
+    test_client_ids : numpy.ndarray or None
+        The owner of each test record, if known: under the ``"natural"``
+        partition each client's own test records become its personalised
+        test set (``client_test_indices``).
     """
 
     features: Any
@@ -150,6 +159,84 @@ class Dataset:
     name: str
     input_shape: tuple[int, ...]
     source: str = ""
+    client_ids: np.ndarray | None = None
+    test_client_ids: np.ndarray | None = None
+
+    def federate(
+        self,
+        partition: Any = None,
+        num_clients: int | None = None,
+        **kwargs: Any,
+    ) -> FederatedDataset:
+        """Partition the training records among clients.
+
+        Parameters
+        ----------
+        partition : str or sequence of index arrays, optional
+            As :func:`dpfl.data.federate`; default ``"natural"`` when the data
+            carry ``client_ids``, else ``"iid"``.
+        num_clients : int, optional
+            Number of clients (for ``"natural"``: how many of the ids to draw;
+            default all).
+        **kwargs
+            Further arguments of :func:`dpfl.data.federate` (``seed``,
+            ``client_test_records``, ``shards_per_client``, ``beta``, ...).
+
+        Returns
+        -------
+        FederatedDataset
+            Named ``"<name>/<partition>"``, with this data set's test set.
+            Under ``"natural"``, when the test records' owners are known
+            (``test_client_ids``) and every client kept has at least one,
+            each client's own test records are its ``client_test_indices``
+            (unless ``client_test_records`` asks for drawn ones).
+        """
+        from dpfl.data.partition import federate
+
+        if partition is None:
+            partition = "natural" if self.client_ids is not None else "iid"
+        label = partition if isinstance(partition, str) else "custom"
+        kwargs.setdefault("name", f"{self.name}/{label}")
+        fed = federate(
+            self.features,
+            self.labels,
+            partition=partition,
+            num_clients=num_clients,
+            client_ids=self.client_ids,
+            num_classes=self.num_classes,
+            test_features=self.test_features,
+            test_labels=self.test_labels,
+            input_shape=self.input_shape,
+            **kwargs,
+        )
+        own = self._own_test_rows(fed, partition, kwargs)
+        return fed if own is None else dataclasses.replace(fed, client_test_indices=own)
+
+    def _own_test_rows(
+        self, fed: FederatedDataset, partition: Any, kwargs: dict[str, Any]
+    ) -> list[np.ndarray] | None:
+        """Each natural client's own test rows, or None where not all have some."""
+        if (
+            partition != "natural"
+            or self.client_ids is None
+            or self.test_client_ids is None
+            or kwargs.get("client_test_records") is not None
+        ):
+            return None
+        ids, owner = np.unique(np.asarray(self.test_client_ids), return_inverse=True)
+        order = np.argsort(owner, kind="stable").astype(np.int64)
+        groups = dict(
+            zip(
+                ids.tolist(),
+                np.split(order, np.cumsum(np.bincount(owner))[:-1]),
+                strict=True,
+            )
+        )
+        empty = np.empty(0, dtype=np.int64)
+        own = [
+            groups.get(self.client_ids[rows[0]], empty) for rows in fed.client_indices
+        ]
+        return own if all(r.size for r in own) else None
 
 
 @dataclass(frozen=True)

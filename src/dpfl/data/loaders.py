@@ -24,6 +24,7 @@ names (MNIST and Fashion-MNIST).
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import os
 import pickle
@@ -44,8 +45,11 @@ __all__ = [
     "load_adult",
     "load_cifar10",
     "load_digits",
+    "load_femnist",
     "load_idx",
     "load_mnist",
+    "locate",
+    "REAL_DATASETS",
 ]
 
 #: Where ``apt-get install dataset-fashion-mnist`` (Debian/Ubuntu) puts the
@@ -63,16 +67,17 @@ _IDX_SPECS: dict[str, tuple[tuple[str, ...], str, int, str]] = {
         ("mnist", "MNIST/raw", "MNIST"),
         "",
         10,
-        "copy train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
-        "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz into "
-        "$DPFL_DATA/mnist (or pass root=)",
+        "run `dpfl data fetch mnist`, or copy train-images-idx3-ubyte.gz, "
+        "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and "
+        "t10k-labels-idx1-ubyte.gz into $DPFL_DATA/mnist (or pass root=)",
     ),
     "fashion": (
         ("fashion-mnist", "fashion_mnist", "FashionMNIST/raw", "FashionMNIST"),
         "",
         10,
-        "run `apt-get install dataset-fashion-mnist` (Debian/Ubuntu), or copy the "
-        "four *-ubyte.gz files into $DPFL_DATA/fashion-mnist",
+        "run `apt-get install dataset-fashion-mnist` (Debian/Ubuntu) or `dpfl "
+        "data fetch fashion-mnist`, or copy the four *-ubyte.gz files into "
+        "$DPFL_DATA/fashion-mnist",
     ),
 }
 _EMNIST_CLASSES = {
@@ -88,7 +93,8 @@ for _split, _n in _EMNIST_CLASSES.items():
         ("emnist", "emnist/gzip", "gzip", "EMNIST/raw", "EMNIST"),
         f"emnist-{_split}-",
         _n,
-        f"copy emnist-{_split}-{{train,test}}-{{images-idx3,labels-idx1}}-ubyte.gz "
+        "run `dpfl data fetch emnist`, or copy "
+        f"emnist-{_split}-{{train,test}}-{{images-idx3,labels-idx1}}-ubyte.gz "
         "(the 'gzip' folder of the NIST EMNIST release) into $DPFL_DATA/emnist",
     )
 
@@ -207,6 +213,27 @@ def _idx_spellings(stem: str) -> list[str]:
     return [stem + ".gz", stem, alt + ".gz", alt]
 
 
+def _idx_key(kind: str) -> str:
+    key = {"fashion-mnist": "fashion", "emnist": "emnist-byclass"}.get(kind, kind)
+    if key not in _IDX_SPECS:
+        raise InvalidParameterError(f"kind must be one of {IDX_KINDS}; got {kind!r}")
+    return key
+
+
+def _locate_idx(
+    root: str | os.PathLike[str] | None, key: str
+) -> tuple[Path, list[Path]]:
+    subdirs, prefix, _, how = _IDX_SPECS[key]
+    dirs = _search_dirs(root, subdirs)
+    if key == "fashion":
+        dirs.append(Path(DEBIAN_FASHION_MNIST_DIR))
+    if key.startswith("emnist"):
+        stems = [f"{prefix}{s}-{t}" for s in ("train", "test") for t in _IDX_TYPES]
+    else:
+        stems = [f"{s}-{t}" for s in ("train", "t10k") for t in _IDX_TYPES]
+    return _find(dirs, [_idx_spellings(s) for s in stems], key, how)
+
+
 def load_mnist(
     root: str | os.PathLike[str] | None = None,
     kind: str = "mnist",
@@ -251,18 +278,9 @@ def load_mnist(
     transposed back so that digits stand upright. EMNIST-letters labels are
     1..26 in the files and are shifted to 0..25.
     """
-    key = {"fashion-mnist": "fashion", "emnist": "emnist-byclass"}.get(kind, kind)
-    if key not in _IDX_SPECS:
-        raise InvalidParameterError(f"kind must be one of {IDX_KINDS}; got {kind!r}")
-    subdirs, prefix, num_classes, how = _IDX_SPECS[key]
-    dirs = _search_dirs(root, subdirs)
-    if key == "fashion":
-        dirs.append(Path(DEBIAN_FASHION_MNIST_DIR))
-    if key.startswith("emnist"):
-        stems = [f"{prefix}{s}-{t}" for s in ("train", "test") for t in _IDX_TYPES]
-    else:
-        stems = [f"{s}-{t}" for s in ("train", "t10k") for t in _IDX_TYPES]
-    where, files = _find(dirs, [_idx_spellings(s) for s in stems], key, how)
+    key = _idx_key(kind)
+    num_classes = _IDX_SPECS[key][2]
+    where, files = _locate_idx(root, key)
     x_tr, y_tr, x_te, y_te = (load_idx(f) for f in files)
     for x, y, split in ((x_tr, y_tr, "train"), (x_te, y_te, "test")):
         if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
@@ -319,6 +337,19 @@ def _image_dataset(
     )
 
 
+def _locate_cifar10(root: str | os.PathLike[str] | None) -> tuple[Path, list[Path]]:
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    dirs = _search_dirs(root, ("cifar-10-batches-py", "cifar10", "cifar-10"))
+    return _find(
+        dirs,
+        [[n] for n in names],
+        "cifar10",
+        "run `dpfl data fetch cifar10`, or extract cifar-10-python.tar.gz (the "
+        "'python version' from https://www.cs.toronto.edu/~kriz/cifar.html) into "
+        "$DPFL_DATA",
+    )
+
+
 def load_cifar10(
     root: str | os.PathLike[str] | None = None, *, lean: bool = False
 ) -> Dataset:
@@ -353,15 +384,7 @@ def load_cifar10(
     The batches are pickles; unpickling runs code from the file, so load only
     files from a trusted source (the official ``cifar-10-python.tar.gz``).
     """
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    dirs = _search_dirs(root, ("cifar-10-batches-py", "cifar10", "cifar-10"))
-    where, files = _find(
-        dirs,
-        [[n] for n in names],
-        "cifar10",
-        "extract cifar-10-python.tar.gz (the 'python version' from "
-        "https://www.cs.toronto.edu/~kriz/cifar.html) into $DPFL_DATA",
-    )
+    where, files = _locate_cifar10(root)
     xs, ys = [], []
     for f in files:
         with open(f, "rb") as fh:
@@ -429,30 +452,50 @@ def _read_adult(path: Path) -> tuple[list[list[str]], np.ndarray]:
     return rows, np.asarray(labels, dtype=np.int64)
 
 
-def load_adult(root: str | os.PathLike[str] | None = None) -> Dataset:
+def _locate_adult(root: str | os.PathLike[str] | None) -> tuple[Path, list[Path]]:
+    return _find(
+        _search_dirs(root, ("adult",)),
+        [["adult.data"], ["adult.test"]],
+        "adult",
+        "run `dpfl data fetch adult`, or copy adult.data and adult.test from the "
+        "UCI repository (archive.ics.uci.edu/dataset/2/adult) into "
+        "$DPFL_DATA/adult",
+    )
+
+
+def load_adult(
+    root: str | os.PathLike[str] | None = None, *, encoding: str = "onehot"
+) -> Dataset:
     """Load UCI Adult (census income) from ``adult.data`` and ``adult.test``.
 
-    The 6 numeric columns (age, fnlwgt, education-num, capital-gain,
-    capital-loss, hours-per-week) come first, standardised with the training
-    mean and standard deviation; then the 8 categorical columns, in file
-    order, each one-hot encoded over the categories seen in training, sorted.
+    With ``encoding="onehot"`` (the default), the 6 numeric columns (age,
+    fnlwgt, education-num, capital-gain, capital-loss, hours-per-week) come
+    first, standardised with the training mean and standard deviation; then
+    the 8 categorical columns, in file order, each one-hot encoded over the
+    categories seen in training, sorted.
     A missing value (``?``) and a test category unseen in training both
-    encode as all zeros. The label is 1 for
-    income ``>50K`` (the test file's trailing ``.`` is dropped).
+    encode as all zeros. With ``encoding="ordinal"``, the 14 attributes in
+    file order, each standardised with the training mean and standard
+    deviation, a categorical one as its category's number in sorted order
+    (the "14 normalized features" of MS-PAFL's experiment); a missing or
+    unseen category is set to the mean (0). The label is 1 for income
+    ``>50K`` (the test file's trailing ``.`` is dropped).
 
     Parameters
     ----------
     root : str or os.PathLike, optional
         Directory to look in first (also ``root/adult``,
         ``$DPFL_DATA/adult``, ``~/.dpfl/data/adult``).
+    encoding : str, optional
+        ``"onehot"`` (105 features) or ``"ordinal"`` (14 features).
 
     Returns
     -------
     Dataset
         float32 features ``(N, 6 + number of categories)`` (6 + 99 = 105 for
         the full UCI files by the category lists of ``adult.names``; encoders
-        that give ``?`` its own column get 108), binary int64 labels; 32,561
-        train and 16,281 test rows.
+        that give ``?`` its own column get 108) or ``(N, 14)`` ordinal,
+        binary int64 labels; 32,561 train and 16,281 test rows.
 
     Raises
     ------
@@ -461,32 +504,36 @@ def load_adult(root: str | os.PathLike[str] | None = None) -> Dataset:
     DpflError
         If a line is malformed.
     """
-    dirs = _search_dirs(root, ("adult",))
-    where, (train_path, test_path) = _find(
-        dirs,
-        [["adult.data"], ["adult.test"]],
-        "adult",
-        "copy adult.data and adult.test from the UCI repository "
-        "(archive.ics.uci.edu/dataset/2/adult) into $DPFL_DATA/adult",
-    )
+    where, (train_path, test_path) = _locate_adult(root)
     train_rows, y_tr = _read_adult(train_path)
     test_rows, y_te = _read_adult(test_path)
     if not train_rows:
         raise DpflError(f"{train_path}: no records")
     tr = np.asarray(train_rows, dtype=object)
     te = np.asarray(test_rows, dtype=object).reshape(-1, 14)
+    if encoding not in ("onehot", "ordinal"):
+        raise InvalidParameterError(
+            f"encoding must be 'onehot' or 'ordinal'; got {encoding!r}"
+        )
     num_tr: list[np.ndarray] = []
     num_te: list[np.ndarray] = []
     cat_tr: list[np.ndarray] = []
     cat_te: list[np.ndarray] = []
     for j, (_, typ) in enumerate(_ADULT_COLUMNS):
-        if typ == "num":
-            a = tr[:, j].astype(np.float64)
-            b = te[:, j].astype(np.float64)
-            mu, sd = a.mean(), a.std()
+        if typ == "num" or encoding == "ordinal":
+            if typ == "num":
+                a = tr[:, j].astype(np.float64)
+                b = te[:, j].astype(np.float64)
+            else:  # category codes in sorted order; '?' and unseen are missing
+                cats = sorted({c for c in tr[:, j] if c != "?"})
+                code = {c: float(i) for i, c in enumerate(cats)}
+                a = np.array([code.get(c, np.nan) for c in tr[:, j]])
+                b = np.array([code.get(c, np.nan) for c in te[:, j]])
+            mu, sd = float(np.nanmean(a)), float(np.nanstd(a))
             sd = sd if sd > 0 else 1.0
-            num_tr.append(((a - mu) / sd)[:, None])
-            num_te.append(((b - mu) / sd)[:, None])
+            # Standardised; a missing value sits at the training mean (0).
+            num_tr.append(np.nan_to_num((a - mu) / sd)[:, None])
+            num_te.append(np.nan_to_num((b - mu) / sd)[:, None])
         else:
             cats = sorted({c for c in tr[:, j] if c != "?"})
             lookup = {c: i for i, c in enumerate(cats)}
@@ -508,6 +555,238 @@ def load_adult(root: str | os.PathLike[str] | None = None) -> Dataset:
         name="adult",
         input_shape=(x_tr.shape[1],),
         source=str(where),
+    )
+
+
+_FEMNIST_HOW = (
+    "run `dpfl data fetch femnist` (downloads TensorFlow Federated's "
+    "fed_emnist.tar.bz2 and extracts fed_emnist_train.h5 and "
+    "fed_emnist_test.h5 into $DPFL_DATA/femnist; reading them needs h5py: pip "
+    "install 'dpfl[data]'), or build LEAF's JSON files (github.com/TalwalkarLab/"
+    "leaf, data/femnist: ./preprocess.sh -s niid --sf 1.0 -k 0 -t sample) and "
+    "copy its data/train and data/test folders into $DPFL_DATA/femnist"
+)
+
+
+def _femnist_files(
+    d: Path, only_digits: bool
+) -> tuple[str, list[Path], list[Path]] | None:
+    stem = "fed_emnist_digitsonly" if only_digits else "fed_emnist"
+    train, test = d / f"{stem}_train.h5", d / f"{stem}_test.h5"
+    if train.is_file() and test.is_file():
+        return "tff", [train], [test]
+    tr = sorted((d / "train").glob("*.json")) if (d / "train").is_dir() else []
+    te = sorted((d / "test").glob("*.json")) if (d / "test").is_dir() else []
+    if tr and te:
+        return "leaf", tr, te
+    return None
+
+
+def _read_leaf(
+    files: Sequence[Path],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    import json
+
+    xs, ys, ids = [], [], []
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            blob = json.load(fh)
+        if not isinstance(blob, dict) or "user_data" not in blob:
+            raise DpflError(f"{f}: not a LEAF file (no 'user_data' entry)")
+        users = blob.get("users", list(blob["user_data"]))
+        for u in users:
+            rec = blob["user_data"][u]
+            x = np.asarray(rec["x"], dtype=np.float64)
+            y = np.asarray(rec["y"], dtype=np.int64)
+            if x.ndim != 2 or x.shape[1] != 784 or len(x) != len(y):
+                raise DpflError(
+                    f"{f}: user {u!r} has x {x.shape} and y {y.shape}; expected "
+                    "(n, 784) pixel rows and n labels"
+                )
+            xs.append(np.rint(x * 255.0).astype(np.uint8).reshape(-1, 28, 28))
+            ys.append(y)
+            ids.append(np.full(len(y), u, dtype=object))
+    return np.concatenate(xs), np.concatenate(ys), np.concatenate(ids)
+
+
+def _read_tff(files: Sequence[Path]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    (path,) = files
+    try:
+        import h5py
+    except ImportError as err:
+        raise DpflError(
+            f"{path} is TensorFlow Federated's HDF5 layout; reading it needs "
+            "h5py: pip install 'dpfl[data]' (or pip install h5py)"
+        ) from err
+    xs, ys, ids = [], [], []
+    with h5py.File(path, "r") as h5:
+        if "examples" not in h5:
+            raise DpflError(f"{path}: no 'examples' group (not a TFF EMNIST file)")
+        for u in sorted(h5["examples"]):
+            grp = h5["examples"][u]
+            x = np.asarray(grp["pixels"], dtype=np.float64)
+            y = np.asarray(grp["label"], dtype=np.int64)
+            if x.ndim != 3 or x.shape[1:] != (28, 28) or len(x) != len(y):
+                raise DpflError(
+                    f"{path}: client {u!r} has pixels {x.shape} and label "
+                    f"{y.shape}; expected (n, 28, 28) and (n,)"
+                )
+            xs.append(np.rint(x * 255.0).astype(np.uint8))
+            ys.append(y)
+            ids.append(np.full(len(y), u, dtype=object))
+    return np.concatenate(xs), np.concatenate(ys), np.concatenate(ids)
+
+
+def _locate_femnist(
+    root: str | os.PathLike[str] | None, only_digits: bool = False
+) -> tuple[Path, tuple[str, list[Path], list[Path]]]:
+    dirs = _search_dirs(root, ("femnist", "fed_emnist", "leaf/data/femnist/data"))
+    for d in dirs:
+        found = _femnist_files(d, only_digits)
+        if found is not None:
+            return d, found
+    looked = "\n  ".join(str(d) for d in dirs)
+    raise DatasetNotFoundError(
+        "femnist not found: no directory holds fed_emnist_train.h5 and "
+        f"fed_emnist_test.h5, or LEAF's train/*.json and test/*.json. Looked "
+        f"in:\n  {looked}\nTo get it: {_FEMNIST_HOW}."
+    )
+
+
+#: Names :func:`locate` knows: the real data sets whose files dpfl looks for.
+REAL_DATASETS = ("mnist", "fashion-mnist", "emnist", "femnist", "cifar10", "adult")
+
+
+def locate(name: str, root: str | os.PathLike[str] | None = None) -> Path:
+    """Return the directory a real data set would be read from, without reading it.
+
+    The same search as the data set's loader (see the module docstring).
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`REAL_DATASETS`, or an IDX ``kind`` of :func:`load_mnist`
+        (``"emnist-letters"``, ...).
+    root : str or os.PathLike, optional
+        Directory to look in first.
+
+    Returns
+    -------
+    pathlib.Path
+        The directory holding the files.
+
+    Raises
+    ------
+    InvalidParameterError
+        On an unknown name.
+    DatasetNotFoundError
+        If the files are not found; the message lists where dpfl looked and
+        how to get them.
+    """
+    if name == "cifar10":
+        return _locate_cifar10(root)[0]
+    if name == "adult":
+        return _locate_adult(root)[0]
+    if name == "femnist":
+        return _locate_femnist(root)[0]
+    if name in IDX_KINDS or name in ("fashion-mnist", "emnist"):
+        return _locate_idx(root, _idx_key(name))[0]
+    raise InvalidParameterError(
+        f"name must be one of {REAL_DATASETS} or {IDX_KINDS}; got {name!r}"
+    )
+
+
+def load_femnist(
+    root: str | os.PathLike[str] | None = None,
+    *,
+    only_digits: bool = False,
+    invert: bool = False,
+    lean: bool = False,
+) -> Dataset:
+    """Load Federated EMNIST: EMNIST grouped by writer, one client per writer.
+
+    The NIST EMNIST release (IDX files, :func:`load_mnist`) carries no writer
+    ids; LEAF's FEMNIST [1]_ regroups NIST Special Database 19 by writer, and
+    TensorFlow Federated redistributes that grouping as two HDF5 files. Both
+    layouts are read:
+
+    * TensorFlow Federated's ``fed_emnist_train.h5`` and
+      ``fed_emnist_test.h5`` (``fed_emnist_digitsonly_*`` with
+      ``only_digits=True``): group ``examples/<writer>`` with datasets
+      ``pixels`` (n × 28 × 28 float32) and ``label`` (n,). 3,400 writers
+      (3,383 digits-only), 671,585 training and 77,483 test images; each
+      writer's images are split between the two files. Needs ``h5py``.
+    * LEAF's JSON files, ``train/*.json`` and ``test/*.json`` as LEAF's
+      ``preprocess.sh`` writes them: ``{"users": [...], "num_samples":
+      [...], "user_data": {writer: {"x": [784 floats, ...], "y": [...]}}}``.
+
+    Where files are looked for: ``root``, then ``root/femnist``, …,
+    ``$DPFL_DATA/femnist`` and ``~/.dpfl/data/femnist``; the first directory
+    holding either layout wins (HDF5 first).
+
+    Parameters
+    ----------
+    root : str or os.PathLike, optional
+        Directory to look in first.
+    only_digits : bool, optional
+        TensorFlow Federated's digits-only files (10 classes) instead of the
+        62-class ones (default False). LEAF's files hold what they were built
+        with; with ``only_digits`` the letters are dropped.
+    invert : bool, optional
+        Both layouts store the background as 1.0 and the ink as 0.0, the
+        inverse of MNIST; ``invert=True`` returns ``1 - pixel`` (ink 1.0), as
+        MNIST-trained models expect (default False: the files' values).
+    lean : bool, optional
+        Keep pixels as uint8, scaled on access (default False). The files
+        store multiples of 1/255, so uint8 is lossless.
+
+    Returns
+    -------
+    Dataset
+        Images ``(N, 1, 28, 28)`` in [0, 1]; labels 0–9 digits, 10–35
+        upper-case, 36–61 lower-case letters (62 classes; 10 with
+        ``only_digits``); ``client_ids`` and ``test_client_ids`` the writer of
+        each image, so that :meth:`Dataset.federate` gives the natural
+        per-writer partition by default, each writer's test images being its
+        personalised test set.
+
+    Raises
+    ------
+    DatasetNotFoundError
+        If no searched directory holds either layout; the message lists the
+        directories and how to get the files.
+    DpflError
+        If a file is malformed, or h5py is missing for the HDF5 layout.
+
+    References
+    ----------
+    .. [1] Caldas, Duddu, Wu, Li, Konečný, McMahan, Smith, Talwalkar. LEAF: A
+       benchmark for federated settings. arXiv:1812.01097, 2018.
+    """
+    where, (layout, train_files, test_files) = _locate_femnist(root, only_digits)
+    read = _read_tff if layout == "tff" else _read_leaf
+    x_tr, y_tr, ids = read(train_files)
+    x_te, y_te, test_ids = read(test_files)
+    num_classes = 62
+    if only_digits:
+        num_classes = 10
+        keep_tr, keep_te = y_tr < 10, y_te < 10
+        x_tr, y_tr, ids = x_tr[keep_tr], y_tr[keep_tr], ids[keep_tr]
+        x_te, y_te, test_ids = x_te[keep_te], y_te[keep_te], test_ids[keep_te]
+    if invert:
+        x_tr, x_te = 255 - x_tr, 255 - x_te
+    data = _image_dataset(
+        x_tr[:, None],
+        y_tr,
+        x_te[:, None],
+        y_te,
+        num_classes,
+        "femnist-digits" if only_digits else "femnist",
+        str(where),
+        lean,
+    )
+    return dataclasses.replace(
+        data, client_ids=ids.astype(str), test_client_ids=test_ids.astype(str)
     )
 
 

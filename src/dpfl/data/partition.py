@@ -17,6 +17,7 @@ References
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,10 +34,18 @@ __all__ = [
     "equal_size",
     "federate",
     "iid",
+    "natural",
     "shards",
 ]
 
-PARTITIONS = ("iid", "shards", "dirichlet", "dirichlet-per-client", "equal-size")
+PARTITIONS = (
+    "iid",
+    "shards",
+    "dirichlet",
+    "dirichlet-per-client",
+    "equal-size",
+    "natural",
+)
 
 
 def _check_rng(rng: object) -> np.random.Generator:
@@ -47,8 +56,47 @@ def _check_rng(rng: object) -> np.random.Generator:
     return rng
 
 
+def _to_numpy(value: Any) -> Any:
+    """A torch tensor (any device) as a numpy array; anything else unchanged."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        return value.detach().cpu().numpy()
+    return value
+
+
+def _check_features(features: Any) -> Any:
+    """Return features as float32; lazy sources are kept as they are.
+
+    Arrays, tensors and nested lists are converted (without a copy when
+    already a float32 numpy array).
+    """
+    features = _to_numpy(features)
+    if not isinstance(features, np.ndarray) and all(
+        hasattr(features, a) for a in ("shape", "dtype", "nbytes", "__getitem__")
+    ):
+        return features  # a LazyFeatures source
+    try:
+        arr = np.asarray(features)
+    except (TypeError, ValueError) as err:
+        raise InvalidParameterError(
+            f"features must be a numeric array (N, ...); got "
+            f"{type(features).__name__}: {err}"
+        ) from None
+    if arr.ndim < 1 or not (
+        np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_
+    ):
+        raise InvalidParameterError(
+            f"features must be a numeric array (N, ...); got dtype {arr.dtype}, "
+            f"shape {arr.shape}"
+        )
+    return arr.astype(np.float32, copy=False)
+
+
 def _check_labels(labels: object) -> np.ndarray:
-    arr = np.asarray(labels)
+    arr = np.asarray(_to_numpy(labels))
+    if arr.ndim == 1 and arr.size and np.issubdtype(arr.dtype, np.floating):
+        # Labels stored as floats (1.0, 2.0, ...), as CSV and some tensors hold them.
+        if np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise InvalidParameterError(
             f"labels must be a 1-d integer array; got dtype {arr.dtype}, "
@@ -236,6 +284,8 @@ def dirichlet_per_client(
     records_per_client: int,
     beta: float,
     rng: np.random.Generator,
+    *,
+    proportions: list[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Equal-size clients with Dirichlet label mixtures (Hsu, Qi, Brown 2019).
 
@@ -257,6 +307,10 @@ def dirichlet_per_client(
         Concentration, > 0.
     rng : numpy.random.Generator
         Source of randomness.
+    proportions : list, optional
+        If given (an empty list), each client's drawn ``q_k`` is appended to
+        it, so that a test set can be drawn from ``q_k`` itself (the paper's
+        θ^te ~ Multinomial(200, q); see :func:`client_test_split`).
 
     Returns
     -------
@@ -289,6 +343,8 @@ def dirichlet_per_client(
     out = []
     for _ in range(num_clients):
         q = rng.dirichlet(np.full(num_classes, beta))
+        if proportions is not None:
+            proportions.append(q)
         want = np.zeros(num_classes, dtype=np.int64)
         need = d
         avail = left.copy()
@@ -372,16 +428,74 @@ def equal_size(
     return list(block)
 
 
+def natural(
+    client_ids: Any,
+    num_clients: int | None = None,
+    rng: np.random.Generator | None = None,
+) -> list[np.ndarray]:
+    """The partition the data came with: one client per distinct id.
+
+    ``client_ids[i]`` names the owner of row ``i`` (a writer of FEMNIST, the
+    value of a CSV file's client column, ...). Clients are ordered by sorted
+    id. With ``num_clients`` smaller than the number of ids, that many ids are
+    drawn uniformly at random without replacement (as LEAF samples a fraction
+    of its users) and the rows of the others are left out.
+
+    Parameters
+    ----------
+    client_ids : array-like
+        One id per row (integers or strings), shape ``(N,)``.
+    num_clients : int, optional
+        Number of clients to keep; default all.
+    rng : numpy.random.Generator, optional
+        Source of randomness; required when ``num_clients`` keeps fewer
+        clients than there are ids.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Row numbers of each client, ascending.
+
+    Raises
+    ------
+    InvalidParameterError
+        If ``client_ids`` is not 1-d, or ``num_clients`` exceeds the number of
+        distinct ids.
+    """
+    ids = np.asarray(_to_numpy(client_ids))
+    if ids.ndim != 1 or ids.size == 0:
+        raise InvalidParameterError(
+            f"client_ids must be a non-empty 1-d array; got shape {ids.shape}"
+        )
+    uniq, owner = np.unique(ids, return_inverse=True)
+    order = np.argsort(owner, kind="stable")
+    bounds = np.cumsum(np.bincount(owner, minlength=uniq.size))[:-1]
+    parts = np.split(order.astype(np.int64), bounds)
+    if num_clients is None or num_clients == uniq.size:
+        return parts
+    num_clients = check_count("num_clients", num_clients, minimum=1)
+    if num_clients > uniq.size:
+        raise InvalidParameterError(
+            f"num_clients must be <= the {uniq.size} distinct client ids; got "
+            f"{num_clients} (use num_clients=None for all of them)"
+        )
+    keep = np.sort(_check_rng(rng).choice(uniq.size, num_clients, replace=False))
+    return [parts[i] for i in keep]
+
+
 def client_test_split(
     train_labels: np.ndarray,
     client_indices: list[np.ndarray],
     test_labels: np.ndarray,
     records_per_client: int,
     rng: np.random.Generator,
+    *,
+    proportions: list[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Per-client test rows that follow each client's training label mix.
 
-    Client k with empirical training label distribution π_k draws label counts
+    Client k with empirical training label distribution π_k (or the given
+    ``proportions[k]``) draws label counts
     ``~ Multinomial(records_per_client, π_k)`` and, for each label, that many
     test rows of the label without replacement (with replacement if the label
     has fewer test rows). Clients draw independently, so they may share test
@@ -401,6 +515,9 @@ def client_test_split(
         Test rows per client.
     rng : numpy.random.Generator
         Source of randomness.
+    proportions : list of numpy.ndarray, optional
+        Each client's label distribution to draw from instead of its
+        empirical one (e.g. the ``q_k`` :func:`dirichlet_per_client` drew).
 
     Returns
     -------
@@ -419,11 +536,21 @@ def client_test_split(
     num_classes = int(max(ytr.max(initial=0), yte.max(initial=0))) + 1
     pools = [np.flatnonzero(yte == c) for c in range(num_classes)]
     out = []
+    if proportions is not None and len(proportions) != len(client_indices):
+        raise InvalidParameterError(
+            f"proportions must have one entry per client ({len(client_indices)}); "
+            f"got {len(proportions)}"
+        )
     for k, rows in enumerate(client_indices):
-        counts = np.bincount(ytr[rows], minlength=num_classes)
-        if counts.sum() == 0:
+        if proportions is not None:
+            mix = np.zeros(num_classes)
+            q = np.asarray(proportions[k], dtype=np.float64)
+            mix[: q.size] = q[:num_classes]
+        else:
+            mix = np.bincount(ytr[rows], minlength=num_classes).astype(np.float64)
+        if mix.sum() <= 0:
             raise InvalidParameterError(f"client_indices[{k}] is empty")
-        draw = rng.multinomial(m, counts / counts.sum())
+        draw = rng.multinomial(m, mix / mix.sum())
         picked = []
         for c in np.flatnonzero(draw):
             pool = pools[c]
@@ -440,8 +567,9 @@ def federate(
     features: Any,
     labels: np.ndarray,
     *,
-    partition: str | list[np.ndarray] = "iid",
+    partition: str | Sequence[Any] = "iid",
     num_clients: int | None = None,
+    client_ids: Any = None,
     seed: int | np.random.Generator = 0,
     num_classes: int | None = None,
     test_features: Any = None,
@@ -459,15 +587,24 @@ def federate(
 
     Parameters
     ----------
-    features : numpy.ndarray or LazyFeatures
-        Inputs, float32, ``(N, ...)``; kept, not copied.
-    labels : numpy.ndarray
-        Integer labels ``(N,)``.
-    partition : str or list of numpy.ndarray, optional
+    features : array-like or LazyFeatures
+        Inputs ``(N, ...)``: a numpy array, a torch tensor (any device) or
+        nested lists, converted to float32 (float32 numpy arrays and lazy
+        sources are kept, not copied).
+    labels : array-like
+        Integer labels ``(N,)`` (numpy or torch; integral floats such as
+        ``1.0`` are accepted).
+    partition : str or sequence of index arrays, optional
         ``"iid"``, ``"shards"``, ``"dirichlet"``, ``"dirichlet-per-client"``,
-        ``"equal-size"``, or explicit per-client row arrays. Default ``"iid"``.
+        ``"equal-size"``, ``"natural"`` (one client per distinct value of
+        ``client_ids``; see :func:`natural`), or explicit per-client row
+        arrays: any partitioner's output, e.g. a list of index arrays or
+        ``[p.indices for p in ...]``. Default ``"iid"``.
     num_clients : int, optional
-        Number of clients (required unless ``partition`` is a list).
+        Number of clients (required unless ``partition`` is a list or
+        ``"natural"``; for ``"natural"`` it draws that many of the ids).
+    client_ids : array-like, optional
+        Owner of each row, for ``partition="natural"``.
     seed : int or numpy.random.Generator, optional
         Seed or generator for the partition and the test split (default 0).
     num_classes : int, optional
@@ -503,9 +640,27 @@ def federate(
     InvalidParameterError
         On an unknown partition or bad parameters.
     """
+    features = _check_features(features)
+    if test_features is not None:
+        test_features = _check_features(test_features)
     y = _check_labels(labels)
     rng = np.random.default_rng(seed)
-    if isinstance(partition, str):
+    # The label mixes a partition drew, when the test split should follow them
+    # rather than the clients' empirical mixes ("dirichlet-per-client").
+    mixes: list[np.ndarray] | None = None
+    if isinstance(partition, str) and partition.lower() == "natural":
+        if client_ids is None:
+            raise InvalidParameterError(
+                "partition 'natural' needs client_ids (the owner of each row); got None"
+            )
+        if len(client_ids) != y.size:
+            raise InvalidParameterError(
+                f"client_ids must have one entry per row ({y.size}); got "
+                f"{len(client_ids)}"
+            )
+        parts = natural(client_ids, num_clients, rng)
+        label = "natural"
+    elif isinstance(partition, str):
         if num_clients is None:
             raise InvalidParameterError(
                 f"num_clients is required for partition {partition!r}; got None"
@@ -532,8 +687,9 @@ def federate(
                     allow_repeats=allow_repeats,
                 )
             else:
+                mixes = []
                 parts = dirichlet_per_client(
-                    y, num_clients, records_per_client, beta, rng
+                    y, num_clients, records_per_client, beta, rng, proportions=mixes
                 )
         else:
             raise InvalidParameterError(
@@ -542,7 +698,16 @@ def federate(
             )
         label = key
     else:
-        parts = [np.asarray(p, dtype=np.int64) for p in partition]
+        parts = [np.asarray(_to_numpy(p)) for p in partition]
+        for k, part in enumerate(parts):
+            if part.ndim != 1 or (
+                part.size and not np.issubdtype(part.dtype, np.integer)
+            ):
+                raise InvalidParameterError(
+                    f"partition[{k}] must be a 1-d array of row numbers; got "
+                    f"dtype {part.dtype}, shape {part.shape}"
+                )
+        parts = [part.astype(np.int64, copy=False) for part in parts]
         label = "custom"
     y_test = None if test_labels is None else _check_labels(test_labels)
     if num_classes is None:
@@ -556,7 +721,9 @@ def federate(
             raise InvalidParameterError(
                 "client_test_records needs test_features and test_labels"
             )
-        client_test = client_test_split(y, parts, y_test, client_test_records, rng)
+        client_test = client_test_split(
+            y, parts, y_test, client_test_records, rng, proportions=mixes
+        )
     return FederatedDataset(
         features=features,
         labels=y,

@@ -11,9 +11,10 @@ from dpfl.data.loaders import (
     load_adult,
     load_cifar10,
     load_digits,
+    load_femnist,
     load_mnist,
 )
-from dpfl.data.partition import federate
+from dpfl.data.sources import load_csv, load_idx_files, load_npz
 from dpfl.data.synthetic import synthetic, synthetic_images
 from dpfl.errors import DpflError, InvalidParameterError
 
@@ -38,14 +39,88 @@ def _digits(
     return load_digits(test_fraction=test_fraction, seed=seed, flatten=flatten)
 
 
+def _need_path(name: str, path: Any) -> Any:
+    if path is None:
+        raise InvalidParameterError(
+            f"path is required for dataset {name!r} (data.path in a run "
+            "configuration); got None"
+        )
+    return path
+
+
+def _csv(
+    *,
+    path: Any = None,
+    label_column: str | int = "label",
+    client_column: str | int | None = None,
+    feature_columns: list[str | int] | None = None,
+    header: bool = True,
+    delimiter: str = ",",
+    test_path: Any = None,
+    test_fraction: float | None = None,
+    seed: int = 0,
+) -> Dataset:
+    return load_csv(
+        _need_path("csv", path),
+        label_column=label_column,
+        client_column=client_column,
+        feature_columns=feature_columns,
+        header=header,
+        delimiter=delimiter,
+        test_path=test_path,
+        test_fraction=test_fraction,
+        seed=seed,
+    )
+
+
+def _npz(
+    *,
+    path: Any = None,
+    features: str | None = None,
+    labels: str | None = None,
+    test_features: str | None = None,
+    test_labels: str | None = None,
+    clients: str | None = None,
+    channels_last: bool = False,
+) -> Dataset:
+    return load_npz(
+        _need_path("npz", path),
+        features=features,
+        labels=labels,
+        test_features=test_features,
+        test_labels=test_labels,
+        clients=clients,
+        channels_last=channels_last,
+    )
+
+
+def _idx(
+    *,
+    path: Any = None,
+    labels: Any = None,
+    test_images: Any = None,
+    test_labels: Any = None,
+) -> Dataset:
+    return load_idx_files(
+        _need_path("idx", path),
+        labels,
+        test_images=test_images,
+        test_labels=test_labels,
+    )
+
+
 # Centralised loaders (partitioned by `federate`) and generators (already federated).
 _LOADERS: dict[str, Callable[..., Dataset]] = {
     "digits": _digits,
     "mnist": _mnist,
     "fashion-mnist": _fashion,
     "emnist": _emnist,
+    "femnist": load_femnist,
     "cifar10": load_cifar10,
     "adult": load_adult,
+    "csv": _csv,
+    "npz": _npz,
+    "idx": _idx,
 }
 _GENERATORS: dict[str, Callable[..., FederatedDataset]] = {
     "synthetic": synthetic,
@@ -79,16 +154,23 @@ def get_dataset(name: str, **kwargs: Any) -> FederatedDataset:
     ----------
     name : str
         One of ``"digits"``, ``"synthetic"``, ``"synthetic-images"``,
-        ``"mnist"``, ``"fashion-mnist"``, ``"emnist"``, ``"cifar10"``,
-        ``"adult"``.
+        ``"mnist"``, ``"fashion-mnist"``, ``"emnist"``, ``"femnist"`` (EMNIST
+        by writer, :func:`~dpfl.data.load_femnist`), ``"cifar10"``,
+        ``"adult"``, or a user's own file: ``"csv"``, ``"npz"``, ``"idx"``
+        (with ``path``).
     **kwargs
         For ``"synthetic"`` and ``"synthetic-images"``: the generator's
         arguments (:func:`~dpfl.data.synthetic`,
         :func:`~dpfl.data.synthetic_images`). For the others: the loader's
         (``root``, ``lean``; ``split`` for EMNIST, default ``"byclass"``;
-        ``test_fraction``, ``flatten`` for digits) and the partition's, passed
-        to :func:`~dpfl.data.federate` (``partition`` default ``"iid"``,
-        ``num_clients`` default 10, ``seed`` default 0, ``shards_per_client``,
+        ``only_digits``, ``invert`` for FEMNIST;
+        ``test_fraction``, ``flatten`` for digits; ``path`` and the keywords
+        of :func:`~dpfl.data.load_csv`, :func:`~dpfl.data.load_npz` or
+        :func:`~dpfl.data.load_idx_files` (``labels``, ``test_images``,
+        ``test_labels``) for the files) and the partition's, passed to
+        :func:`~dpfl.data.federate` (``partition`` default ``"natural"`` for
+        data with client ids, else ``"iid"``; ``num_clients`` default 10, or
+        all ids for ``"natural"``; ``seed`` default 0, ``shards_per_client``,
         ``beta``, ``records_per_client``, ``min_size``, ``allow_repeats``,
         ``client_test_records``).
 
@@ -130,16 +212,7 @@ def get_dataset(name: str, **kwargs: Any) -> FederatedDataset:
         )
     data = loader(**{k: v for k, v in kwargs.items() if k in loader_keys})
     fed = {k: v for k, v in kwargs.items() if k in _FEDERATE_KEYS}
-    fed.setdefault("num_clients", 10)
-    partition = fed.get("partition", "iid")
-    label = partition if isinstance(partition, str) else "custom"
-    return federate(
-        data.features,
-        data.labels,
-        test_features=data.test_features,
-        test_labels=data.test_labels,
-        num_classes=data.num_classes,
-        name=f"{data.name}/{label}",
-        input_shape=data.input_shape,
-        **fed,
-    )
+    natural = "natural" if data.client_ids is not None else "iid"
+    if fed.get("partition", natural) != "natural":
+        fed.setdefault("num_clients", 10)
+    return data.federate(**fed)

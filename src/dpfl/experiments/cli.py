@@ -345,3 +345,7 @@ def add_subcommands(subparsers: Any) -> None:
     p.add_argument("--rounds", type=int, help="number of rounds (default 100)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=_demo)
+
+    from dpfl.data.cli import add_data_subcommand
+
+    add_data_subcommand(subparsers)

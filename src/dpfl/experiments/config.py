@@ -122,6 +122,10 @@ def _field(default: Any = dataclasses.MISSING, check: Any = None, **kw: Any) -> 
 
 
 # -- the tree -------------------------------------------------------------------
+#: Data set names read from a user's file given by ``data.path``.
+FILE_DATASETS = ("csv", "npz", "idx")
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """The federated data set.
@@ -129,25 +133,58 @@ class DataConfig:
     Attributes
     ----------
     name : str
-        A name of :func:`dpfl.data.get_dataset` (``"digits"`` by default).
-    num_clients : int
-        Number of clients.
+        A name of :func:`dpfl.data.get_dataset` (``"digits"`` by default), or
+        ``"csv"``, ``"npz"`` or ``"idx"`` for a file of one's own.
+    path : str or None
+        The file (or, for ``"idx"``, the directory of IDX files) of a
+        ``csv``/``npz``/``idx`` data set; a relative path is taken from the
+        working directory. Required for those names, refused for the others
+        (the real data sets take ``options.root``).
+    num_clients : int or None
+        Number of clients; with ``partition: natural``, how many of the data's
+        own clients to draw at random, or ``None`` for all of them.
     partition : str or None
         ``"equal-size"`` (d records each, the random-participation setting),
-        ``"iid"``, ``"shards"``, ``"dirichlet"``, ...; ``None`` for data sets
-        that are generated federated (``"synthetic"``).
+        ``"iid"``, ``"shards"``, ``"dirichlet"``, ``"natural"`` (the clients
+        the data come with: a CSV client column, an npz client array,
+        FEMNIST's writers), ...; ``None`` for data sets that are generated
+        federated (``"synthetic"``).
     records_per_client : int or None
         d, for ``"equal-size"``.
     options : dict
         Further keyword arguments of :func:`~dpfl.data.get_dataset`
-        (e.g. ``beta``, ``test_fraction``).
+        (e.g. ``beta``, ``test_fraction``; for a CSV file ``label_column``,
+        ``client_column``, ``feature_columns``, ``header``, ``delimiter``,
+        ``test_path``, ``test_fraction``; for npz the array names
+        ``features``, ``labels``, ``test_features``, ``test_labels``,
+        ``clients``; for IDX ``labels``, ``test_images``, ``test_labels``).
     """
 
     name: str = "digits"
-    num_clients: int = _field(100, _at_least(1))
+    path: str | None = None
+    num_clients: int | None = _field(100, _at_least(1))
     partition: str | None = "equal-size"
     records_per_client: int | None = _field(None, _at_least(1))
     options: dict[str, Any] = _field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name in FILE_DATASETS and not self.path:
+            raise ConfigError(
+                f"data.path is required for data.name {self.name!r} (the file to "
+                "read); got None"
+            )
+        if self.path is not None and self.name not in FILE_DATASETS:
+            raise ConfigError(
+                f"data.path is read only for data.name in {list(FILE_DATASETS)}; "
+                f"got data.name {self.name!r} (a real data set's directory is "
+                "data.options.root)"
+            )
+        if self.num_clients is None and self.partition != "natural":
+            raise ConfigError(
+                "data.num_clients may be null only with data.partition "
+                f"'natural' (all of the data's own clients); got partition "
+                f"{self.partition!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

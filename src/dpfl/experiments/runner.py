@@ -254,6 +254,8 @@ def _build_dataset(config: RunConfig) -> Any:
         kwargs["partition"] = data.partition
     if data.records_per_client is not None:
         kwargs["records_per_client"] = data.records_per_client
+    if data.path is not None:
+        kwargs["path"] = data.path
     kwargs.update(data.options)
     return get_dataset(data.name, **kwargs)
 
