@@ -116,4 +116,10 @@ def test_ms_pafl_adult_runs_on_files_in_adults_format(tmp_path, monkeypatch):
     monkeypatch.setenv("DPFL_DATA", str(tmp_path / "data"))
     result = _train(ROOT / "presets" / "ms-pafl-adult.yaml", tmp_path / "runs")
     assert result.rounds_completed == 2
+    # the paper's d = 14 attributes, one weight each (no bias), one logit
+    from dpfl.data import get_dataset
+
+    config = load_config(ROOT / "presets" / "ms-pafl-adult.yaml", [])
+    data = get_dataset("adult", num_clients=100, **config.data.options)
+    assert tuple(data.input_shape) == (14,)
     assert 0.0 <= result.metrics["test_accuracy"] <= 1.0
