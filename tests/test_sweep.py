@@ -79,12 +79,10 @@ def test_sweep_table_and_banded_figure(tmp_path: Path) -> None:
         jobs=1,
         progress=lines.append,
     )
-    assert len(lines) == 4 and lines[-1].startswith("[4/4] noise_multiplier=4 seed=1:")
+    assert len(lines) == 4 and lines[-1].startswith("[4/4] σ=4 seed=1:")
     assert res.failed == 0 and len(res.runs) == 4
-    assert [r["point"] for r in res.rows] == [
-        "noise_multiplier=1",
-        "noise_multiplier=4",
-    ]
+    assert (out / "runs" / "noise_multiplier-4-s1" / "ledger.json").exists()
+    assert [r["point"] for r in res.rows] == ["σ=1", "σ=4"]
     for row, sigma in zip(res.rows, (1.0, 4.0)):
         runs = [r for r in res.runs if r["point"] == row["point"]]
         accs = [r["metrics"]["test_accuracy"] for r in runs]
@@ -153,3 +151,34 @@ def test_sweep_cli_in_processes(
         assert float(r["epsilon_mean"]) <= float(r["epsilon_budget"])
         assert float(r["test_accuracy_sd"]) >= 0
     assert (out / "sweep.png").exists() and (out / "sweep.pdf").exists()
+
+
+@pytest.mark.integration
+def test_ray_backend_gives_the_in_process_results(tmp_path: Path) -> None:
+    """Ray tasks run the same configurations: the same table as one process."""
+    pytest.importorskip("ray")
+    over = [*TINY, "privacy.noise_multiplier=[1.0, 4.0]"]
+    local = run_sweep(PRESET, [0, 1], overrides=over, out=tmp_path / "a", jobs=1)
+    ray = run_sweep(
+        PRESET, [0, 1], overrides=over, out=tmp_path / "b", jobs=2, backend="ray"
+    )
+    assert ray.failed == 0
+    for a, b in zip(local.rows, ray.rows):
+        assert a["test_accuracy_mean"] == pytest.approx(b["test_accuracy_mean"])
+        assert a["epsilon_mean"] == b["epsilon_mean"]
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--seeds", "2-1"], "seeds: a range A-B needs 0 <= A <= B; got '2-1'"),
+        (["--jobs", "0"], "jobs must be an integer >= 1; got 0"),
+        (["--set", "privacy.epsilonn=[1,2]"], "did you mean 'privacy.epsilon'"),
+    ],
+)
+def test_sweep_cli_errors_are_one_line(tmp_path, capsys, extra, needle) -> None:
+    argv = ["sweep", str(PRESET), "--out", str(tmp_path / "s"), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+    assert not (tmp_path / "s").exists()

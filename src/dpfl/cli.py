@@ -6,7 +6,9 @@ the guarantee's terms and every analysis side by side (``--json`` for scripts,
 ``resume``, ``plot``, ``demo``) load torch lazily, so the accounting commands
 work without it.
 
-Errors in the input exit with status 2 and one line naming the parameter.
+Errors in the input exit with status 2 and one line naming the parameter; a
+missing optional dependency exits with status 1 and one line naming the extra
+to install; Ctrl-C exits with status 130.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import functools
 import json
 import math
 import os
+import re
 import sys
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, NoReturn
 
 from dpfl.accounting._quiet import quiet as _quiet
@@ -26,8 +29,37 @@ from dpfl.errors import DpflError, InvalidParameterError
 __all__ = ["main"]
 
 
+#: The default δ of every accounting command that reports ε at a δ. One
+#: value for all: the training configuration's default too (``privacy.delta``),
+#: and below 1/n for the datasets up to 100,000 privacy units that dpfl's
+#: presets and the papers' tables use; for more units, pass a smaller δ.
+DEFAULT_DELTA = 1e-5
+
+#: Exit status when an optional dependency (an extra) is not installed.
+EXIT_MISSING_EXTRA = 1
+
+#: Exit status on Ctrl-C (128 + SIGINT, the shell's convention).
+EXIT_INTERRUPTED = 130
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Show each option's default, unless its help already names it or it has none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        if not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line and exit status 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -53,10 +85,13 @@ class Report:
         self.notes = list(notes)
         self.plot = plot
 
-    def to_json(self) -> str:
+    def to_json(self, inputs: dict[str, Any] | None = None) -> str:
+        """The chosen result as JSON; ``inputs`` (the command's options) echoed."""
         out = dict(self.result)
         if self.notes:
             out.setdefault("notes", self.notes)
+        if inputs:
+            out.setdefault("inputs", inputs)
         return json.dumps(out, indent=2, default=_jsonable)
 
     def to_table(self) -> str:
@@ -130,29 +165,42 @@ def _add_budget(
     """Target flags: calibrate needs both; account reports ε at δ or δ at ε."""
     if calibrate:
         p.add_argument("--epsilon", type=float, required=True, help="target epsilon")
-        p.add_argument("--delta", type=float, required=True, help="target delta")
+        p.add_argument(
+            "--delta",
+            type=float,
+            required=True,
+            help="target delta (well below 1/n for n privacy units)",
+        )
         return
+    why = "; one default for every command, below 1/n up to n = 100,000 units"
     if delta_only:
         p.add_argument(
             "--delta",
             type=float,
             default=default_delta,
-            help=f"report epsilon at this delta (default {default_delta:g})",
+            help=f"report epsilon at this delta (default {default_delta:g}{why})",
         )
         return
     g = p.add_mutually_exclusive_group()
     g.add_argument(
         "--delta",
         type=float,
-        help=f"report epsilon at this delta (default {default_delta:g})",
+        help=f"report epsilon at this delta (default {default_delta:g}{why})",
     )
     g.add_argument("--epsilon", type=float, help="report delta at this epsilon")
     p.set_defaults(default_delta=default_delta)
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _add_common(p: argparse.ArgumentParser, *, plot: bool) -> None:
+    """``--json``, and ``--plot`` where there are curves (``dpfl account``)."""
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
-    p.add_argument("--plot", metavar="FILE", help="write epsilon-delta/rounds curves")
+    if plot:
+        p.add_argument(
+            "--plot",
+            metavar="FILE",
+            help="also draw epsilon against delta and against rounds, one line per "
+            "analysis, to FILE (a .png also gets a .pdf and a .svg beside it)",
+        )
 
 
 # -- shared pieces --------------------------------------------------------------
@@ -290,8 +338,8 @@ def _rp_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
         help=f"the analysis --json reports (default {rp.ANALYSES[0]}, the tightest "
         "proven)",
     )
-    _add_budget(p, calibrate, default_delta=1e-6)
-    _add_common(p)
+    _add_budget(p, calibrate, default_delta=DEFAULT_DELTA)
+    _add_common(p, plot=not calibrate)
 
 
 def _rp_event(a: argparse.Namespace, sigma: float) -> Any:
@@ -352,13 +400,12 @@ def account_random_participation(a: argparse.Namespace) -> Report:
     def plot(path: str) -> None:
         _plot_curves(
             path,
-            [a.analysis] if a.json else ["wcs", "sound", "ols"],
-            lambda name, delta, rounds: _rp_epsilon(
-                _with(a, rounds=rounds), a.noise_multiplier, name, delta
-            ),
-            delta=a.delta,
+            event,
+            rows,
+            delta=a.delta or a.default_delta,
             rounds=a.rounds,
-            title=f"random participation, sigma={a.noise_multiplier}",
+            title=f"Random participation: p={a.p}, q={a.q}, "
+            f"d={a.records_per_client}, σ={a.noise_multiplier}",
         )
 
     return Report(
@@ -391,27 +438,77 @@ def _with(a: argparse.Namespace, **changes: Any) -> argparse.Namespace:
 
 def _plot_curves(
     path: str,
-    analyses: Sequence[str],
-    epsilon: Callable[[str, float, int], float],
+    event: Any,
+    rows: Sequence[Mapping[str, Any]],
+    epsilon: Callable[[str, Sequence[float], int], list[float]] | None = None,
     *,
     delta: float,
-    rounds: int,
+    rounds: int | None,
     title: str,
 ) -> None:
-    """Draw ε vs δ (at ``rounds``) and ε vs rounds (at ``delta``) per analysis."""
+    """Draw ε vs δ (at ``rounds``) and ε vs rounds (at ``delta``) per analysis.
+
+    One line per table row (its ``analysis`` and ``status``).
+    ``epsilon(analysis, deltas, rounds)`` gives the certified ε at each δ;
+    by default one composition of ``event`` by :class:`Accountant` per
+    analysis and round count, queried at every δ. ``rounds=None``: a
+    one-shot mechanism, the δ panel only. Analyses that are not proven are
+    dashed and their status is in the legend.
+    """
     import numpy as np
 
+    from dpfl.accounting import schemes
     from dpfl.plotting import plot_epsilon_curves
 
-    deltas = [float(d) for d in np.logspace(-10, -2, 7)]
-    grid = sorted({int(t) for t in np.geomspace(1, max(rounds, 2), 7)})
+    if epsilon is None:
+        from dpfl.accounting.accountant import Accountant
+
+        def epsilon(name: str, ds: Sequence[float], t: int) -> list[float]:
+            acc = Accountant(name).compose(event, t)
+            return [acc.epsilon(d).upper for d in ds]
+
+    analyses = [str(r["analysis"]) for r in rows]
+    names: dict[str, str] = {}
+    dashed = []
+    for row in rows:
+        label = str(row["analysis"])
+        if row.get("status", "proven") != "proven":
+            label += f" ({row['status']})"
+            dashed.append(label)
+        names[str(row["analysis"])] = label
+    desc = schemes.describe(event, None)
+    unit = f"{desc['unit']}-level"
+    deltas = sorted({float(d) for d in np.logspace(-10, -2, 9)} | {float(delta)})
+    steps = rounds or 1
+    grid = [steps]
+    if rounds is not None and rounds > 1:
+        grid = sorted({int(round(t)) for t in np.geomspace(1, rounds, 5)} | {rounds})
+    by_delta: dict[str, list[float]] = {}
+    by_rounds: dict[str, list[float]] = {}
+    for a in analyses:  # one composition per round count, queried at every δ
+        at = {t: epsilon(a, deltas if t == steps else [delta], t) for t in grid}
+        by_delta[names[a]] = at[steps]
+        by_rounds[names[a]] = [
+            at[t][deltas.index(delta)] if t == steps else at[t][0] for t in grid
+        ]
+    kw: dict[str, Any] = {}
+    if len(grid) > 1:
+        kw = {
+            "rounds": grid,
+            "epsilon_by_rounds": by_rounds,
+            "rounds_title": f"at δ = {delta:g}",
+        }
     plot_epsilon_curves(
         path,
         deltas=deltas,
-        epsilon_by_delta={a: [epsilon(a, d, rounds) for d in deltas] for a in analyses},
-        rounds=grid,
-        epsilon_by_rounds={a: [epsilon(a, delta, t) for t in grid] for a in analyses},
+        epsilon_by_delta=by_delta,
+        delta_title=f"after {steps} round{'s' if steps > 1 else ''}"
+        if rounds is not None
+        else "one release",
+        epsilon_label=f"ε ({unit}, upper bound)",
+        dashed=dashed,
         title=title,
+        **kw,
     )
 
 
@@ -424,8 +521,12 @@ def _pfs_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
             required=True,
             help="the paper's sigma (noise std 2*C*sigma on the clipped sum)",
         )
-    p.add_argument("--batch-size", type=int, required=True, help="B")
-    p.add_argument("--records-per-client", type=int, required=True, help="n")
+    p.add_argument(
+        "--batch-size", type=int, required=True, help="B, records per local step"
+    )
+    p.add_argument(
+        "--records-per-client", type=int, required=True, help="n, records per client"
+    )
     p.add_argument("--local-steps", type=int, required=True, help="K noisy steps")
     p.add_argument("--rounds", type=int, required=True, help="R rounds")
     p.add_argument(
@@ -445,8 +546,8 @@ def _pfs_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
     p.add_argument(
         "--guarantee", default="weak", choices=("weak", "strong"), help="federated f-DP"
     )
-    _add_budget(p, calibrate, default_delta=1e-5, delta_only=not calibrate)
-    _add_common(p)
+    _add_budget(p, calibrate, default_delta=DEFAULT_DELTA, delta_only=not calibrate)
+    _add_common(p, plot=not calibrate)
 
 
 def _pfs_event(a: argparse.Namespace, sigma: float) -> Any:
@@ -511,7 +612,28 @@ def account_prifedsync(a: argparse.Namespace) -> Report:
         f"p={a.sync_probability}"
     )
     notes = _pfs_notes(a, mu) + [f"clt (invalid): {_formula_basis('prifedsync/clt')}"]
-    return Report(title, result, rows, notes)
+
+    def curve(name: str, deltas: Sequence[float], rounds: int) -> list[float]:
+        if name == "clt":
+            m = _pfs_clt(_with(a, rounds=rounds), a.noise_multiplier)
+            return [gaussian.gdp_epsilon(d, mu=m) for d in deltas]
+        from dpfl.accounting.accountant import Accountant
+
+        acc = Accountant(None).compose(event, rounds)
+        return [acc.epsilon(d).upper for d in deltas]
+
+    def plot(path: str) -> None:
+        _plot_curves(
+            path,
+            event,
+            rows,
+            curve,
+            delta=a.delta,
+            rounds=a.rounds,
+            title=title,
+        )
+
+    return Report(title, result, rows, notes, plot)
 
 
 def _formula_basis(key: str) -> str:
@@ -555,7 +677,7 @@ def calibrate_prifedsync(a: argparse.Namespace) -> Report:
 def _fedavg_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
     from dpfl.accounting import rdp
 
-    p.add_argument("--clients", type=int, required=True, help="K")
+    p.add_argument("--clients", type=int, required=True, help="K, number of clients")
     p.add_argument("--cohort", type=int, required=True, help="m clients per round")
     p.add_argument("--rounds", type=int, required=True, help="rounds T")
     p.add_argument(
@@ -573,8 +695,8 @@ def _fedavg_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
             help="noise std on the sum of clipped updates, divided by the clip",
         )
         p.add_argument("--threshold", type=float, help="Q: report the stop round")
-    _add_budget(p, calibrate, default_delta=1e-5)
-    _add_common(p)
+    _add_budget(p, calibrate, default_delta=DEFAULT_DELTA)
+    _add_common(p, plot=not calibrate)
 
 
 def _fedavg_event(a: argparse.Namespace, sigma: float) -> Any:
@@ -640,13 +762,15 @@ def account_dp_fedavg(a: argparse.Namespace) -> Report:
     def plot(path: str) -> None:
         _plot_curves(
             path,
-            [a.analysis] if a.json else list(rdp.ANALYSES),
-            lambda name, delta, rounds: _fedavg_epsilon(
-                a, a.noise_multiplier, name, delta, rounds
-            ),
-            delta=a.delta,
+            event,
+            rows,
+            lambda name, deltas, rounds: [
+                _fedavg_epsilon(a, a.noise_multiplier, name, d, rounds) for d in deltas
+            ],
+            delta=a.delta or a.default_delta,
             rounds=a.rounds,
-            title=f"DP-FedAvg, K={a.clients}, m={a.cohort}",
+            title=f"Client-level DP-FedAvg: K={a.clients}, m={a.cohort}, "
+            f"σ={a.noise_multiplier}",
         )
 
     return Report(
@@ -711,8 +835,8 @@ def _mspafl_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
         choices=("sound", "paper", "central", "local", "global"),
         help="the analysis --json reports (default sound, the proven one)",
     )
-    _add_budget(p, calibrate, default_delta=1e-5, delta_only=not calibrate)
-    _add_common(p)
+    _add_budget(p, calibrate, default_delta=DEFAULT_DELTA, delta_only=not calibrate)
+    _add_common(p, plot=not calibrate)
 
 
 def _mspafl_event(a: argparse.Namespace, sigma: float) -> Any:
@@ -849,7 +973,18 @@ def account_ms_pafl(a: argparse.Namespace) -> Report:
         f"(local epsilon {local_eps:.4g} at {a.local_delta}), b={a.batch_size}, "
         f"n={a.dataset_size}, R={a.rounds}"
     )
-    return Report(title, result, rows, notes)
+
+    def plot(path: str) -> None:
+        _plot_curves(
+            path,
+            event,
+            [r for r in rows if r["analysis"] in ("sound", "paper")],
+            delta=a.delta,
+            rounds=a.rounds,
+            title=f"MS-PAFL: p={a.probability}, σ={sigma:.4g}",
+        )
+
+    return Report(title, result, rows, notes, plot)
 
 
 def calibrate_ms_pafl(a: argparse.Namespace) -> Report:
@@ -911,8 +1046,8 @@ def _locks_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
         choices=("server", "observer"),
         help="the adversary --json reports (default server, the stronger)",
     )
-    _add_budget(p, calibrate, default_delta=1e-5, delta_only=not calibrate)
-    _add_common(p)
+    _add_budget(p, calibrate, default_delta=DEFAULT_DELTA, delta_only=not calibrate)
+    _add_common(p, plot=not calibrate)
 
 
 def _locks_event(a: argparse.Namespace, sigma: float) -> Any:
@@ -964,7 +1099,20 @@ def account_locks(a: argparse.Namespace) -> Report:
         f"LOCKS: q1={a.q1}, max p2={a.max_p2}, sigma_g={a.noise_multiplier}, "
         f"sigma_n={a.norm_noise_ratio * a.noise_multiplier:g}, T={a.rounds}"
     )
-    return Report(title, result, rows, _basis_notes(event, ["server", "observer"]))
+
+    def plot(path: str) -> None:
+        _plot_curves(
+            path,
+            event,
+            [r for r in rows if r["analysis"] in ("server", "observer")],
+            delta=a.delta,
+            rounds=a.rounds,
+            title=title,
+        )
+
+    return Report(
+        title, result, rows, _basis_notes(event, ["server", "observer"]), plot
+    )
 
 
 def calibrate_locks(a: argparse.Namespace) -> Report:
@@ -996,15 +1144,20 @@ def _gauss_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
         help="norm bound of one contribution in units of the clip (default 1)",
     )
     if not calibrate:
-        p.add_argument("--noise-multiplier", type=float, required=True)
+        p.add_argument(
+            "--noise-multiplier",
+            type=float,
+            required=True,
+            help="noise std / clip (sigma)",
+        )
     p.add_argument(
         "--analysis",
         default="exact",
         choices=("exact", "classic"),
         help="exact (analytic Gaussian, default) or classic (Dwork-Roth formula)",
     )
-    _add_budget(p, calibrate, default_delta=1e-5)
-    _add_common(p)
+    _add_budget(p, calibrate, default_delta=DEFAULT_DELTA)
+    _add_common(p, plot=not calibrate)
 
 
 def account_gaussian(a: argparse.Namespace) -> Report:
@@ -1022,11 +1175,24 @@ def account_gaussian(a: argparse.Namespace) -> Report:
     value["mu"] = gaussian.mu_from_noise(**kw)
     event = ev.Gaussian(a.noise_multiplier, a.sensitivity)
     result = {**value, **_terms(event, None)}
+    row = {**value, **_terms(event, None)}
+
+    def plot(path: str) -> None:
+        _plot_curves(
+            path,
+            event,
+            [row],
+            lambda name, deltas, rounds: [
+                gaussian.epsilon_for_delta(d, **kw) for d in deltas
+            ],
+            delta=a.delta or a.default_delta,
+            rounds=None,
+            title=f"Gaussian mechanism: σ={a.noise_multiplier}, "
+            f"sensitivity={a.sensitivity}",
+        )
+
     return Report(
-        "Gaussian mechanism",
-        result,
-        [{**value, **_terms(event, None)}],
-        _basis_notes(event, ["exact"]),
+        "Gaussian mechanism", result, [row], _basis_notes(event, ["exact"]), plot
     )
 
 
@@ -1196,12 +1362,143 @@ AUDITS: dict[str, tuple[Callable[..., None], Callable[..., Report]]] = {
 # ---------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------
+#: One line per scheme, for ``dpfl account --help`` and ``dpfl calibrate --help``.
+SCHEME_HELP = {
+    "random-participation": "DP-DSGD with random client participation "
+    "(client rate p, record rate q); record-level",
+    "prifedsync": "PriFedSync: K noisy local steps per synced round; "
+    "federated f-DP, record-level",
+    "dp-fedavg": "client-level DP-FedAvg with a fixed-size cohort of m of K clients",
+    "ms-pafl": "MS-PAFL: clients check in with probability p and upload noisy models",
+    "locks": "LOCKS: two-stage client sampling with a noisy norm and a noisy update",
+    "gaussian": "one Gaussian mechanism (analytic, Balle & Wang 2018)",
+}
+
+#: One line per audit, for ``dpfl audit --help``.
+AUDIT_HELP = {
+    "random-participation": "DP-DSGD with random participation: the attack's "
+    "epsilon lower bound beside every analysis's upper bound",
+    "gaussian": "one Gaussian mechanism: the attack's lower bound beside the exact "
+    "epsilon",
+}
+
+#: The extra that provides each optional top-level module.
+EXTRAS = {
+    "torch": ("PyTorch", "train"),
+    "sklearn": ("scikit-learn", "train"),
+    "tqdm": ("tqdm", "train"),
+    "ray": ("Ray", "ray"),
+    "flwr": ("Flower", "flower"),
+}
+
+
+#: Library parameter names whose command-line flag is spelled differently.
+FLAG_OF = {
+    "participation_probability": "p",
+    "record_probability": "q",
+    "first_stage_probability": "q1",
+    "cohort_size": "cohort",
+    "sample_size": "batch_size",
+}
+
+
+def _flag_first(message: str, args: argparse.Namespace) -> str:
+    """Prefix an error about a library parameter with the flag that set it.
+
+    ``participation_probability must be in (0, 1]; got 1.5`` from ``--p 1.5``
+    becomes ``--p: participation_probability must be ...``.
+    """
+    name = re.match(r"[A-Za-z_][A-Za-z0-9_]*", message)
+    if name is None:
+        return message
+    dest = FLAG_OF.get(name.group(), name.group())
+    if getattr(args, dest, None) is None or dest in ("command", "scheme", "handler"):
+        return message
+    return f"--{dest.replace('_', '-')}: {message}"
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """The options a command ran with (for ``--json``: a script logs them)."""
+    skip = {"handler", "json", "plot", "command", "default_delta"}
+    return {k: v for k, v in vars(args).items() if k not in skip}
+
+
+def missing_extra(exc: ModuleNotFoundError, command: str | None) -> str | None:
+    """The one-line message for a missing optional dependency, else None.
+
+    Parameters
+    ----------
+    exc : ModuleNotFoundError
+        The import error.
+    command : str or None
+        The ``dpfl`` subcommand that needed it.
+
+    Returns
+    -------
+    str or None
+        E.g. ``"dpfl train needs PyTorch: pip install 'dpfl[train]'"``, or
+        None if the module is not one an extra provides.
+    """
+    top = (exc.name or "").split(".")[0]
+    if top not in EXTRAS:
+        return None
+    what, extra = EXTRAS[top]
+    return f"dpfl {command or ''} needs {what}: pip install 'dpfl[{extra}]'".replace(
+        "dpfl  ", "dpfl "
+    )
+
+
+def _analysis_statuses(scheme: str) -> str:
+    """``wcs (proven), sound (open), ...``: each analysis of a scheme's table."""
+    from dpfl.accounting import events as ev
+    from dpfl.accounting import schemes
+
+    g = ev.Gaussian(1.0)
+    events = {
+        "random-participation": ev.ClientPoisson(0.5, ev.RecordPoisson(0.5, 2, g)),
+        "dp-fedavg": ev.FixedCohort(1, 2, g),
+        "ms-pafl": ev.CheckIn(0.5, g),
+        "locks": ev.TwoStage(0.5, 1, 0.5, g, g),
+    }
+    formulas = {
+        "prifedsync": [("exact", "proven"), ("clt", "prifedsync/clt")],
+        "gaussian": [("exact", "proven"), ("classic", "gaussian/classic")],
+        "ms-pafl": [(k, f"ms-pafl/{k}") for k in ("central", "local", "global")],
+    }
+    pairs: list[tuple[str, str]] = []
+    if scheme in events:
+        pairs += [
+            (a.name, a.status) for a in schemes.scheme_of(events[scheme]).analyses
+        ]
+    for name, key in formulas.get(scheme, []):
+        pairs.append((name, schemes.FORMULAS[key].status if "/" in key else key))
+    return ", ".join(f"{n} ({st})" for n, st in pairs)
+
+
+def _drop_option(parser: argparse.ArgumentParser, flag: str) -> None:
+    """Remove an option that shared argument helpers added but ``parser`` lacks."""
+    for action in list(parser._actions):
+        if flag in action.option_strings:
+            parser._remove_action(action)
+            for group in parser._action_groups:
+                if action in group._group_actions:
+                    group._group_actions.remove(action)
+            for option in action.option_strings:
+                parser._option_string_actions.pop(option, None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the ``dpfl`` argument parser."""
+    from dpfl import __version__
+    from dpfl.experiments.cli import add_subcommands
+
     parser = _Parser(
         prog="dpfl",
         description="Differentially private federated learning: account, calibrate, "
-        "train.",
+        "audit, train, sweep. Accounting works without the [train] extra.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}"
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for mode, help_text in (
@@ -1214,8 +1511,17 @@ def build_parser() -> argparse.ArgumentParser:
             handler = acc if mode == "account" else cal
             if handler is None:
                 continue
-            sp = schemes.add_parser(name)
+            sp = schemes.add_parser(
+                name, help=SCHEME_HELP[name], description=SCHEME_HELP[name]
+            )
             add_args(sp, mode == "calibrate")
+            for action in sp._actions:
+                if action.dest == "analysis" and action.help:
+                    action.help += (
+                        f"; the table shows every one: {_analysis_statuses(name)} "
+                        "(proven: a valid bound; open: not known to be one; "
+                        "invalid: not a worst-case bound, for comparison)"
+                    )
             sp.set_defaults(handler=handler)
     ap = sub.add_parser(
         "audit",
@@ -1224,16 +1530,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audits = ap.add_subparsers(dest="scheme", required=True, parser_class=_Parser)
     for name, (add_args, handler) in AUDITS.items():
-        sp = audits.add_parser(name)
+        sp = audits.add_parser(name, help=AUDIT_HELP.get(name))
         add_args(sp, False)
+        _drop_option(sp, "--plot")  # an audit draws no curves: refuse the flag
         sp.set_defaults(handler=handler)
-    try:
-        from dpfl.experiments.cli import add_subcommands
-    except ModuleNotFoundError as exc:  # training extras not installed
-        if exc.name not in ("torch", "tqdm", "sklearn", "yaml"):
-            raise
-    else:
-        add_subcommands(sub)
+    add_subcommands(sub)  # registered always: a missing extra is named on use
     return parser
 
 
@@ -1280,7 +1581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             outcome = args.handler(args)
             if isinstance(outcome, Report):
                 print(
-                    outcome.to_json()
+                    outcome.to_json(_inputs(args))
                     if getattr(args, "json", False)
                     else outcome.to_table()
                 )
@@ -1291,11 +1592,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             return int(outcome or 0)
     except DpflError as exc:
-        print(f"dpfl: error: {exc}", file=sys.stderr)
+        print(f"dpfl: error: {_flag_first(str(exc), args)}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        message = missing_extra(exc, args.command)
+        if message is None:
+            raise
+        print(f"dpfl: error: {message}", file=sys.stderr)
+        return EXIT_MISSING_EXTRA
     except KeyboardInterrupt:
         print("dpfl: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

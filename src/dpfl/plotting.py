@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from dpfl.errors import DpflError, InvalidParameterError
 
 __all__ = [
     "DPI",
+    "PERSONALISED",
     "axis_label",
     "epsilon_terms",
     "plot_epsilon_curves",
@@ -77,10 +78,32 @@ def save_figure(fig: Any, out_path: str | Path) -> list[Path]:
     return paths
 
 
+def _plain_ticks() -> Any:
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _: f"{v:g}")
+
+
+def _log_ticks(axis: Any) -> None:
+    """Plain numbers on a log axis: 1, 2, 5, 10, ... (no 3×10^0 clutter)."""
+    from matplotlib.ticker import FuncFormatter
+
+    def minor(v: float, _: Any) -> str:
+        lead = f"{v:.0e}"[0]
+        return f"{v:g}" if lead in "25" else ""
+
+    axis.set_major_formatter(_plain_ticks())
+    axis.set_minor_formatter(FuncFormatter(minor))
+
+
 def _log_worthy(values: Any) -> bool:
-    """Positive values spanning a factor of 10 or more read better on a log axis."""
-    arr = np.asarray([v for v in np.ravel(values) if np.isfinite(v)], dtype=float)
-    return bool(arr.size >= 2 and np.all(arr > 0) and arr.max() / arr.min() >= 10)
+    """Values spanning a factor of 10 or more read better on a log axis.
+
+    Only the positive finite values count (a log axis leaves out an ε of 0).
+    """
+    arr = np.asarray(np.ravel(values), dtype=float)
+    arr = arr[np.isfinite(arr) & (arr > 0)]
+    return bool(arr.size >= 2 and arr.max() / arr.min() >= 10)
 
 
 def axis_label(key: str, terms: str | None = None) -> str:
@@ -131,6 +154,25 @@ def _run_terms(run_dir: Path) -> dict[str, Any]:
     return {}
 
 
+def _epsilon_label(known: Sequence[Mapping[str, Any]], differ: Sequence[str]) -> str:
+    """The ε axis label: the terms the runs share, and a warning for the rest."""
+    t = known[0] if known else {}
+    unit = t.get("unit") if "unit" not in differ else None
+    head = f"ε spent by the worst-off {unit}" if unit else "ε spent"
+    detail = []
+    if "delta" not in differ and isinstance(t.get("delta"), float):
+        detail.append(f"upper bound at δ = {t['delta']:g}")
+    else:
+        detail.append("upper bound at each run's δ")
+    analyses = {k.get("analysis") for k in known}
+    if len(analyses) == 1 and None not in analyses:
+        detail.append(f"{analyses.pop()} analysis")
+    label = f"{head}\n({', '.join(detail)})"
+    if differ:
+        label += f"\nNOT one scale: the runs differ in {', '.join(differ)}"
+    return label
+
+
 def epsilon_terms(
     run_dirs: Sequence[str | Path],
 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -153,6 +195,23 @@ def epsilon_terms(
     known = [t for t in terms if t]
     differ = [k for k in _TERMS if len({str(t.get(k)) for t in known}) > 1]
     return terms, differ
+
+
+#: Algorithms whose ``test_accuracy`` is the clients' personalised models'
+#: mean accuracy (their papers' metric), not a global model's.
+PERSONALISED = frozenset({"prifedsync", "ms-pafl"})
+
+
+def _algorithm(run_dir: Path) -> str | None:
+    """The run's algorithm name from its ``config.yaml`` (None if unreadable)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+        name = data["algorithm"]["name"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return str(name)
 
 
 def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -186,12 +245,15 @@ def plot_runs(
     labels : sequence of str, optional
         Legend entries (default: the folder names).
     title : str, optional
-        Figure title.
+        Figure title (default, for one run: its name and its guarantee's
+        terms).
 
     Returns
     -------
     Path
-        ``out_path``.
+        ``out_path`` (a ``.png`` also gets a ``.pdf`` and a ``.svg`` beside
+        it). Runs without noise have no ε: with no private run the ε panel is
+        left out, beside private runs they are a dotted level line.
 
     Raises
     ------
@@ -208,11 +270,28 @@ def plot_runs(
             f"labels must have one entry per run ({len(dirs)}); got {len(labels)}"
         )
     plt = _pyplot()
-    fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(11, 4.5), constrained_layout=True)
-    drawn = 0
     terms, differ = epsilon_terms(dirs)
+    evaluated = {
+        i: [r for r in _read_rows(d) if r.get("test_accuracy") is not None]
+        for i, d in enumerate(dirs)
+    }
+    private = any(
+        r.get("epsilon") is not None for rows in evaluated.values() for r in rows
+    )
+    fig, axes = plt.subplots(
+        1,
+        2 if private else 1,
+        figsize=(11 if private else 6, 4.6),
+        constrained_layout=True,
+        squeeze=False,
+    )
+    ax_r = axes[0][0]
+    ax_e = axes[0][1] if private else None
+    drawn = 0
+    personalised = 0
+    eps_values: list[float] = []
     for i, d in enumerate(dirs):
-        rows = [r for r in _read_rows(d) if r.get("test_accuracy") is not None]
+        rows = evaluated[i]
         if not rows:
             continue
         label = labels[i] if labels is not None else d.name
@@ -221,12 +300,18 @@ def plot_runs(
         status = terms[i].get("status", "proven")
         if status != "proven" and "not a proven bound" not in label:
             label += f" ({status}: not a proven bound)"
+        if _algorithm(d) in PERSONALISED and "personalised" not in label:
+            label += " (personalised accuracy)"
+            personalised += 1
         rounds = [r["round"] for r in rows]
         acc = [r["test_accuracy"] for r in rows]
         (line,) = ax_r.plot(rounds, acc, marker=".", label=label)
         drawn += 1
         eps_rows = [r for r in rows if r.get("epsilon") is not None]
+        if ax_e is None:
+            continue
         if eps_rows:
+            eps_values += [float(r["epsilon"]) for r in eps_rows]
             ax_e.plot(
                 [r["epsilon"] for r in eps_rows],
                 [r["test_accuracy"] for r in eps_rows],
@@ -240,15 +325,20 @@ def plot_runs(
         plt.close(fig)
         raise DpflError(f"no evaluated rounds in {[str(d) for d in dirs]}")
     ax_r.set_xlabel("round")
-    ax_r.set_ylabel("test accuracy")
+    ax_r.xaxis.get_major_locator().set_params(integer=True)
+    what = "personalised test accuracy" if personalised == drawn else "test accuracy"
+    ax_r.set_ylabel(f"{what} (fraction of the test set)")
+    ax_r.set_title("test accuracy against rounds")
     ax_r.grid(alpha=0.3)
-    ax_e.set_xlabel(
-        "ε spent by the worst-off unit (upper bound at the budget's δ)"
-        if not differ
-        else f"ε spent: NOT one scale, the runs differ in {', '.join(differ)}"
-    )
-    ax_e.set_ylabel("test accuracy")
-    ax_e.grid(alpha=0.3)
+    known = [t for t in terms if t]
+    if ax_e is not None:
+        ax_e.set_xlabel(_epsilon_label(known, differ))
+        if _log_worthy(eps_values):
+            ax_e.set_xscale("log")
+            _log_ticks(ax_e.xaxis)
+        ax_e.set_ylabel(f"{what} (fraction of the test set)")
+        ax_e.set_title("test accuracy against privacy spent")
+        ax_e.grid(alpha=0.3)
     # one legend for both panels, below them: long labels carry the terms
     handles, names = ax_r.get_legend_handles_labels()
     wide = max(len(n) for n in names) > 55
@@ -260,13 +350,19 @@ def plot_runs(
         ncols=1 if wide else 2,
         fontsize="small",
     )
+    if title is None:
+        title = dirs[0].name if len(dirs) == 1 else f"{len(dirs)} runs"
+        t = known[0] if known and not differ else {}
+        if t and isinstance(t.get("delta"), float):
+            title += (
+                f": {t.get('unit')}-level, δ = {t.get('delta'):g}, "
+                f"{t.get('analysis')} analysis"
+            )
+        elif not private:
+            title += ": not private (no noise, no guarantee)"
     if title:
         fig.suptitle(title)
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out_path)[0]
 
 
 def _curves(
@@ -299,8 +395,16 @@ def plot_epsilon_curves(
     rounds: Sequence[int] | None = None,
     epsilon_by_rounds: Mapping[str, Sequence[float]] | None = None,
     title: str | None = None,
+    delta_title: str | None = None,
+    rounds_title: str | None = None,
+    epsilon_label: str = "ε (upper bound)",
+    dashed: Collection[str] = (),
 ) -> Path:
     """Plot precomputed ε–δ and/or ε–rounds curves, one line per analysis.
+
+    The ε axis is logarithmic where the values span a factor of 10 or more
+    (so that a loose analysis does not flatten the tight ones), as is the
+    rounds axis. A ``.png`` also gets a ``.pdf`` and a ``.svg`` beside it.
 
     Parameters
     ----------
@@ -316,6 +420,13 @@ def plot_epsilon_curves(
         Analysis name to ε after each number of rounds.
     title : str, optional
         Figure title.
+    delta_title, rounds_title : str, optional
+        Panel titles: what the other variable is fixed at (e.g. "after 100
+        rounds", "at δ = 1e-05").
+    epsilon_label : str
+        The ε axis label (say the unit and that it is an upper bound).
+    dashed : collection of str
+        Curves drawn dashed (analyses that are not proven bounds).
 
     Returns
     -------
@@ -334,35 +445,48 @@ def plot_epsilon_curves(
     if (rounds is None) != (epsilon_by_rounds is None):
         raise InvalidParameterError("rounds and epsilon_by_rounds go together")
     if deltas is not None and epsilon_by_delta is not None:
-        panels.append(("δ", *_curves("deltas", deltas, epsilon_by_delta), True))
+        xs, cs = _curves("deltas", deltas, epsilon_by_delta)
+        panels.append(("δ", xs, cs, delta_title))
     if rounds is not None and epsilon_by_rounds is not None:
-        panels.append(("rounds", *_curves("rounds", rounds, epsilon_by_rounds), False))
+        xs, cs = _curves("rounds", rounds, epsilon_by_rounds)
+        panels.append(("rounds T", xs, cs, rounds_title))
     if not panels:
         raise InvalidParameterError(
             "give deltas with epsilon_by_delta, rounds with epsilon_by_rounds, or both"
         )
     plt = _pyplot()
     fig, axes = plt.subplots(
-        1, len(panels), figsize=(5 * len(panels), 4), constrained_layout=True
+        1, len(panels), figsize=(5.6 * len(panels), 4.4), constrained_layout=True
     )
     axes = np.atleast_1d(axes)
-    for ax, (xlabel, xs, curves, log_x) in zip(axes, panels):
+    for ax, (xlabel, xs, curves, panel_title) in zip(axes, panels):
+        finite = []
         for label, ys in curves.items():
             ok = np.isfinite(ys)
-            ax.plot(xs[ok], ys[ok], marker=".", label=label)
-        if log_x:
+            finite.extend(ys[ok])
+            ax.plot(
+                xs[ok],
+                ys[ok],
+                marker=".",
+                ls="--" if label in dashed else "-",
+                label=label,
+            )
+        if xlabel == "δ" or _log_worthy(xs):
             ax.set_xscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("ε")
+        if _log_worthy(finite):
+            ax.set_yscale("log")
+            _log_ticks(ax.yaxis)
+        ax.set_xlabel(xlabel + (" (log scale)" if ax.get_xscale() == "log" else ""))
+        ax.set_ylabel(epsilon_label)
+        if panel_title:
+            ax.set_title(panel_title)
+        if xlabel.startswith("rounds"):
+            ax.xaxis.set_major_formatter(_plain_ticks())
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out_path)[0]
 
 
 def plot_sweep(

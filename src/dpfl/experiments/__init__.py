@@ -3,8 +3,8 @@
 ``load_config`` reads a run configuration; ``run`` trains it and writes
 ``runs/NAME/`` (config, metrics, ledger, checkpoints, figures); ``resume``
 continues a stopped run; ``run_sweep`` runs a grid of overrides over several
-seeds and writes a table (mean ± sd) and figures with seed bands. Importing this package does not import torch: the
-runner imports it when a run starts.
+seeds and writes a table (mean ± sd) and figures with seed bands. Importing
+this package does not import torch: the runner imports it when a run starts.
 """
 
 from dpfl.experiments.config import (

@@ -11,6 +11,7 @@ them as one line and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -83,20 +84,38 @@ def _summary(result: Any) -> str:
     return "\n".join(lines)
 
 
+#: Exit status of a run stopped by Ctrl-C (128 + SIGINT, the shell's convention).
+EXIT_INTERRUPTED = 130
+
+
+def _finish(result: Any) -> int:
+    """Draw the run's figure, print its summary; 130 if Ctrl-C stopped it."""
+    _figure(result.run_dir)
+    print(_summary(result))
+    if result.stopped == "interrupted":
+        print(
+            f"interrupted after round {result.rounds_completed}; continue with: "
+            f"dpfl resume {result.run_dir}",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    return 0
+
+
 def _train(args: argparse.Namespace) -> int:
     from dpfl.experiments.config import load_config
     from dpfl.experiments.runner import run
 
     _logging()
-    config = load_config(args.config, args.set or [])
-    result = run(config, progress=not args.no_progress)
-    _figure(result.run_dir)
-    print(_summary(result))
-    return 0
+    overrides = list(args.set or [])
+    if args.out is not None:
+        overrides.append(f"output_dir={json.dumps(str(args.out))}")
+    config = load_config(args.config, overrides)
+    return _finish(run(config, progress=not args.no_progress))
 
 
 def _figure(run_dir: Path) -> None:
-    """Draw ``RUN_DIR/accuracy.png`` (nothing when no round was evaluated)."""
+    """Draw ``RUN_DIR/accuracy.png`` (and .pdf, .svg; none without an evaluation)."""
     from dpfl.errors import DpflError
     from dpfl.plotting import plot_runs
 
@@ -113,9 +132,7 @@ def _resume(args: argparse.Namespace) -> int:
     result = resume(
         args.run_dir, progress=not args.no_progress, overrides=args.set or []
     )
-    _figure(result.run_dir)
-    print(_summary(result))
-    return 0
+    return _finish(result)
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -214,8 +231,10 @@ def add_subcommands(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "train",
         help="train a run from a YAML config",
-        description="Train a run; writes runs/NAME/ (config.yaml, metrics.jsonl, "
-        "ledger.json, checkpoint.pt, accuracy.png).",
+        description="Train a run; writes OUT/NAME/ (config.yaml, metrics.jsonl, "
+        "ledger.json, guarantee.json, checkpoint.pt, accuracy.png/.pdf/.svg), OUT "
+        "being the config's output_dir (runs, relative to the current directory) "
+        "or --out. Ctrl-C finishes the round, saves a checkpoint and exits 130.",
     )
     p.add_argument("config", help="the run's YAML configuration")
     p.add_argument(
@@ -224,6 +243,11 @@ def add_subcommands(subparsers: Any) -> None:
         metavar="KEY=VALUE",
         help="override a key, e.g. --set privacy.epsilon=2 (value parsed as YAML; "
         "repeatable)",
+    )
+    p.add_argument(
+        "--out",
+        help="parent folder of the run folder (default: the config's output_dir, "
+        "runs in the current directory)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_train)
@@ -292,8 +316,8 @@ def add_subcommands(subparsers: Any) -> None:
     )
     p.add_argument(
         "--out",
-        default=str(Path("runs") / "reproduce"),
-        help="parent folder of the reports (default runs/reproduce)",
+        default=str(Path("runs") / "reports"),
+        help="parent folder of the reports (default runs/reports)",
     )
     p.add_argument(
         "--scale",
@@ -331,7 +355,11 @@ def add_subcommands(subparsers: Any) -> None:
         "one line per run.",
     )
     p.add_argument("run_dirs", nargs="+", help="run folders")
-    p.add_argument("--out", help="image to write (default: RUN_DIR/accuracy.png)")
+    p.add_argument(
+        "--out",
+        help="image to write; a .png also gets a .pdf and a .svg (default: "
+        "RUN_DIR/accuracy.png for one run, runs.png for several)",
+    )
     p.set_defaults(handler=_plot)
 
     p = subparsers.add_parser(
@@ -341,7 +369,11 @@ def add_subcommands(subparsers: Any) -> None:
         "digits with noise calibrated by the WCS (default), sound (open) and OLS "
         "analyses to one budget, and without noise; writes OUT/report.md.",
     )
-    p.add_argument("--out", default="demo", help="output folder (default: demo)")
+    p.add_argument(
+        "--out",
+        default=str(Path("runs") / "demo"),
+        help="output folder (relative to the current directory)",
+    )
     p.add_argument("--rounds", type=int, help="number of rounds (default 100)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=_demo)

@@ -1580,7 +1580,7 @@ _ALIASES = {
 def reproduce(
     paper: str,
     *,
-    out_dir: str | Path = Path("runs") / "reproduce",
+    out_dir: str | Path = Path("runs") / "reports",
     scale: str = "default",
     experiment: bool = True,
     seeds: int | None = None,
@@ -1593,7 +1593,7 @@ def reproduce(
     paper : str
         A key of :data:`PAPERS` (or an alias such as ``"prifedsync"``).
     out_dir : str or Path
-        Parent folder of the report (default ``runs/reproduce``).
+        Parent folder of the report (default ``runs/reports``).
     scale : str
         The experiment's scale, one of :data:`SCALES`: ``"smoke"`` (seconds,
         bundled data), ``"default"`` (the largest scale a 2-core machine runs

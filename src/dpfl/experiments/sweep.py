@@ -27,6 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import csv
 import dataclasses
+import importlib.util
 import itertools
 import json
 import math
@@ -166,11 +167,21 @@ def _short(key: str) -> str:
     return key.rsplit(".", 1)[-1]
 
 
+#: Symbols for the privacy keys in labels (folder names keep the words).
+_SYMBOLS = {
+    "privacy.epsilon": "ε",
+    "privacy.delta": "δ",
+    "privacy.noise_multiplier": "σ",
+}
+
+
 def _label(point: Mapping[str, Any]) -> str:
-    """``epsilon=2, clip=0.5`` (the last part of each key); ``all`` when empty."""
+    """``ε=2, clip=0.5`` (a symbol or the last part of each key); ``all`` if empty."""
     if not point:
         return "all"
-    return ", ".join(f"{_short(k)}={_value_text(v)}" for k, v in point.items())
+    return ", ".join(
+        f"{_SYMBOLS.get(k, _short(k))}={_value_text(v)}" for k, v in point.items()
+    )
 
 
 def _value_text(v: Any) -> str:
@@ -216,6 +227,8 @@ def _run_one(tree: dict[str, Any], threads: int) -> dict[str, Any]:
         result = run(config_from_dict(tree), progress=False)
     except DpflError as exc:
         return {"error": str(exc), "seconds": time.perf_counter() - start}
+    if result.stopped == "interrupted":  # Ctrl-C: stop the sweep, not this run only
+        raise KeyboardInterrupt
     g = result.guarantee
     return {
         "run_dir": str(result.run_dir),
@@ -334,6 +347,11 @@ def run_sweep(
     DpflError
         If the sweep folder already holds one of its runs, or Ray is asked
         for and not installed.
+    ModuleNotFoundError
+        If PyTorch (the ``train`` extra) is not installed.
+    KeyboardInterrupt
+        On Ctrl-C: the running runs finish their round and save a checkpoint
+        (``dpfl resume`` continues each), and no table is written.
     """
     seeds = [int(s) for s in seeds]
     if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
@@ -360,6 +378,8 @@ def run_sweep(
     if "seed" in full_grid:
         raise ConfigError("sweep seeds with seeds (--seeds), not a grid key 'seed'")
 
+    if importlib.util.find_spec("torch") is None:
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
     base = apply_overrides(_base_tree(config), fixed)
     base_config = config_from_dict(base)
     out_dir = (
@@ -412,19 +432,7 @@ def run_sweep(
         for i, seed, tree in tasks:
             finished(i, seed, _run_one(tree, threads))
     elif backend == "process":
-        ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-            futures = {
-                pool.submit(_run_one, tree, threads): (i, seed)
-                for i, seed, tree in tasks
-            }
-            try:
-                for fut in concurrent.futures.as_completed(futures):
-                    finished(*futures[fut], fut.result())
-            except BaseException:
-                for fut in futures:
-                    fut.cancel()
-                raise
+        _run_processes(tasks, jobs, threads, finished)
     else:
         _run_ray(tasks, jobs, threads, finished)
 
@@ -467,6 +475,39 @@ def run_sweep(
         table_md=table_md,
         figures=figures,
     )
+
+
+def _run_processes(
+    tasks: list[tuple[int, int, dict[str, Any]]],
+    jobs: int,
+    threads: int,
+    finished: Callable[[int, int, dict[str, Any]], None],
+) -> None:
+    """Run the tasks in ``jobs`` spawned processes, at most ``jobs`` at a time.
+
+    A run starts only when a process is free, so that on Ctrl-C (which
+    reaches the workers too: each finishes its round and saves a checkpoint)
+    no queued run starts afterwards; the runs under way are waited for, then
+    the interrupt is raised.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    queue = list(tasks)
+    running: dict[concurrent.futures.Future[dict[str, Any]], tuple[int, int]] = {}
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        try:
+            while queue or running:
+                while queue and len(running) < jobs:
+                    i, seed, tree = queue.pop(0)
+                    running[pool.submit(_run_one, tree, threads)] = (i, seed)
+                done, _ = concurrent.futures.wait(
+                    running, return_when=concurrent.futures.FIRST_COMPLETED
+                )
+                for fut in done:
+                    finished(*running.pop(fut), fut.result())
+        except KeyboardInterrupt:
+            queue.clear()
+            concurrent.futures.wait(running)  # each saves its checkpoint
+            raise
 
 
 def _run_ray(
@@ -672,7 +713,7 @@ def _figures(
     metric: str,
     base: RunConfig,
 ) -> list[Path]:
-    from dpfl.plotting import axis_label, plot_sweep
+    from dpfl.plotting import PERSONALISED, axis_label, plot_sweep
 
     curves: dict[str, tuple[list[float], list[float], list[float], int]] = {}
     for i, point in enumerate(points):
@@ -723,6 +764,8 @@ def _figures(
     x_label = axis_label(x_key, terms_text) if x_key else "grid point"
     n = len(seeds)
     name = _METRICS[metric]
+    if base.algorithm.name in PERSONALISED:  # the clients' own models
+        name = f"personalised {name}"
     title = f"{base.name}: {name}, mean ± sd over {n} seed{'s' if n > 1 else ''}"
     if terms_text:
         title += f"  ({terms_text})"
