@@ -23,7 +23,7 @@ from dpfl.experiments.runner import _build_dataset, _resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = [
-    "configs/digits-dsgd-rp.yaml",
+    "presets/digits-dsgd-rp.yaml",
     "presets/dp-fedavg-digits.yaml",
     "presets/ms-pafl-tabular.yaml",
     "presets/prifedsync-digits.yaml",

@@ -18,7 +18,7 @@ from dpfl.experiments.config import (
     load_config,
 )
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "configs" / "digits-dsgd-rp.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "presets" / "digits-dsgd-rp.yaml"
 
 
 def _error(data, overrides=()):

@@ -201,7 +201,7 @@ def test_locks_run_keeps_every_clients_server_view_within_the_budget(tmp_path):
 # -- item 4: invalid analyses are refused, or labelled with the proven one -------
 def test_runs_refuse_unproven_analyses_and_label_them_when_opted_in(tmp_path, capsys):
     pytest.importorskip("torch")
-    cfg = str(ROOT / "configs" / "digits-dsgd-rp.yaml")
+    cfg = str(ROOT / "presets" / "digits-dsgd-rp.yaml")
     common = [
         "--no-progress",
         "--set",

@@ -101,8 +101,10 @@ def test_build_model_names_and_shapes():
 def test_build_model_errors():
     with pytest.raises(InvalidParameterError, match="unknown model 'resnet'"):
         build_model("resnet", input_shape=(3, 32, 32), num_classes=10)
-    with pytest.raises(InvalidParameterError, match="28 x 28"):
-        build_model("paper_cnn", input_shape=(3, 32, 32), num_classes=10)
+    with pytest.raises(InvalidParameterError, match=r"\(C, H, W\)"):
+        build_model("paper_cnn", input_shape=(3 * 32 * 32,), num_classes=10)
+    with pytest.raises(InvalidParameterError, match="too small"):
+        build_model("paper_cnn", input_shape=(1, 8, 8), num_classes=10)
     with pytest.raises(InvalidParameterError, match="keyword"):
         build_model("mlp", input_shape=(64,), num_classes=10, depth=3)
     with pytest.raises(InvalidParameterError, match="num_classes"):

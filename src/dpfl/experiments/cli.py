@@ -178,8 +178,10 @@ def _reproduce(args: argparse.Namespace) -> int:
         path = reproduce(
             paper,
             out_dir=args.out,
+            scale=args.scale,
             experiment=not args.no_experiment,
-            rounds=args.rounds,
+            seeds=args.seeds,
+            jobs=args.jobs,
         )
         print(f"{paper}: {path}")
     return 0
@@ -294,10 +296,13 @@ def add_subcommands(subparsers: Any) -> None:
 
     p = subparsers.add_parser(
         "reproduce",
-        help="recompute a paper's accounting tables and run its small experiment",
-        description="Write OUT/PAPER/report.md (OUT: runs/reports): the paper's "
-        "accounting tables recomputed beside its printed values, and its "
-        "experiment at a scale this machine runs in minutes.",
+        help="regenerate a paper's tables, figures and experiments",
+        description="Write OUT/PAPER/report.md: the paper's accounting tables "
+        "recomputed side by side with its printed values (and why they differ), "
+        "its privacy figures (PNG, PDF, SVG), and its headline experiments over "
+        "several seeds with bands, at --scale smoke (seconds, bundled data), "
+        "default (the largest scale a 2-core machine runs in reasonable time) or "
+        "paper (the paper's own; its data and often a GPU).",
     )
     p.add_argument(
         "paper",
@@ -307,13 +312,18 @@ def add_subcommands(subparsers: Any) -> None:
     p.add_argument(
         "--out",
         default=str(Path("runs") / "reports"),
-        help="parent folder of the reports (relative to the current directory)",
+        help="parent folder of the reports (default runs/reports)",
     )
     p.add_argument(
-        "--rounds", type=int, help="override the experiment's rounds (default: its own)"
+        "--scale",
+        choices=("smoke", "default", "paper"),
+        default="default",
+        help="the experiments' scale (default: default)",
     )
+    p.add_argument("--seeds", type=int, help="seeds per variant (default 2 or 3)")
+    p.add_argument("--jobs", type=int, help="runs at a time (default: one per CPU)")
     p.add_argument(
-        "--no-experiment", action="store_true", help="accounting tables only"
+        "--no-experiment", action="store_true", help="tables and figures only"
     )
     p.set_defaults(handler=_reproduce)
 

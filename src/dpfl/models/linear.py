@@ -18,9 +18,12 @@ class LogisticRegression(nn.Module):
     ``forward`` flattens every dimension after the batch dimension, so an
     ``8 × 8`` image and a 64-vector are the same input. With ``num_classes=1``
     the model returns one logit per example (shape ``[batch]``), to be used
-    with ``binary_cross_entropy_with_logits`` and labels in {0, 1}; this is the
-    model of the MS-PAFL experiments (Adult, 14 features; use ``bias=False``
-    for the paper's d = 14 coordinates, split 7 private / 7 public). The
+    with binary cross-entropy and labels in {0, 1}
+    (:func:`dpfl.models.classification_loss` picks it from the output's shape);
+    this is the model of the MS-PAFL experiments (Adult, 14 features; use
+    ``bias=False`` for the paper's d = 14 coordinates, split 7 private / 7
+    public). From a run config: ``model: {name: logistic_regression, options:
+    {binary: true}}`` on 2-class data. The
     paper's L2 regulariser (λ/2)‖w‖² is not part of the model: add it to the
     loss or as weight decay.
 

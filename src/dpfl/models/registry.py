@@ -10,33 +10,42 @@ from torch import nn
 
 from dpfl._validate import check_count
 from dpfl.errors import InvalidParameterError
-from dpfl.models.cnn import PaperCNN, PriFedSyncCNN
+from dpfl.models.cnn import McMahanCNN, PaperCNN, PriFedSyncCNN, TfTutorialCNN
 from dpfl.models.linear import MLP, LogisticRegression
 
 __all__ = ["MODEL_NAMES", "build_model"]
 
 
-def _image_channels(name: str, input_shape: tuple[int, ...]) -> int:
-    if input_shape == (28, 28):
-        return 1
-    if len(input_shape) == 3 and input_shape[1:] == (28, 28):
-        return input_shape[0]
+def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """``(channels, height, width)`` of an image input: ``(H, W)`` or ``(C, H, W)``."""
+    if len(input_shape) == 2:
+        return (1, *input_shape)
+    if len(input_shape) == 3:
+        return input_shape[0], input_shape[1], input_shape[2]
     raise InvalidParameterError(
-        f"model {name!r} needs 28 x 28 images, input_shape (C, 28, 28) or (28, 28); "
+        f"model {name!r} needs images, input_shape (C, H, W) or (H, W); "
         f"got {input_shape!r}"
     )
 
 
-def _paper_cnn(shape: tuple[int, ...], num_classes: int, **kw: Any) -> nn.Module:
-    return PaperCNN(num_classes, in_channels=_image_channels("paper_cnn", shape), **kw)
+def _cnn(name: str, cls: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    def build(shape: tuple[int, ...], num_classes: int, **kw: Any) -> nn.Module:
+        channels, height, width = _image_shape(name, shape)
+        return cls(num_classes, in_channels=channels, image_size=(height, width), **kw)
+
+    return build
 
 
-def _prifedsync_cnn(shape: tuple[int, ...], num_classes: int, **kw: Any) -> nn.Module:
-    channels = _image_channels("prifedsync_cnn", shape)
-    return PriFedSyncCNN(num_classes, in_channels=channels, **kw)
-
-
-def _logistic(shape: tuple[int, ...], num_classes: int, **kw: Any) -> nn.Module:
+def _logistic(
+    shape: tuple[int, ...], num_classes: int, *, binary: bool = False, **kw: Any
+) -> nn.Module:
+    if binary:
+        if num_classes != 2:
+            raise InvalidParameterError(
+                "binary logistic regression (binary: true) needs 2 classes; the "
+                f"data has num_classes = {num_classes}"
+            )
+        num_classes = 1
     return LogisticRegression(math.prod(shape), num_classes, **kw)
 
 
@@ -45,8 +54,10 @@ def _mlp(shape: tuple[int, ...], num_classes: int, **kw: Any) -> nn.Module:
 
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {
-    "paper_cnn": _paper_cnn,
-    "prifedsync_cnn": _prifedsync_cnn,
+    "paper_cnn": _cnn("paper_cnn", PaperCNN),
+    "prifedsync_cnn": _cnn("prifedsync_cnn", PriFedSyncCNN),
+    "mcmahan_cnn": _cnn("mcmahan_cnn", McMahanCNN),
+    "tf_tutorial_cnn": _cnn("tf_tutorial_cnn", TfTutorialCNN),
     "logistic_regression": _logistic,
     "mlp": _mlp,
 }
@@ -62,9 +73,14 @@ def build_model(
     Parameters
     ----------
     name : str
-        One of ``MODEL_NAMES``: ``"paper_cnn"`` (random-participation App. B),
-        ``"prifedsync_cnn"`` (federated f-DP MNIST CNN), ``"logistic_regression"``
-        (MS-PAFL), ``"mlp"`` (8 × 8 digits). Case and ``-`` are ignored.
+        One of ``MODEL_NAMES``: ``"paper_cnn"`` (random-participation App. B,
+        EMNIST), ``"prifedsync_cnn"`` (federated f-DP MNIST CNN),
+        ``"mcmahan_cnn"`` (McMahan et al. 2017's MNIST CNN, client-level
+        DP-FedAvg), ``"tf_tutorial_cnn"`` (the TensorFlow tutorial's CIFAR-10
+        CNN, federated f-DP on CIFAR-10), ``"logistic_regression"`` (MS-PAFL;
+        ``binary=True`` gives one logit for 2-class data, trained with binary
+        cross-entropy), ``"mlp"`` (8 × 8 digits). The CNNs take images of any
+        size and channel count. Case and ``-`` are ignored.
     input_shape : sequence of int
         Shape of one example, without the batch dimension, e.g. ``(1, 28, 28)``
         or ``(64,)``.
@@ -72,7 +88,7 @@ def build_model(
         Number of classes (1 gives a binary logistic regression).
     **kwargs
         Extra keyword arguments of the model class (e.g. ``hidden`` for the
-        MLP, ``bias`` for logistic regression).
+        MLP, ``bias`` and ``binary`` for logistic regression).
 
     Returns
     -------

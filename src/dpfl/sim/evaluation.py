@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpfl.models.losses import predicted_labels
+
 __all__ = ["evaluate_model"]
 
 
@@ -55,7 +57,7 @@ def evaluate_model(
                 y = torch.as_tensor(np.asarray(labels[start:stop])).to(device)
                 out = model(x)
                 loss_sum += float(loss_fn(out, y)) * (stop - start)
-                correct += int((out.argmax(1) == y).sum())
+                correct += int((predicted_labels(out) == y).sum())
     finally:
         model.train(was_training)
     return {"test_loss": loss_sum / max(n, 1), "test_accuracy": correct / max(n, 1)}

@@ -38,13 +38,13 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dpfl._validate import check_count, check_nonnegative
 from dpfl.accounting.events import Event
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import DpflError, InvalidParameterError
+from dpfl.models.losses import classification_loss
 from dpfl.sim.evaluation import evaluate_model
 from dpfl.sim.grad import check_finite, stack_params
 from dpfl.sim.local import client_local_sgd, cohort_local_sgd, pad_cohort
@@ -373,7 +373,9 @@ class FederatedAlgorithm(abc.ABC):
     eval_batch_size : int
         Batch size of :meth:`evaluate`.
     loss_fn : callable
-        ``loss_fn(output, target)``, mean over the batch.
+        ``loss_fn(output, target)``, mean over the batch; by default softmax
+        cross-entropy, or binary cross-entropy for a one-logit model
+        (:func:`dpfl.models.classification_loss`).
 
     Raises
     ------
@@ -399,7 +401,7 @@ class FederatedAlgorithm(abc.ABC):
         device: str = "cpu",
         max_clients: int | None = None,
         eval_batch_size: int = 1024,
-        loss_fn: LossFn = F.cross_entropy,
+        loss_fn: LossFn = classification_loss,
     ) -> None:
         if not isinstance(params, self.Params):
             raise InvalidParameterError(

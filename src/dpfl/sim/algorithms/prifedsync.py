@@ -83,6 +83,7 @@ from dpfl._validate import (
 from dpfl.accounting import fdp
 from dpfl.accounting.events import Event
 from dpfl.errors import DpflError, InvalidParameterError
+from dpfl.models.losses import predicted_labels
 from dpfl.sim.algorithms.base import (
     AlgorithmParams,
     Cohort,
@@ -620,7 +621,7 @@ class PriFedSync(FederatedAlgorithm):
             yc = y[s : s + self.eval_batch_size].to(self.device)
             out = torch.func.functional_call(self.model, (params, buffers), (xc,))
             loss_sum += float(self.loss_fn(out, yc)) * xc.shape[0]
-            correct += int((out.argmax(1) == yc).sum())
+            correct += int((predicted_labels(out) == yc).sum())
         n = max(int(x.shape[0]), 1)
         return loss_sum / n, correct / n
 
