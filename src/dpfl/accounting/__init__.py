@@ -5,11 +5,14 @@ upper and lower bounds, and the :class:`PrivacyLedger` records a run's spend.
 Each paper's analyses live in their own module: :mod:`.participation`
 (random participation), :mod:`.fdp` (federated f-DP / PriFedSync),
 :mod:`.rdp` (client-level DP-FedAvg, LOCKS), :mod:`.checkin` (MS-PAFL),
+:mod:`.checkins_balle` (Balle et al. 2020's random check-ins, the comparison
+of random participation's Figure 4),
 :mod:`.gaussian`, :mod:`.composition`, :mod:`.pld` and :mod:`.calibrate`;
 :mod:`.schemes` says what each event's guarantee means and which analyses
 price it, with their status.
 """
 
+from dpfl.accounting import checkins_balle
 from dpfl.accounting.accountant import Accountant, price
 from dpfl.accounting.bounds import Bound, Guarantee
 from dpfl.accounting.calibrate import (
@@ -66,6 +69,7 @@ __all__ = [
     "TwoStage",
     "WithoutReplacement",
     "calibrate_noise_multiplier",
+    "checkins_balle",
     "calibrate_rounds",
     "calibrate_sampling_rate",
     "describe",
