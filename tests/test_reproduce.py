@@ -132,3 +132,31 @@ def test_reproduce_all_smoke_exits_zero_and_writes_every_report(tmp_path):
         for fig in PAPERS[key].figures():
             for suffix in (".png", ".pdf", ".svg"):
                 assert (tmp_path / key / f"{fig.stem}{suffix}").is_file()
+
+
+def test_random_participation_figure_4_table_sets_balle_beside_the_analyses():
+    # Hasircioglu & Gunduz §5.3 (p = q = 0.1, C = 1, σ = 3): Balle et al. 2020's
+    # Theorem 3.2 certifies nothing there (its δ0 condition fails for ε0 <= 1);
+    # at σ = 30 it does, above random participation's proven wcs ε (δ = 1e-5).
+    rows = _rows(rep._rp_fig4_table())
+    by = {(r["σ"], str(r["analysis"])): r for r in rows}
+    balle = [r for r in rows if str(r["analysis"]).startswith("Balle")]
+    assert len(balle) == 4
+    assert all(r["status"] == "proven (for its own protocol)" for r in balle)
+    for r in balle:
+        if r["σ"] == 3.0:
+            assert r["dpfl ε"] == float("inf") and "no guarantee" in str(r["why"])
+            assert "significantly improves" in str(r["paper's reading"])
+        else:
+            wcs = by[(30.0, "random participation: wcs")]["dpfl ε"]
+            assert 0 < wcs < r["dpfl ε"] < 2
+            assert "x the proven wcs" in str(r["why"])
+    # the random-participation rows carry the same statuses as the main table
+    assert by[(3.0, "random participation: wcs")]["status"] == "proven"
+    assert by[(3.0, "random participation: paper")]["status"] == "invalid"
+    assert by[(3.0, "random participation: wcs")]["dpfl ε"] == pytest.approx(
+        0.1223, abs=1e-4
+    )  # Theorem 5.2, p = q = 0.1, σ = 3, δ = 1e-5 (participation.round_epsilon)
+    assert "rp-fig4-balle-comparison" in {
+        f.stem for f in rep._random_participation_figures()
+    }

@@ -453,7 +453,157 @@ def _random_participation_figures() -> list[Figure]:
                 logy=False,
             ),
         ),
+        Figure(
+            "rp-fig4-balle-comparison",
+            "Figure 4 of the paper: ε of one round against δ, p = q = 0.1, C = 1, "
+            "d = 10, at the paper's σ = 3 and at σ = 30, beside Balle et al. "
+            "2020's random check-ins (Theorem 3.2, Gaussian local randomizer, "
+            "m = 1 step, p0 = p). At σ = 3 the theorem's conditions give no "
+            "guarantee; where it gives one, it is far above every analysis of "
+            "random participation.",
+            _rp_fig4_draw,
+        ),
     ]
+
+
+# Figure 4 (§5.3): the comparison with Balle et al. 2020's random check-ins.
+# The paper states p = q = 0.1, C = 1, σ = 3 and prints no value (a figure only);
+# it does not say which d its curve of the scheme uses, nor how it maps one
+# round to Balle et al.'s window of m steps or its Gaussian noise to their
+# local randomizer. dpfl draws d = 10, m = 1 (one step: the one-round analogue,
+# p0 = p) and the Gaussian randomizer at the local-DP sensitivity 2C and at C.
+_RP_FIG4_P = _RP_FIG4_Q = 0.1
+_RP_FIG4_D = 10
+_RP_FIG4_STEPS = 1
+_RP_FIG4_SIGMAS = (3.0, 30.0)
+_RP_FIG4_DELTA = 1e-5
+_RP_FIG4_READING = (
+    "a curve above the scheme's (figure only, no value printed): the scheme "
+    "'significantly improves upon [Balle et al., 2020]'"
+)
+
+
+def _rp_balle_eps(delta: float, sigma: float, sensitivity: float) -> float:
+    from dpfl.accounting import checkins_balle
+
+    return checkins_balle.gaussian_fixed_window_epsilon(
+        delta,
+        noise_multiplier=sigma,
+        checkin_probability=_RP_FIG4_P,
+        steps=_RP_FIG4_STEPS,
+        sensitivity=sensitivity,
+    )
+
+
+def _rp_fig4_table() -> Table:
+    from dpfl.accounting import checkins_balle
+    from dpfl.accounting.schemes import RANDOM_PARTICIPATION
+
+    p, q, d = _RP_FIG4_P, _RP_FIG4_Q, _RP_FIG4_D
+    rows: list[list[Any]] = []
+    for sigma in _RP_FIG4_SIGMAS:
+        in_paper = sigma == 3.0
+        reading = "a curve (figure only)" if in_paper else "not in the paper"
+        for analysis in ("wcs", "sound", "ols", "paper", "cs"):
+            status = RANDOM_PARTICIPATION.analysis(analysis).status
+            eps = _rp_eps(_RP_FIG4_DELTA, d, sigma, analysis, p, q)
+            rows.append(
+                [sigma, f"random participation: {analysis}", status, reading, eps, ""]
+            )
+        for sens, what in ((2.0, "2C (local DP)"), (1.0, "C")):
+            eps = _rp_balle_eps(_RP_FIG4_DELTA, sigma, sens)
+            if math.isinf(eps):
+                why = (
+                    "no guarantee: with ε0 <= 1 the Gaussian randomizer's δ0 "
+                    "exceeds what Theorem 3.2's δ0 condition admits for any "
+                    f"δ1 with δ + m(e^ε + 1)δ1 <= {_RP_FIG4_DELTA:g}"
+                )
+            else:
+                wcs = _rp_eps(_RP_FIG4_DELTA, d, sigma, "wcs", p, q)
+                why = f"{eps / wcs:.3g}x the proven wcs ε of random participation"
+            rows.append(
+                [
+                    sigma,
+                    f"Balle et al. 2020, Thm 3.2 (Gaussian randomizer, sensitivity "
+                    f"{what})",
+                    checkins_balle.ANALYSIS.status + " (for its own protocol)",
+                    _RP_FIG4_READING if in_paper else reading,
+                    eps,
+                    why,
+                ]
+            )
+    return Table(
+        f"Figure 4 (§5.3): ε of one round at δ = {_RP_FIG4_DELTA:g}, p = q = 0.1, "
+        f"C = 1, d = {d}, beside Balle et al. 2020's random check-ins (m = "
+        f"{_RP_FIG4_STEPS} step, p0 = p)",
+        ["σ", "analysis", "status", "paper's reading", "dpfl ε", "why"],
+        rows,
+        [
+            "Balle, Kairouz, McMahan, Thakkar & Thakurta, NeurIPS 2020, Theorem "
+            "3.2: A_fix is (ε', δ + m(e^ε' + 1)δ1)-DP with ε' = 7 p0 ε0 "
+            "sqrt(log(1/δ)/m), for an (ε0, δ0)-DP local randomizer with ε0 <= 1, "
+            "δ <= 1/100 and δ0 below a bound in (ε0, δ1). dpfl takes the best "
+            "(ε0, δ1, δ) the conditions admit (checkins_balle."
+            "gaussian_fixed_window_epsilon).",
+            "Not the same guarantee: Balle et al. protect one record per client "
+            "under replace-one with a local randomizer and one client per step; "
+            "random participation protects one of d records per client under "
+            "add/remove with one central Gaussian on the participants' sum. Both "
+            "are proven for their own protocol; the comparison is the paper's.",
+            "At the paper's σ = 3 the theorem certifies nothing below δ' = 1/2, "
+            "so the paper's curve for Balle et al. cannot come from Theorem 3.2 "
+            "with its conditions; the paper does not say how it drew it. σ = 30 "
+            "is the region where the theorem does give numbers.",
+        ],
+    )
+
+
+def _rp_fig4_draw(fig: Any) -> None:
+    import numpy as np
+
+    p, q, d = _RP_FIG4_P, _RP_FIG4_Q, _RP_FIG4_D
+    deltas = [float(v) for v in np.geomspace(1e-9, 1e-3, 13)]
+    for ax, sigma in zip(_axes(fig, 2), _RP_FIG4_SIGMAS):
+        for analysis in ("wcs", "sound", "ols", "paper", "cs"):
+            label = f"{analysis}{' (Thm 4.1, invalid)' if analysis == 'paper' else ''}"
+            ys = [_rp_eps(v, d, sigma, analysis, p, q) for v in deltas]
+            ax.plot(deltas, ys, linestyle=_RP_LINES[analysis], label=label)
+        empty: list[str] = []
+        for sens, name, marker in ((2.0, "2C", "o"), (1.0, "C", "s")):
+            ys = [_rp_balle_eps(v, sigma, sens) for v in deltas]
+            if all(math.isinf(y) for y in ys):
+                empty.append(name)
+                continue
+            ax.plot(
+                deltas,
+                ys,
+                marker=marker,
+                markersize=3,
+                label=f"Balle et al. 2020, Thm 3.2 (sensitivity {name}, m = 1)",
+            )
+        if empty:
+            ax.text(
+                0.98,
+                0.98,
+                "Balle et al. 2020, Thm 3.2: no guarantee\n(sensitivity "
+                + ", ".join(empty)
+                + "; δ0 condition unmet for ε0 <= 1)",
+                transform=ax.transAxes,
+                ha="right",
+                va="top",
+                fontsize="small",
+            )
+        ax.set_title(f"σ = {sigma:g}, p = q = 0.1, d = {d}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("δ")
+        ax.set_ylabel("ε of one round")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small", loc="best")
+
+
+def _random_participation_tables() -> list[Table]:
+    return [*_random_participation(), _rp_fig4_table()]
 
 
 def _random_participation_experiment(scale: str) -> Experiment:
@@ -1499,12 +1649,14 @@ PAPERS: dict[str, Paper] = {
     "random-participation": Paper(
         "Hasircioglu & Gündüz, Privacy Amplification via Random Participation in "
         "Federated Learning (arXiv 2205.01556)",
-        _random_participation,
+        _random_participation_tables,
         _random_participation_figures,
         _random_participation_experiment,
         (
-            "Figure 4 (comparison with Balle et al. 2020's random check-ins and "
-            "shuffling): dpfl has no accountant for those schemes.",
+            "Figure 4's curve for Balle et al. 2020 as the paper drew it: the "
+            "paper prints no value and does not say how it mapped its round and "
+            "its Gaussian noise to Balle et al.'s window and local randomizer; "
+            "dpfl's reading (Theorem 3.2 with its conditions) is in the table.",
             "Client availability N_t < N and the participants-only untrusted "
             "variant (§5.5): the engine has neither (every client is available "
             "each round; an untrusted server gets messages from every available "
