@@ -20,6 +20,13 @@ Theorem 3.2 (as implemented here, ``ε0 <= 1``, ``δ <= 1/100``):
 ``A_fix`` is ``(ε', δ')``-DP with ``ε' = 7 p0 ε0 sqrt(log(1/δ) / m)`` and
 ``δ' = δ + m (e^{ε'} + 1) δ1``.
 
+The statement and its constants (7, ``ε0 <= 1``, ``δ <= 1/100``, the ``δ0``
+condition) are transcribed from the published theorem; the tests check
+dpfl's arithmetic against an independent evaluation of this statement, not
+the transcription itself, so check it against the paper before quoting a
+number from it. The module is used for the comparison only: no run is
+charged with it.
+
 Status (dpfl's terms, :data:`ANALYSIS`): **proven**, for its own protocol.
 It is *not* an analysis of Hasircioglu & Gündüz's random participation
 (:mod:`dpfl.accounting.participation`), and the two numbers answer different
