@@ -4,6 +4,7 @@ participants-only untrusted server (Hasircioglu & Gündüz, arXiv 2205.01556,
 """
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -350,3 +351,42 @@ def test_participants_only_is_priced_by_wcs_and_charged():
     plan_ = trainer.begin_round()
     trainer.abandon_round(plan_, sent=True)
     assert ledger.rounds == 2
+
+
+# ----------------------------------------------------------------- presets, end to end
+PRESETS = Path(__file__).resolve().parents[1] / "presets"
+
+
+def _run_preset(name, tmp_path, *extra):
+    from dpfl.experiments.config import load_config
+    from dpfl.experiments.runner import run
+
+    config = load_config(
+        PRESETS / f"{name}.yaml",
+        [
+            f"output_dir={tmp_path}",
+            "rounds=2",
+            "eval_every=1",
+            "privacy.noise_multiplier=2.0",
+            *extra,
+        ],
+    )
+    return run(config, progress=False)
+
+
+def test_participants_only_preset_reports_only_the_analyses_that_hold(tmp_path):
+    # From YAML through the runner: the run is priced by WCS, and the report
+    # leaves out the analyses that hide participation (sound, paper, cs).
+    result = _run_preset("digits-dsgd-rp-untrusted-participants", tmp_path)
+    assert result.rounds_completed == 2
+    g = result.guarantee
+    assert g["analysis"] == "wcs" and g["status"] == "proven"
+    assert set(g["analyses"]) == {"wcs", "ols"}
+    assert "who took part" in g["adversary"]
+
+
+def test_availability_preset_runs_with_fewer_clients_online(tmp_path):
+    result = _run_preset("digits-dsgd-rp-availability", tmp_path)
+    assert result.rounds_completed == 2
+    assert result.guarantee["analysis"] == "wcs"
+    assert set(result.guarantee["analyses"]) >= {"wcs", "sound", "ols"}
