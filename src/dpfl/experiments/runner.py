@@ -460,9 +460,17 @@ def _guarantee(
     out: dict[str, Any] = {"private": True, **ledger.summary(delta)}
     if not ledger.rounds:
         return out
+    from dpfl.sim.algorithms import algorithm_class
+
+    cls = algorithm_class(config.algorithm.name)
+    # Analyses that do not describe the mechanism run (e.g. participation made
+    # visible to the server) are left out rather than reported beside it.
+    valid = cls.valid_analyses(config.algorithm.params)
     scheme = schemes.scheme_of(event)
     analyses: dict[str, Any] = {}
     for a in scheme.analyses:
+        if valid is not None and a.name not in valid:
+            continue
         try:
             bound = ledger.epsilon(delta, analysis=a.name)
         except DpflError:  # an analysis the accountant cannot price (RDP)
@@ -474,9 +482,6 @@ def _guarantee(
             "adversary": a.adversary or scheme.adversary,
         }
     out["analyses"] = analyses
-    from dpfl.sim.algorithms import algorithm_class
-
-    cls = algorithm_class(config.algorithm.name)
     try:
         paper = cls.paper_report(
             config.algorithm.params,

@@ -159,6 +159,13 @@ def plan_privacy(
         resolved = schemes.resolve_analysis(event, analysis)
     else:
         resolved = ledger_class(guard).rule  # type: ignore[attr-defined]
+    valid = algorithm.valid_analyses(params)
+    if valid is not None and resolved not in valid:
+        raise error(
+            f"{keys}analysis must be one of {list(valid)} for these algorithm "
+            f"settings (any other does not describe the mechanism run); got "
+            f"{resolved!r}"
+        )
     info = schemes.scheme_of(event).analysis(resolved)
     reasons = []
     if not info.valid:

@@ -617,6 +617,17 @@ class FederatedAlgorithm(abc.ABC):
         return None
 
     @classmethod
+    def valid_analyses(cls, params: AlgorithmParams) -> tuple[str, ...] | None:
+        """The only analyses that describe these parameters' mechanism (None: any).
+
+        An algorithm whose setting changes what the adversary sees (e.g.
+        participation made visible to the server) narrows the analyses that
+        hold; :func:`dpfl.sim.plan.plan_privacy` refuses any other, even with
+        ``allow_unproven``, since it would not describe the mechanism run.
+        """
+        return None
+
+    @classmethod
     def resolve_noise(
         cls, params: AlgorithmParams, stats: DataStats
     ) -> tuple[float, AlgorithmParams] | None:

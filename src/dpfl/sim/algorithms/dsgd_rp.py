@@ -2,11 +2,11 @@
 
 One round, as in the paper's pseudo-code (docs/analyses.md)::
 
-    P_t  <- each of the N available clients joins w.p. p
+    P_t  <- each of the N_t available clients joins w.p. p
     for i in P_t:  S_i <- each of i's d records w.p. q
                    g_i <- sum_{s in S_i} clip_C(grad l(w_t, s))
     g    <- sum_i g_i + N(0, σ²C² I)            (trusted server)
-    ĝ    <- g / (p N q d)                       (unbiased)
+    ĝ    <- g / (p N_t q d)                     (unbiased)
     v    <- μ v + ĝ ;  w <- w - η v             (momentum SGD)
 
 All sampled records of all participants go through **one** batched call of
@@ -18,6 +18,33 @@ the server only ever uses the total.
 With ``server="untrusted"`` every available client sends a message (§5.5):
 see :class:`dpfl.sim.privatize.NoiseOnlyMessages` for the two choices of the
 per-message noise (``secure_aggregation``).
+
+With ``server="untrusted-participants"`` (the cheaper variant at the end of
+§5.5) only the participants send, each its clipped sum plus its own
+``N(0, σ²C² I)`` (:class:`dpfl.sim.privatize.ClientGaussian`): each message
+alone is the Gaussian mechanism on that client's sampled records, but the
+server sees who sent, so participation is visible and the guarantee falls to
+the paper's WCS (Theorem 5.2): only the ``wcs`` analysis (and the looser
+``ols``) are accepted for it (:meth:`DsgdRandomParticipation.valid_analyses`).
+The noise on the sum is ``sqrt(m)·σC`` for ``m`` participants.
+
+**Availability (N_t ≤ N).** Clients go offline (§3): ``availability`` draws
+the round's online clients from the server's round generator, never from the
+data (:class:`dpfl.sim.sampling.ClientAvailability`: ``"bernoulli"``, each
+online w.p. ``availability_rate``; ``"fixed"``, ``available_clients`` of them
+uniformly), and only online clients may join. The server knows who is online
+and scales by ``1/(p q n_t)``, ``n_t`` the records of the online clients
+(``N_t d`` for equal sizes, the paper's ``1/(p N_t q d)``). The accounting
+event is unchanged and sound: availability is independent of the data and of
+the mechanism's coins, so the adversary may be handed the online set for
+free; given it, an offline client's records change nothing (privacy loss 0),
+and an online client's record faces exactly the analysed round (the event
+depends on p, q, d and σ, never on N_t). The worst-off client is one that is
+always online, and it is charged the event every round, which is what the
+ledger records. (No amplification by availability is claimed: it would need
+availability hidden from the adversary and random, an assumption dpfl does
+not make.) A round with no client online releases a zero update (no data, no
+noise) and is still charged, conservatively.
 
 **Unbiased scaling.** With ``n_k`` records at client ``k`` and ``n = Σ_k n_k``
 (= ``N d`` when every client holds ``d``), each record is sampled w.p. ``pq``,
@@ -63,13 +90,27 @@ from dpfl.sim.algorithms.base import (
     register,
 )
 from dpfl.sim.grad import check_finite, clipped_grad_sum
-from dpfl.sim.privatize import CentralGaussian, NoiseOnlyMessages, Privatizer
+from dpfl.sim.privatize import (
+    CentralGaussian,
+    ClientGaussian,
+    NoiseOnlyMessages,
+    Privatizer,
+)
 from dpfl.sim.randomness import Streams
-from dpfl.sim.sampling import PoissonParticipationSampler
+from dpfl.sim.sampling import (
+    AVAILABILITY_MODELS,
+    ClientAvailability,
+    PoissonParticipationSampler,
+)
 
 __all__ = ["DsgdRandomParticipation", "DsgdRpParams"]
 
-SERVERS = ("trusted", "untrusted")
+SERVERS = ("trusted", "untrusted", "untrusted-participants")
+
+#: Analyses that hold when the server sees who took part (participants-only
+#: messages): Theorem 5.2 (WCS) and Theorem 5.1 (OLS, which ignores client
+#: sampling altogether).
+VISIBLE_PARTICIPATION_ANALYSES = ("wcs", "ols")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +129,19 @@ class DsgdRpParams(AlgorithmParams):
         Server step size η (> 0); the paper uses 0.002 (App. B.2).
     momentum : float
         Momentum μ in [0, 1) (the paper: 0.9).
-    server : {"trusted", "untrusted"}
-        Who adds the noise (see the module docstring).
+    server : {"trusted", "untrusted", "untrusted-participants"}
+        Who adds the noise and who sends (see the module docstring).
     secure_aggregation : bool
         Untrusted server only: per-message noise ``σC/sqrt(N)`` (valid only
         if the server sees just the sum of messages) if True; ``σC`` per
         message (the paper's §5.5, valid against a server that reads each
         message) if False, the default.
+    availability : {"all", "bernoulli", "fixed"}
+        Which clients are online each round (see the module docstring).
+    availability_rate : float
+        ``"bernoulli"``: probability a client is online in a round, (0, 1].
+    available_clients : int or None
+        ``"fixed"``: N_t, the clients online in every round (1 <= N_t <= N).
     max_batch : int or None
         Examples per chunk of the gradient kernel (memory bound).
     """
@@ -106,6 +153,9 @@ class DsgdRpParams(AlgorithmParams):
     momentum: float = 0.9
     server: str = "trusted"
     secure_aggregation: bool = False
+    availability: str = "all"
+    availability_rate: float = 1.0
+    available_clients: int | None = None
     max_batch: int | None = None
 
     def __post_init__(self) -> None:
@@ -129,6 +179,32 @@ class DsgdRpParams(AlgorithmParams):
         if self.server not in SERVERS:
             raise InvalidParameterError(
                 f"server must be one of {SERVERS}; got {self.server!r}"
+            )
+        if self.secure_aggregation and self.server != "untrusted":
+            raise InvalidParameterError(
+                "secure_aggregation applies only to server 'untrusted' (every "
+                f"available client sends); got server {self.server!r}"
+            )
+        if self.availability not in AVAILABILITY_MODELS:
+            raise InvalidParameterError(
+                f"availability must be one of {AVAILABILITY_MODELS}; got "
+                f"{self.availability!r}"
+            )
+        self._set(
+            "availability_rate",
+            check_probability("availability_rate", self.availability_rate),
+        )
+        if self.availability != "bernoulli" and self.availability_rate != 1.0:
+            raise InvalidParameterError(
+                "availability_rate is used only by availability 'bernoulli' "
+                f"(availability is {self.availability!r}); got "
+                f"{self.availability_rate!r}"
+            )
+        if (self.availability == "fixed") != (self.available_clients is not None):
+            raise InvalidParameterError(
+                "available_clients must be given exactly when availability is "
+                f"'fixed' (availability is {self.availability!r}); got "
+                f"{self.available_clients!r}"
             )
         if self.max_batch is not None and int(self.max_batch) < 1:
             raise InvalidParameterError(
@@ -156,8 +232,21 @@ class DsgdRandomParticipation(FederatedAlgorithm):
 
     @property
     def messages_are_releases(self) -> bool:
-        """True with ``server="untrusted"``: each message carries its own noise."""
-        return self.params.server == "untrusted"
+        """True for an untrusted server: each message carries its own noise."""
+        return self.params.server != "trusted"
+
+    @classmethod
+    def valid_analyses(cls, params: AlgorithmParams) -> tuple[str, ...] | None:
+        """``("wcs", "ols")`` for participants-only messages, else any.
+
+        With ``server="untrusted-participants"`` the server sees who sent, so
+        an analysis that hides participation (``sound``, ``paper``, ``cs``)
+        does not describe the mechanism (Hasircioglu & Gündüz, §5.5: "our
+        privacy guarantees reduce to the one provided by WCS").
+        """
+        if cast(DsgdRpParams, params).server == "untrusted-participants":
+            return VISIBLE_PARTICIPATION_ANALYSES
+        return None
 
     @staticmethod
     def sampler(params: DsgdRpParams, stats: DataStats) -> PoissonParticipationSampler:
@@ -188,23 +277,35 @@ class DsgdRandomParticipation(FederatedAlgorithm):
                 "clip must be given (> 0) when noise_multiplier > 0; got None"
             )
         self._sampler = self.sampler(p, self.stats)
+        self.availability = ClientAvailability(
+            num_clients=self.stats.num_clients,
+            model=p.availability,
+            rate=p.availability_rate,
+            available_clients=p.available_clients,
+        )
         self.privatizer: Privatizer | None = None
         if self.private:
             clip = cast(float, p.clip)
-            self.privatizer = (
-                CentralGaussian(noise_multiplier=self.noise_multiplier, clip=clip)
-                if p.server == "trusted"
-                else NoiseOnlyMessages(
-                    noise_multiplier=self.noise_multiplier,
+            sigma = self.noise_multiplier
+            if p.server == "trusted":
+                self.privatizer = CentralGaussian(noise_multiplier=sigma, clip=clip)
+            elif p.server == "untrusted":
+                self.privatizer = NoiseOnlyMessages(
+                    noise_multiplier=sigma,
                     clip=clip,
                     secure_aggregation=p.secure_aggregation,
                 )
-            )
-        #: 1 / (p q n): n = Σ_k n_k = N d for equal sizes (paper eq. 4).
-        self.scale = 1.0 / (
-            p.participation_probability * p.record_probability * self.stats.num_records
-        )
+            else:
+                self.privatizer = ClientGaussian(noise_multiplier=sigma, clip=clip)
+        #: 1 / (p q n): n = Σ_k n_k = N d for equal sizes (paper eq. 4); the
+        #: scale of a round with every client online.
+        self.scale = self._scale(self.stats.num_records)
         self.velocity = torch.zeros_like(self.weights)
+
+    def _scale(self, records: int) -> float:
+        """``1 / (p q n)`` for ``n`` records held by the online clients."""
+        p = self.params
+        return 1.0 / (p.participation_probability * p.record_probability * records)
 
     # -- Algorithm 1, one round -----------------------------------------------------
     def select(self, round_index: int, server: Streams) -> Cohort:
@@ -213,21 +314,37 @@ class DsgdRandomParticipation(FederatedAlgorithm):
         The privatizer's noise does not depend on the gradients: its draw
         starts here (on a worker thread, on CPU) and overlaps the client steps.
         """
-        sample = self._sampler.sample(server.rng).resolve(self.dataset.client_indices)
+        online: np.ndarray | None = None  # None: every client is online
+        if self.availability.always_all:
+            sample = self._sampler.sample(server.rng)
+            num_available, scale = self.stats.num_clients, self.scale
+        else:
+            online = self.availability.draw(server.rng)
+            sample = self._sampler.sample_available(server.rng, online)
+            num_available = len(online)
+            held = int(np.asarray(self.stats.sizes)[online].sum())
+            # No client online (or none holding data): nothing to estimate.
+            scale = self._scale(held) if held else 0.0
+        sample = sample.resolve(self.dataset.client_indices)
         records = cast(np.ndarray, sample.records)
         offsets = sample.record_offsets
         tasks = [
             Task(int(k), records[offsets[j] : offsets[j + 1]])
             for j, k in enumerate(sample.clients)
         ]
-        info: dict[str, object] = {"records": records}
-        if self.privatizer is not None:
+        info: dict[str, object] = {
+            "records": records,
+            "available": num_available,
+            "online": online,
+            "scale": scale,
+        }
+        if self.privatizer is not None and scale > 0:
             info["noise"] = self.privatizer.start_noise(
                 {"w": self.weights},
                 num_participants=sample.num_clients,
-                num_available=self.stats.num_clients,
+                num_available=num_available,
                 generator=server.generator,
-                scale=self.scale,
+                scale=scale,
             )
         return Cohort(sample.clients, tasks, info)
 
@@ -313,7 +430,7 @@ class DsgdRandomParticipation(FederatedAlgorithm):
         if pending is not None:
             estimate: torch.Tensor = pending.add_to_({"w": total})["w"]
         else:
-            estimate = total.mul_(self.scale)
+            estimate = total.mul_(cast(float, cohort.info.get("scale", self.scale)))
         # One fused pass: the norm is finite iff every entry is (barring an
         # overflow of the square, which check_finite then tells apart).
         norm = float(torch.linalg.vector_norm(estimate))
@@ -335,6 +452,9 @@ class DsgdRandomParticipation(FederatedAlgorithm):
         records = messages.scalar_total("records") if len(messages.scalars) else 0.0
         metrics = {
             "participants": float(len(cohort.participants)),
+            "available": float(
+                cast(int, cohort.info.get("available", self.stats.num_clients))
+            ),
             "records": records,
             "update_norm": norm,
         }
