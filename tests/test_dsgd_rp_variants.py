@@ -390,3 +390,16 @@ def test_availability_preset_runs_with_fewer_clients_online(tmp_path):
     assert result.rounds_completed == 2
     assert result.guarantee["analysis"] == "wcs"
     assert set(result.guarantee["analyses"]) >= {"wcs", "sound", "ols"}
+
+
+def test_a_hand_built_trainer_refuses_an_analysis_of_another_mechanism():
+    # The participants-only untrusted server makes participation visible: only
+    # wcs/ols describe it, also when the Trainer is assembled by hand.
+    from dpfl.accounting.ledger import PrivacyLedger
+    from dpfl.errors import InvalidParameterError
+    from dpfl.sim.loop import Trainer
+
+    algorithm = _build(_digits(20), server="untrusted-participants")
+    with pytest.raises(InvalidParameterError, match="ledger.analysis must be one of"):
+        Trainer(algorithm, ledger=PrivacyLedger(analysis="sound"), seed=0)
+    Trainer(algorithm, ledger=PrivacyLedger(analysis="wcs"), seed=0)  # accepted

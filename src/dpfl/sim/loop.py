@@ -147,6 +147,13 @@ class Trainer:
                 "algorithm must be a FederatedAlgorithm; got "
                 f"{type(algorithm).__name__}"
             )
+        valid = algorithm.valid_analyses(algorithm.params)
+        if valid is not None and ledger.analysis not in (None, *valid):
+            # the ledger would price a mechanism other than the one run
+            raise InvalidParameterError(
+                f"ledger.analysis must be one of {list(valid)} for this "
+                f"{type(algorithm).__name__} setting; got {ledger.analysis!r}"
+            )
         self.algorithm = algorithm
         self.ledger = ledger
         self.seed = check_count("seed", seed, minimum=0)
