@@ -79,6 +79,9 @@ def test_norm_source_is_validated() -> None:
     with pytest.raises(InvalidParameterError, match="norm_source"):
         LocksParams(norm_source="last")
     assert LocksParams().norm_source == "current"
+    alg = _tiny_locks(1.0, "stale")
+    with pytest.raises(InvalidParameterError, match="norm must be in"):
+        alg.release(torch.zeros(alg.num_weights), torch.Generator(), 0.06)  # C = 0.05
 
 
 def test_non_private_stale_release_is_the_held_norm_exactly() -> None:

@@ -513,6 +513,12 @@ class Locks(FederatedAlgorithm):
         if norm is None:
             value = torch.linalg.vector_norm(clipped.to(torch.float64))
         else:
+            # The release is priced for a norm in [0, C] (float32 clipping
+            # may overshoot C by a few ulps).
+            if not 0.0 <= norm <= self.params.clip * (1 + 1e-6):
+                raise InvalidParameterError(
+                    f"norm must be in [0, clip={self.params.clip}]; got {norm!r}"
+                )
             value = torch.tensor(float(norm), dtype=torch.float64)
         norm_t = value.reshape(1, 1)
         if self.norm_noise is None or self.update_noise is None:
