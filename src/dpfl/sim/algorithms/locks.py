@@ -45,6 +45,30 @@ norm of the mean clipped update. The step is the descent lemma's optimum
 ``"constant"`` (η_t = η) and ``"inverse-sqrt"`` (η_t = η/√(t+1), the decaying
 rate such proofs usually assume).
 
+**Which norm is released** (``norm_source``). The paper's clients release
+"a private estimate of their last gradient norm" (§6). ``"current"``
+(default) releases the norm of the update ḡ_k the client computes at w_t in
+this round. ``"stale"`` releases the norm of the clipped update the client
+computed the last time it was in S1 (at an earlier w_{t'}): the norm a client
+knows before this round's training. A client in S1 for the first time has no
+earlier update; it releases the norm of the one it computes now, so that
+every S1 client makes exactly one norm release per round in both variants
+(a fixed stand-in such as ν or C would cost nothing, but would bias stage 2
+for or against newcomers by a number chosen by us). The simulator keeps
+each client's last clipped norm (-1 before its first) on its behalf
+(:meth:`Locks.held_state`, sent back as the message's state, never part of
+its vector); it is checkpointed with the run.
+
+The stale norm costs what the current one costs: it is ``‖ḡ_k‖ ∈ [0, C]``
+of an update computed from the client's data and an earlier released model,
+so its sensitivity under zero-out is C, and ``ñ_k = max(ν, ‖ḡ_k‖ + σ_n C ξ_k)``
+with fresh ξ_k is a Gaussian release of std σ_n C. Given the client's batch
+draws (independent of its data), each release is a Gaussian mechanism of the
+data and earlier outputs, and mixing over the draws keeps the bound (joint
+convexity of the divergences), exactly as for the current norm, whose update
+shares this round's batches. The round's event and each S1 client's charge
+are therefore the same in both variants.
+
 **Noise.** σ_g is the run's one noise multiplier (``privacy.noise_multiplier``,
 the base's ``noise_multiplier``) and ``σ_n = norm_noise_ratio · σ_g``: the two
 scales move together, so calibrating σ scales both.
@@ -123,6 +147,7 @@ __all__ = ["Locks", "LocksParams"]
 
 ESTIMATORS = ("unbiased", "weighted")
 SCHEDULES = ("variance", "constant", "inverse-sqrt")
+NORM_SOURCES = ("current", "stale")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +184,10 @@ class LocksParams(AlgorithmParams):
         The server step schedule (module docstring).
     estimator : {"unbiased", "weighted"}
         (A) ``1/(K q1 p2_k)`` scaling or (B) ``1/m2`` weighting.
+    norm_source : {"current", "stale"}
+        Which update's norm a client releases: the one it computes this
+        round, or the one it computed the last time it was in S1 (module
+        docstring).
     """
 
     first_stage_probability: float = 0.2
@@ -172,6 +201,7 @@ class LocksParams(AlgorithmParams):
     server_learning_rate: float = 1.0
     server_schedule: str = "variance"
     estimator: str = "unbiased"
+    norm_source: str = "current"
 
     def __post_init__(self) -> None:
         self._set(
@@ -209,6 +239,10 @@ class LocksParams(AlgorithmParams):
         if self.estimator not in ESTIMATORS:
             raise InvalidParameterError(
                 f"estimator must be one of {ESTIMATORS}; got {self.estimator!r}"
+            )
+        if self.norm_source not in NORM_SOURCES:
+            raise InvalidParameterError(
+                f"norm_source must be one of {NORM_SOURCES}; got {self.norm_source!r}"
             )
 
     @property
@@ -338,12 +372,50 @@ class Locks(FederatedAlgorithm):
             self.update_noise = ClientGaussian(
                 noise_multiplier=self.sigma_g, clip=p.clip
             )
+        #: Each client's last clipped norm ‖ḡ_k‖ (-1: never in S1), held on
+        #: the clients' behalf for ``norm_source="stale"``.
+        self.last_norm = torch.full(
+            (self.stats.num_clients,), -1.0, dtype=torch.float64
+        )
+
+    @property
+    def stale(self) -> bool:
+        """Whether clients release the norm of their previous update."""
+        return self.params.norm_source == "stale"
+
+    def held_state(self, client: int) -> dict[str, torch.Tensor]:
+        """``{"last_norm": ‖ḡ_k‖ of its last update}`` (-1: none), when stale."""
+        if not self.stale:
+            return {}
+        return {"last_norm": self.last_norm[int(client)].clone()}
+
+    def extra_state(self) -> dict[str, Any]:
+        """Each client's last clipped norm (the stale variant's held state)."""
+        return {"last_norm": self.last_norm.clone()}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`extra_state`."""
+        last = state.get("last_norm")
+        if last is None:  # a checkpoint from before the stale variant existed
+            if self.stale:
+                raise InvalidParameterError(
+                    "state has no last_norm; norm_source='stale' needs the "
+                    "clients' last norms"
+                )
+            return
+        if tuple(last.shape) != tuple(self.last_norm.shape):
+            raise InvalidParameterError(
+                f"last_norm must have shape {tuple(self.last_norm.shape)}; got "
+                f"{tuple(last.shape)}"
+            )
+        self.last_norm.copy_(last)
 
     # -- the server's first stage -------------------------------------------------
     def select(self, round_index: int, server: Streams) -> Cohort:
         """S1 ← each client w.p. q1; each trains on batches of its own choice."""
         s1 = self._sampler.first_stage(server.rng)
-        return Cohort(s1, [Task(int(k)) for k in s1], {"round": round_index})
+        tasks = [Task(int(k), state=self.held_state(int(k))) for k in s1]
+        return Cohort(s1, tasks, {"round": round_index})
 
     # -- the clients --------------------------------------------------------------
     def clipped_updates(
@@ -412,12 +484,16 @@ class Locks(FederatedAlgorithm):
         return g * (p.clip / norms.clamp_min(1e-30)).clamp(max=1.0)
 
     def release(
-        self, clipped: torch.Tensor, generator: torch.Generator
+        self,
+        clipped: torch.Tensor,
+        generator: torch.Generator,
+        norm: float | None = None,
     ) -> tuple[torch.Tensor, float]:
-        """One client's releases: ``(g̃ = ḡ + σ_g C z, ñ = max(ν, ‖ḡ‖ + σ_n C ξ))``.
+        """One client's releases: ``(g̃ = ḡ + σ_g C z, ñ = max(ν, n + σ_n C ξ))``.
 
-        ξ is drawn first, then z, both from the client's ``generator``
-        (nothing is drawn in a non-private run).
+        ``n`` is ``‖ḡ‖`` or the given ``norm``. ξ is drawn first, then z,
+        both from the client's ``generator`` (nothing is drawn in a
+        non-private run).
 
         Parameters
         ----------
@@ -425,18 +501,45 @@ class Locks(FederatedAlgorithm):
             ``[d]`` the client's clipped update ḡ.
         generator : torch.Generator
             The client's own torch generator.
+        norm : float, optional
+            The norm to release, in [0, C] (the stale variant's last clipped
+            norm); default ``‖ḡ‖``.
 
         Returns
         -------
         tuple
             The noisy update ``[d]`` and the released norm (a float >= ν).
         """
-        norm = torch.linalg.vector_norm(clipped.to(torch.float64)).reshape(1, 1)
+        if norm is None:
+            value = torch.linalg.vector_norm(clipped.to(torch.float64))
+        else:
+            # The release is priced for a norm in [0, C] (float32 clipping
+            # may overshoot C by a few ulps).
+            if not 0.0 <= norm <= self.params.clip * (1 + 1e-6):
+                raise InvalidParameterError(
+                    f"norm must be in [0, clip={self.params.clip}]; got {norm!r}"
+                )
+            value = torch.tensor(float(norm), dtype=torch.float64)
+        norm_t = value.reshape(1, 1)
         if self.norm_noise is None or self.update_noise is None:
-            return clipped.clone(), max(self.params.floor, float(norm))
-        noisy_norm = self.norm_noise.noise_messages({"n": norm}, generator)["n"]
+            return clipped.clone(), max(self.params.floor, float(norm_t))
+        noisy_norm = self.norm_noise.noise_messages({"n": norm_t}, generator)["n"]
         noisy = self.update_noise.noise_messages({"g": clipped[None]}, generator)["g"]
         return noisy[0], max(self.params.floor, float(noisy_norm))
+
+    def _message(
+        self, clipped: torch.Tensor, task: Task, generator: torch.Generator
+    ) -> Message:
+        """Release ḡ and the current or held norm; keep ‖ḡ‖ when stale."""
+        if not self.stale:
+            noisy, norm = self.release(clipped, generator)
+            return Message(noisy, {"noisy_norm": norm})
+        current = torch.linalg.vector_norm(clipped.to(torch.float64)).cpu()
+        held = task.state.get("last_norm")
+        last = -1.0 if held is None else float(held)
+        stale = None if last < 0 else last  # first time in S1: the current norm
+        noisy, norm = self.release(clipped, generator, stale)
+        return Message(noisy, {"noisy_norm": norm}, state={"last_norm": current})
 
     def client_step(
         self, weights: torch.Tensor, task: Task, streams: Streams
@@ -444,13 +547,14 @@ class Locks(FederatedAlgorithm):
         """ḡ_k ← clip_C(w_t − w_t after E local steps); release g̃_k and ñ_k.
 
         The message's vector is the noisy update g̃_k (uploaded only if the
-        server picks the client for stage 2), its scalar ``"noisy_norm"`` ñ_k.
+        server picks the client for stage 2), its scalar ``"noisy_norm"`` ñ_k
+        (of ḡ_k, or, when stale, of the client's previous clipped update; its
+        state then carries ``‖ḡ_k‖`` for the next time).
         """
         clipped = self.clipped_updates(
             weights, np.array([task.client], dtype=np.int64), [streams.rng]
         )
-        noisy, norm = self.release(clipped[0], streams.generator)
-        return Message(noisy, {"noisy_norm": norm})
+        return self._message(clipped[0], task, streams.generator)
 
     def client_steps(
         self, weights: torch.Tensor, tasks: Sequence[Task], streams: Sequence[Streams]
@@ -460,10 +564,10 @@ class Locks(FederatedAlgorithm):
             return Messages.stack([], weights)
         clients = np.array([t.client for t in tasks], dtype=np.int64)
         clipped = self.clipped_updates(weights, clients, [s.rng for s in streams])
-        messages = []
-        for j, s in enumerate(streams):
-            noisy, norm = self.release(clipped[j], s.generator)
-            messages.append(Message(noisy, {"noisy_norm": norm}))
+        messages = [
+            self._message(clipped[j], t, s.generator)
+            for j, (t, s) in enumerate(zip(tasks, streams))
+        ]
         return Messages.stack(messages, weights)
 
     # -- the server's second stage and step ---------------------------------------
@@ -578,6 +682,10 @@ class Locks(FederatedAlgorithm):
         self.apply_update(step, scale=-1.0)
         cohort.info["second_stage"] = s1[info["chosen"]]
         cohort.info["max_p2"] = info["max_p2"]
+        if self.stale and len(s1):
+            self.last_norm[torch.as_tensor(s1)] = messages.states["last_norm"].to(
+                self.last_norm
+            )
         return {
             "first_stage": float(len(s1)),
             "second_stage": float(len(info["chosen"])),
