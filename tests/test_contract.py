@@ -186,7 +186,11 @@ def test_seeded_runs_are_identical(name):
     assert _ledger_json(a) == _ledger_json(b)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(
+    "name",
+    # the non-private baseline's case with -m slow (.ci/run runs it)
+    [pytest.param(n, marks=pytest.mark.slow) if n == "fedavg" else n for n in NAMES],
+)
 def test_loop_and_batched_executors_agree(name):
     atol = SPECS[name][3]
     loop, batched = _trainer(name, "loop"), _trainer(name, "batched")
@@ -315,7 +319,8 @@ def test_a_replica_computes_the_trained_algorithms_messages(name):
     assert _same(mine.states, theirs.states)
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3])
+# Three shares (an uneven split) with -m slow; one and two in the default run.
+@pytest.mark.parametrize("workers", [1, 2, pytest.param(3, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", NAMES)
 def test_a_cohort_split_over_replicas_gives_the_in_process_run(name, workers):
     atol = SPECS[name][3]
