@@ -12,7 +12,7 @@ clipping) need every example to pass through the network independently.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -63,6 +63,33 @@ class _ImageCNN(nn.Module):
 
     features: nn.Sequential
     classifier: nn.Sequential
+
+    def _assemble(
+        self,
+        layers: Callable[[int], list[nn.Module]],
+        *,
+        hidden: int,
+        num_classes: int,
+        in_channels: int,
+        image_size: int | Sequence[int],
+    ) -> None:
+        """Validate the sizes and build the two stacks.
+
+        ``features`` is ``layers(in_channels)``; the classifier is
+        ``Flatten -> Linear(flat, hidden) -> ReLU -> Linear(hidden, K)``, with
+        ``flat`` measured on one image of ``image_size``.
+        """
+        num_classes = check_count("num_classes", num_classes, minimum=1)
+        in_channels = check_count("in_channels", in_channels, minimum=1)
+        size = _image_size(image_size)
+        self.features = nn.Sequential(*layers(in_channels))
+        flat = _flat_features(self.features, in_channels, size, type(self).__name__)
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(flat, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, num_classes),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return logits ``[batch, num_classes]`` for ``[batch, C, H, W]`` images."""
@@ -115,23 +142,19 @@ class PaperCNN(_ImageCNN):
         image_size: int | Sequence[int] = 28,
     ) -> None:
         super().__init__()
-        num_classes = check_count("num_classes", num_classes, minimum=1)
-        in_channels = check_count("in_channels", in_channels, minimum=1)
-        size = _image_size(image_size)
-        self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 16, kernel_size=8, stride=2, padding=3),
-            nn.ReLU(),
-            nn.MaxPool2d(kernel_size=2, stride=1),
-            nn.Conv2d(16, 32, kernel_size=4, stride=2),
-            nn.ReLU(),
-            nn.MaxPool2d(kernel_size=2, stride=1),
-        )
-        flat = _flat_features(self.features, in_channels, size, "PaperCNN")
-        self.classifier = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(flat, 256),
-            nn.ReLU(),
-            nn.Linear(256, num_classes),
+        self._assemble(
+            lambda c: [
+                nn.Conv2d(c, 16, kernel_size=8, stride=2, padding=3),
+                nn.ReLU(),
+                nn.MaxPool2d(kernel_size=2, stride=1),
+                nn.Conv2d(16, 32, kernel_size=4, stride=2),
+                nn.ReLU(),
+                nn.MaxPool2d(kernel_size=2, stride=1),
+            ],
+            hidden=256,
+            num_classes=num_classes,
+            in_channels=in_channels,
+            image_size=image_size,
         )
 
 
@@ -179,22 +202,18 @@ class PriFedSyncCNN(_ImageCNN):
         image_size: int | Sequence[int] = 28,
     ) -> None:
         super().__init__()
-        num_classes = check_count("num_classes", num_classes, minimum=1)
-        in_channels = check_count("in_channels", in_channels, minimum=1)
-        size = _image_size(image_size)
-        self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 32, kernel_size=3),
-            nn.ReLU(),
-            nn.Conv2d(32, 64, kernel_size=3),
-            nn.ReLU(),
-            nn.MaxPool2d(kernel_size=2),
-        )
-        flat = _flat_features(self.features, in_channels, size, "PriFedSyncCNN")
-        self.classifier = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(flat, 128),
-            nn.ReLU(),
-            nn.Linear(128, num_classes),
+        self._assemble(
+            lambda c: [
+                nn.Conv2d(c, 32, kernel_size=3),
+                nn.ReLU(),
+                nn.Conv2d(32, 64, kernel_size=3),
+                nn.ReLU(),
+                nn.MaxPool2d(kernel_size=2),
+            ],
+            hidden=128,
+            num_classes=num_classes,
+            in_channels=in_channels,
+            image_size=image_size,
         )
 
 
@@ -244,23 +263,19 @@ class McMahanCNN(_ImageCNN):
         image_size: int | Sequence[int] = 28,
     ) -> None:
         super().__init__()
-        num_classes = check_count("num_classes", num_classes, minimum=1)
-        in_channels = check_count("in_channels", in_channels, minimum=1)
-        size = _image_size(image_size)
-        self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 32, kernel_size=5, padding=2),
-            nn.ReLU(),
-            nn.MaxPool2d(kernel_size=2),
-            nn.Conv2d(32, 64, kernel_size=5, padding=2),
-            nn.ReLU(),
-            nn.MaxPool2d(kernel_size=2),
-        )
-        flat = _flat_features(self.features, in_channels, size, "McMahanCNN")
-        self.classifier = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(flat, 512),
-            nn.ReLU(),
-            nn.Linear(512, num_classes),
+        self._assemble(
+            lambda c: [
+                nn.Conv2d(c, 32, kernel_size=5, padding=2),
+                nn.ReLU(),
+                nn.MaxPool2d(kernel_size=2),
+                nn.Conv2d(32, 64, kernel_size=5, padding=2),
+                nn.ReLU(),
+                nn.MaxPool2d(kernel_size=2),
+            ],
+            hidden=512,
+            num_classes=num_classes,
+            in_channels=in_channels,
+            image_size=image_size,
         )
 
 
@@ -306,23 +321,19 @@ class TfTutorialCNN(_ImageCNN):
         image_size: int | Sequence[int] = 32,
     ) -> None:
         super().__init__()
-        num_classes = check_count("num_classes", num_classes, minimum=1)
-        in_channels = check_count("in_channels", in_channels, minimum=1)
-        size = _image_size(image_size)
-        self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 32, kernel_size=3),
-            nn.ReLU(),
-            nn.MaxPool2d(kernel_size=2),
-            nn.Conv2d(32, 64, kernel_size=3),
-            nn.ReLU(),
-            nn.MaxPool2d(kernel_size=2),
-            nn.Conv2d(64, 64, kernel_size=3),
-            nn.ReLU(),
-        )
-        flat = _flat_features(self.features, in_channels, size, "TfTutorialCNN")
-        self.classifier = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(flat, 64),
-            nn.ReLU(),
-            nn.Linear(64, num_classes),
+        self._assemble(
+            lambda c: [
+                nn.Conv2d(c, 32, kernel_size=3),
+                nn.ReLU(),
+                nn.MaxPool2d(kernel_size=2),
+                nn.Conv2d(32, 64, kernel_size=3),
+                nn.ReLU(),
+                nn.MaxPool2d(kernel_size=2),
+                nn.Conv2d(64, 64, kernel_size=3),
+                nn.ReLU(),
+            ],
+            hidden=64,
+            num_classes=num_classes,
+            in_channels=in_channels,
+            image_size=image_size,
         )
