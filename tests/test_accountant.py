@@ -39,12 +39,12 @@ def random_cases(n=20, seed=20261121):
         yield sigma, rate, count, delta
 
 
-# The cases composing fewer than 100 rounds run by default (their cost grows
+# The cases composing fewer than 20 rounds run by default (their cost grows
 # with the count); the others with -m slow (.ci/run runs both).
 @pytest.mark.parametrize(
     "sigma, rate, count, delta",
     [
-        c if c[2] < 100 else pytest.param(*c, marks=pytest.mark.slow)
+        c if c[2] < 20 else pytest.param(*c, marks=pytest.mark.slow)
         for c in random_cases()
     ],
 )

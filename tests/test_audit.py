@@ -44,6 +44,7 @@ def test_counts_give_the_dp_inequality():
         epsilon_from_counts(0, 10, 0, 10, delta=1e-5, confidence=1.0)
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_gaussian_audits_stay_below_the_true_epsilon_at_the_stated_confidence():
     # 100 independent audits of the Gaussian mechanism (sigma = 1, delta =
     # 1e-2; true epsilon 2.318 from the exact Balle-Wang curve, dpfl.accounting.

@@ -246,6 +246,7 @@ def test_non_finite_updates_are_rejected_and_not_charged(name):
     torch.testing.assert_close(trainer.algorithm.weights, before, equal_nan=True)
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 @pytest.mark.parametrize("name", NAMES)
 def test_realised_event_prices_as_the_pure_round_event(name):
     _private(name)

@@ -47,6 +47,7 @@ def _exec(code: str, namespace: dict, name: str) -> None:
     exec(compile(code, name, "exec"), namespace)  # noqa: S102
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_tutorial_runs_in_order(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     blocks = _blocks(DOCS / "tutorial.md", "python")

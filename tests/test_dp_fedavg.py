@@ -278,6 +278,7 @@ def test_median_clipping_stops_at_q_where_the_moments_accountant_says(
     assert reason is not None and "not charged" in reason
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_ledger_paper_guard_stops_where_the_pld_poisson_reading_says(
     digits_iid: FederatedDataset,
 ) -> None:

@@ -98,6 +98,7 @@ def test_per_sample_grads_equal_loop():
 
 
 # ----------------------------------------------------------------- clipped sums
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 @settings(max_examples=30, deadline=None)
 @given(
     batch=st.integers(1, 9),
@@ -138,6 +139,7 @@ def test_clipped_sum_equals_loop(batch, clip, num_segments, max_batch, method, s
     assert torch.all(flat.norm(dim=1) <= clip * counts * (1 + 1e-5) + 1e-6)
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 @pytest.mark.parametrize("method", ["vmap", "ghost"])
 def test_paper_cnn_clipped_sum_equals_loop(method):
     torch.manual_seed(1)

@@ -454,7 +454,7 @@ def test_infeasible_target_gets_one_line_that_says_what_is_needed():
 @pytest.mark.parametrize(
     "preset",
     [
-        "dp-fedavg-digits",
+        pytest.param("dp-fedavg-digits", marks=pytest.mark.slow),
         "ms-pafl-tabular",
         pytest.param("prifedsync-digits", marks=pytest.mark.slow),
         "locks-digits",
@@ -482,7 +482,12 @@ def test_every_preset_calibrates_and_finishes_within_the_budget(tmp_path, preset
 
 
 @pytest.mark.parametrize(
-    "scheme", [pytest.param("prifedsync", marks=pytest.mark.slow), "ms-pafl", "locks"]
+    "scheme",
+    [
+        pytest.param("prifedsync", marks=pytest.mark.slow),
+        pytest.param("ms-pafl", marks=pytest.mark.slow),
+        "locks",
+    ],
 )
 def test_calibrate_covers_the_schemes_it_lacked(capsys, scheme):
     argv = {

@@ -216,6 +216,7 @@ def test_ledger_class_names_the_guards():
         ledger_class("bogus")
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_guard_prices_log_many_compositions_near_the_end_of_the_budget(monkeypatch):
     # A run calibrated to spend its budget in about T rounds used to price one
     # composition per round once past the last power of two below T (44 for
@@ -304,6 +305,7 @@ def test_incremental_spend_matches_the_history_rule(history):
             assert {k: v for k, v in spend.units.items() if v} == units
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_guard_reads_each_recorded_round_once(monkeypatch):
     # 2,000 guarded rounds canonicalise O(1) events per round in all (the
     # summary reads only new entries), not the whole history every round

@@ -367,7 +367,9 @@ def test_counterexample_point_2_add_direction():
     [
         (np.array([[1.0]]), CELLS[1], 0.005),
         (_unit(30)[None, :], CELLS[2], 0.02),
-        (np.array([[0.8, 0.36, 0.48]]), CELLS[3], 0.08),
+        pytest.param(
+            np.array([[0.8, 0.36, 0.48]]), CELLS[3], 0.08, marks=pytest.mark.slow
+        ),
     ],
     ids=["1d", "2d-rotated", "3d-rotated"],
 )
@@ -418,7 +420,13 @@ def test_grid_pld_matches_subsampled_gaussian(target, cells, tol):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.slow) if n in ("aligned", "mixed_3d") else n
+        for n in CONFIGS
+    ],
+)
 def test_configuration_below_wcs(name):
     # Checks: the configuration's own T-round epsilon (the upper end of the
     # independent grid bracket, max over add/remove) is <= dpfl's

@@ -409,6 +409,7 @@ def test_local_adam_matches_torch_adam_client_by_client(monkeypatch):
         assert steps == int(opt.state[param]["step"])
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 @pytest.mark.parametrize("model", ["logistic_regression", "mlp"])
 def test_grad_methods_and_executors_agree(model):
     algs = [

@@ -95,6 +95,7 @@ def _same_run(remote, local, name):
 
 
 # -- the in-process run -------------------------------------------------------------
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("name", NAMES)
 def test_ray_gives_the_in_process_run(name, workers, executors):
@@ -110,6 +111,7 @@ def test_ray_gives_the_in_process_run(name, workers, executors):
     assert {w.node_ip for w in executor.workers()} == {"127.0.0.1"}
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_workers_rebuild_their_replica_for_another_algorithm(executors):
     # Two runs of one algorithm that differ only in sigma (a blueprint fact,
     # not a task fact), interleaved round by round on the same workers: each
@@ -136,6 +138,7 @@ def test_workers_rebuild_their_replica_for_another_algorithm(executors):
         _same_run(remote, local, name)
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_the_local_instance_listens_on_loopback_only(local_ray):
     assert local_ray.startswith("127.0.0.1:")
     assert {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} == {"127.0.0.1"}
@@ -222,6 +225,7 @@ def test_a_worker_killed_mid_round_is_replaced_and_nothing_is_charged_twice(
             ray.get(actor.info.remote(), timeout=30)
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_a_share_that_keeps_failing_raises_a_clear_error(local_ray):
     with _slow_executor(suicide=True, max_restarts=0, max_replacements=0) as ex:
         remote = Trainer(
@@ -387,6 +391,7 @@ def test_an_address_where_nothing_listens_fails_at_once(monkeypatch):
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_workers_that_cannot_be_placed_fail_clearly(local_ray):
     ex = RayExecutor(num_workers=1, num_cpus_per_worker=64, startup_timeout=2)
     with pytest.raises(DpflError, match="did not start within 2 s"):

@@ -119,6 +119,7 @@ def test_sound_pld_full_cohort_is_gaussian():
     assert _gdp_delta_mp(eps * 0.999, mu) > 1e-5
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_heterogeneous_schedule_is_sum_of_round_rdp():
     # Independent composition: one dp_accounting accountant per round, RDP
     # vectors summed by hand, δ by dp_accounting's compute_delta; rel 1e-12.
@@ -249,6 +250,7 @@ def test_stop_round_pld_matches_delta():
     assert t >= t_rdp
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_no_warnings_or_absl_logs_leak(caplog):
     # q = 0.5 at small orders makes dp_accounting log convergence warnings.
     with warnings.catch_warnings():

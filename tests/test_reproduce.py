@@ -20,6 +20,7 @@ def _rows(table: rep.Table) -> list[dict[str, object]]:
     return [dict(zip(table.columns, row)) for row in table.rows]
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_ms_pafl_report_reproduces_the_reference_example(tmp_path):
     # Theorem 3 (moments) 0.333 against the exact PLD 0.154 (20 rounds); Lemma 2:
     # Hoeffding 1.3e-2 against the exact tail 2.8e-9 (K = 1000, p = 0.1, ξ = 0.5).
@@ -72,6 +73,7 @@ def test_random_participation_table_agrees_for_wcs_and_ols_and_explains_theorem_
     )
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_run_experiment_bands_over_seeds(tmp_path):
     exp = Experiment(
         "two seeds of two variants",

@@ -67,6 +67,7 @@ def test_invalid_grid_point_fails_before_any_run(tmp_path: Path) -> None:
         run_sweep(PRESET, [], out=tmp_path / "s")
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_sweep_table_and_banded_figure(tmp_path: Path) -> None:
     """2 noise levels × 2 seeds, in one process: table rows equal the runs."""
     lines: list[str] = []
