@@ -1006,7 +1006,7 @@ def _chernoff_window(
         idx = nz.astype(float)
         log2t = math.log(2.0 / tail_mass_truncation)
         span = max(n, 2)
-        for order in np.geomspace(1e-3, 1e3, 120) / span * 50:
+        for order in np.geomspace(1e-3, 1e3, 48) / span * 50:
             for sgn in (1.0, -1.0):
                 lam = sgn * order
                 lm = float(special.logsumexp(idx * lam + logp))
@@ -1077,7 +1077,12 @@ def _self_compose_pmf(
     out_len = up - lo + 1
     size = sp_fft.next_fast_len(max(out_len, n), real=True)
     f = sp_fft.rfft(probs, size, workers=-1)
-    conv = sp_fft.irfft(f**count, size, workers=-1)
+    # f**count in polar form (numpy's complex power is about twice as slow)
+    with np.errstate(divide="ignore", under="ignore"):
+        mag = np.exp(count * np.log(np.abs(f)))
+    f = mag * np.exp(1j * (count * np.angle(f)))
+    conv = sp_fft.irfft(f, size, workers=-1)
+    del f, mag
     out = np.roll(conv, -(lo % size))[:out_len]
     new_inf = -math.expm1(count * math.log1p(-inf_mass)) if inf_mass < 1 else 1.0
     if pess:
@@ -1273,6 +1278,54 @@ def roundoff_mass(pmf: pld_pmf.PLDPmf) -> float:
     return 4.0 * neg + _FOLDED_MASS
 
 
+def pmf_epsilon_for_delta(pmf: pld_pmf.PLDPmf, delta: float) -> float:
+    """Smallest ``eps >= 0`` with ``delta(eps) <= delta`` for one PMF, vectorised.
+
+    The same quantity as dp_accounting's ``get_epsilon_for_delta`` (a Python
+    loop over every grid point, seconds on a 4e6-point PMF). On
+    ``(l_{i-1}, l_i]``, ``delta(eps) = inf_mass + S_i - e^{eps - l_i} C_i``
+    with ``S_i = sum_{j >= i} p_j`` and ``C_i = sum_{j >= i} p_j
+    e^{l_i - l_j}``; both are accumulated from the top (small terms first),
+    ``C`` by the recurrence ``C_{i-1} = p_{i-1} + e^{-h} C_i``, whose factor
+    below 1 keeps every term bounded (no overflow at any loss). Negative
+    probabilities (FFT roundoff, accounted by :func:`roundoff_mass`) count as
+    zero.
+    """
+    from scipy import signal  # pylint: disable=import-outside-toplevel
+
+    # pylint: disable=protected-access
+    dense = pmf.to_dense_pmf()
+    inf_mass = float(dense._infinity_mass)
+    if inf_mass > delta:
+        return math.inf
+    h = dense._discretization
+    lower = dense._lower_loss
+    # only losses above about 0 matter for eps >= 0
+    start = max(0, -lower)
+    probs = np.maximum(np.asarray(dense._probs[start:], dtype=float), 0.0)
+    if probs.size == 0:
+        return 0.0
+    losses = (lower + start + np.arange(probs.size)) * h
+    s_suf = inf_mass + np.cumsum(probs[::-1])[::-1]
+    c_suf = signal.lfilter([1.0], [1.0, -math.exp(-h)], probs[::-1])[::-1]
+    # delta at eps = l_i counts the losses strictly above l_i
+    s_next = np.append(s_suf[1:], inf_mass)
+    c_next = np.append(c_suf[1:], 0.0)
+    d_at = s_next - math.exp(-h) * c_next
+    ok = np.nonzero(d_at <= delta)[0]
+    if ok.size == 0:
+        return math.inf
+    i = int(ok[0])
+    if c_suf[i] <= 0.0:
+        return max(0.0, float(losses[i]))
+    num = s_suf[i] - delta
+    if num <= 0.0:
+        return max(0.0, float(losses[i - 1]) if i > 0 else 0.0)
+    eps = float(losses[i]) + math.log(num / c_suf[i])
+    lo_edge = float(losses[i - 1]) if i > 0 else -math.inf
+    return max(0.0, min(max(eps, lo_edge), float(losses[i])))
+
+
 def _pmfs_of(p: PrivacyLossDistribution) -> list[pld_pmf.PLDPmf]:
     # pylint: disable=protected-access
     return [p._pmf_remove] if p._symmetric else [p._pmf_remove, p._pmf_add]
@@ -1313,10 +1366,10 @@ def epsilon_bound(
             if nu > 0.5 * delta:
                 eu = math.inf
                 break
-            eu = max(eu, float(pmf.get_epsilon_for_delta(delta - nu)))
+            eu = max(eu, pmf_epsilon_for_delta(pmf, delta - nu))
         for pmf in _pmfs_of(lower):
             nu = roundoff_mass(pmf)
-            el = max(el, float(pmf.get_epsilon_for_delta(min(delta + nu, 1.0))))
+            el = max(el, pmf_epsilon_for_delta(pmf, min(delta + nu, 1.0)))
     lo, hi = min(el, eu), max(el, eu)
     return Bound(lo, 0.5 * (lo + hi) if math.isfinite(hi) else hi, hi)
 
