@@ -559,10 +559,11 @@ def _rdp_upper(
             return None
         if sigma is None:
             return None
-        acc.compose(
-            dp_event.PoissonSampledDpEvent(rate, dp_event.GaussianDpEvent(sigma)),
-            count,
-        )
+        with _quiet():
+            acc.compose(
+                dp_event.PoissonSampledDpEvent(rate, dp_event.GaussianDpEvent(sigma)),
+                count,
+            )
     with _quiet():
         if delta is not None:
             value = float(acc.get_epsilon(delta))

@@ -1042,7 +1042,7 @@ def _self_compose_pmf(
     pmf: pld_pmf.PLDPmf,
     count: int,
     tail_mass_truncation: float,
-    max_points: int = MAX_COMPOSED_POINTS,
+    max_points: int | None = None,
 ) -> pld_pmf.DensePLDPmf:
     """``count``-fold self-composition by one real FFT, tight Chernoff truncation.
 
@@ -1051,7 +1051,8 @@ def _self_compose_pmf(
     than needed; here the orders are optimised in loss units.
 
     When the composed window would exceed ``max_points`` grid points, the
-    one-round PMF is first moved to a grid a power of two coarser (see
+    one-round PMF (``max_points`` defaults to :data:`MAX_COMPOSED_POINTS`) is
+    first moved to a grid a power of two coarser (see
     :func:`_rebin`: up for a pessimistic PMF, down for an optimistic one), so
     memory stays bounded for any ``count`` and the bounds stay sound; the
     result then has the coarser step.
@@ -1062,8 +1063,9 @@ def _self_compose_pmf(
         probs = np.asarray(dense._probs, dtype=float)
         lo, up = _chernoff_window(probs, count, tail_mass_truncation)
         need = max(up - lo + 1, probs.size)
-        if need > max_points:
-            factor = 1 << math.ceil(math.log2(need / max_points))
+        cap = MAX_COMPOSED_POINTS if max_points is None else max_points
+        if need > cap:
+            factor = 1 << math.ceil(math.log2(need / cap))
             dense = _rebin(dense, factor)
     h = dense._discretization
     lower = dense._lower_loss
