@@ -48,6 +48,7 @@ Soundness of the two discretisations.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 import warnings
@@ -962,6 +963,20 @@ def pld_from_delta_curve(
 MAX_COMPOSED_POINTS = 1 << 22
 
 
+class _CoarserGridNeeded(Exception):
+    """Raised inside :func:`refine_bound`: rebuild one round at ``step``."""
+
+    def __init__(self, step: float) -> None:
+        super().__init__(step)
+        self.step = step
+
+
+#: Set by :func:`refine_bound`: a composition over the memory cap asks for a
+#: one-round PMF built at the coarser step (second-order error in the step)
+#: instead of rebinning the fine one (first-order error, ``count`` times).
+_REBUILD_COARSER = contextvars.ContextVar("dpfl_rebuild_coarser", default=False)
+
+
 def _rebin(pmf: pld_pmf.DensePLDPmf, factor: int) -> pld_pmf.DensePLDPmf:
     """The PMF on a grid ``factor`` times coarser, rounded the sound way.
 
@@ -1066,6 +1081,8 @@ def _self_compose_pmf(
         cap = MAX_COMPOSED_POINTS if max_points is None else max_points
         if need > cap:
             factor = 1 << math.ceil(math.log2(need / cap))
+            if _REBUILD_COARSER.get():
+                raise _CoarserGridNeeded(dense._discretization * factor)
             dense = _rebin(dense, factor)
     h = dense._discretization
     lower = dense._lower_loss
@@ -1481,9 +1498,19 @@ def refine_bound(
     check_probability("tolerance", tolerance)
     h = check_positive("initial_discretization", initial_discretization)
     lo_v, hi_v = -math.inf, math.inf
+    rebuilt = False
     while True:
-        upper, lower = build(h)
-        cu, cl = compose_bounds(upper, lower, count)
+        # Over the memory cap, the one round is rebuilt at the coarser step
+        # (once; a second overflow is rebinned, see _self_compose_pmf).
+        token = _REBUILD_COARSER.set(not rebuilt)
+        try:
+            upper, lower = build(h)
+            cu, cl = compose_bounds(upper, lower, count)
+        except _CoarserGridNeeded as need:
+            h, rebuilt = need.step, True
+            continue
+        finally:
+            _REBUILD_COARSER.reset(token)
         if delta is not None:
             b = epsilon_bound(cu, cl, delta)
         else:
@@ -1501,8 +1528,8 @@ def refine_bound(
         steps = [
             pmf.to_dense_pmf()._discretization for p in (cu, cl) for pmf in _pmfs_of(p)
         ]
-        coarse = max(steps) > h * (1 + 1e-9)
-        best = BracketResult(b, h, gap, gap <= tolerance, coarse)
+        coarse = rebuilt or max(steps) > h * (1 + 1e-9)
+        best = BracketResult(b, max(steps), gap, gap <= tolerance, coarse)
         size = max(
             upper._pmf_remove.size,  # pylint: disable=protected-access
             upper._pmf_add.size,  # pylint: disable=protected-access
