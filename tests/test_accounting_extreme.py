@@ -281,3 +281,18 @@ def test_rdp_fallback_is_labelled_and_certified(monkeypatch):
     else:  # the coarse PLD stayed below RDP: it answered
         assert b.method == "pld-coarse" and b.upper < ref
     assert b.lower < b.upper
+
+
+def test_memory_error_falls_back_to_rdp_labelled_without_lower(monkeypatch):
+    """If the PLD still ran out of memory, RDP answers above and 0 below, and
+    the method says there is no lower bound (RDP value: dp_accounting's
+    accountant, exact equality to 1e-12)."""
+
+    def boom(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(pld, "refine_bound", boom)
+    b = _bound(1.0, 0.01, 1_000, 1e-6)
+    assert b.method == "rdp-fallback-no-lower"
+    assert b.lower == 0.0
+    assert b.upper == pytest.approx(rdp_epsilon(1.0, 0.01, 1_000, 1e-6), rel=1e-12)

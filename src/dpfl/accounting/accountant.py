@@ -206,6 +206,8 @@ class Accountant:
         wider). ``"rdp-fallback"``: for Poisson-subsampled Gaussians whose PLD
         bracket did not reach the tolerance, Renyi DP gave a smaller certified
         upper value; the lower value is still the optimistic PLD's.
+        ``"rdp-fallback-no-lower"``: the PLD ran out of memory (the cap should
+        prevent it); RDP above and the trivial 0 below.
         """
         if not self._events:
             return Bound.exact(0.0, "exact")
@@ -214,17 +216,25 @@ class Accountant:
             if delta is not None:
                 return _gaussian_epsilon_bound(delta, mu)
             return _gaussian_delta_bound(float(epsilon), mu)  # type: ignore[arg-type]
-        result = pld.refine_bound(
-            self._composed,
-            count=1,
-            delta=delta,
-            epsilon=epsilon,
-            tolerance=self.tolerance,
-            initial_discretization=(
-                self.discretization or _default_discretization(self._events)
-            ),
-            max_grid_points=self.max_support,
-        )
+        try:
+            result = pld.refine_bound(
+                self._composed,
+                count=1,
+                delta=delta,
+                epsilon=epsilon,
+                tolerance=self.tolerance,
+                initial_discretization=(
+                    self.discretization or _default_discretization(self._events)
+                ),
+                max_grid_points=self.max_support,
+            )
+        except MemoryError:
+            # Last resort (the composition cap should prevent this): RDP above,
+            # and only the trivial 0 below, said so by the method's name.
+            rdp_up = _rdp_upper(self._events, delta=delta, epsilon=epsilon)
+            if rdp_up is None:
+                raise
+            return Bound(0.0, 0.5 * rdp_up, rdp_up, "rdp-fallback-no-lower")
         b = result.bound
         method = "pld-coarse" if result.coarse else "pld"
         if not result.converged:
