@@ -12,9 +12,12 @@ FFT composition); this module adds what it lacks:
   :func:`pld_from_label_mixture`;
 * :func:`pld_from_delta_curve` for any scheme whose hockey-stick curves are
   known;
-* self-composition with tight Chernoff truncation bounds, and the bracketing
+* self-composition with tight Chernoff truncation bounds and a memory cap
+  (:data:`MAX_COMPOSED_POINTS`: past it, the one round is rebuilt, or
+  rebinned, on a coarser grid with sound rounding), and the bracketing
   helpers :func:`compose_bounds`, :func:`epsilon_bound`, :func:`delta_bound`
-  and :func:`refine_bound`.
+  and :func:`refine_bound`, which keep the FFT's roundoff
+  (:func:`roundoff_mass`) on the safe side of both bounds.
 
 Conventions (dp_accounting's): ``pmf_remove`` is the PLD of
 ``(P, Q) = (M(D), M(D'))`` where ``D'`` has one record less, i.e. P is the
@@ -72,18 +75,22 @@ from dpfl.accounting.bounds import Bound
 from dpfl.errors import InvalidParameterError
 
 __all__ = [
+    "MAX_COMPOSED_POINTS",
     "BracketResult",
     "MixturePair",
+    "common_step",
     "compose_bounds",
     "delta_bound",
     "epsilon_bound",
     "label_mixture_delta",
     "mixture_hockey_stick",
+    "pmf_epsilon_for_delta",
     "pld_bounds_from_label_mixture",
     "pld_from_delta_curve",
     "pld_from_label_mixture",
     "public_mixture",
     "refine_bound",
+    "roundoff_mass",
     "self_compose",
 ]
 
@@ -1035,22 +1042,6 @@ def _chernoff_window(
     lo = max(0, min(lo, (n - 1) * count))
     up = max(lo, min(up, (n - 1) * count))
     return lo, up
-
-
-def composed_points(
-    pmf: pld_pmf.PLDPmf, count: int, tail_mass_truncation: float = 1e-15
-) -> int:
-    """Grid points (per direction) of the ``count``-fold composition of ``pmf``.
-
-    The memory model of :func:`self_compose`: the FFT runs on
-    ``max(window, one round)`` points, the window being the Chernoff range of
-    the composed loss divided by the grid step.
-    """
-    # pylint: disable=protected-access
-    dense = pmf.to_dense_pmf()
-    probs = np.asarray(dense._probs, dtype=float)
-    lo, up = _chernoff_window(probs, count, tail_mass_truncation)
-    return max(up - lo + 1, probs.size)
 
 
 def _self_compose_pmf(
