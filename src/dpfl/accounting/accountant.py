@@ -87,10 +87,19 @@ def _(event: ev.TwoStage) -> ev.Event:
 
 
 @canonical.register
+def _(event: ev.PoissonSampled) -> ev.Event:
+    # Sampling with probability 1 is no sampling: the Gaussian itself, whose
+    # composition has a closed form (Dong, Roth and Su 2022, Corollary 3.3).
+    if event.sampling_probability == 1.0 and isinstance(event.event, ev.Gaussian):
+        return event.event
+    return event
+
+
+@canonical.register
 def _(event: ev.ClientPoisson) -> ev.Event:
     # Client-level Poisson sampling of a Gaussian prices as PoissonSampled.
     if isinstance(event.event, ev.Gaussian):
-        return ev.PoissonSampled(event.sampling_probability, event.event)
+        return canonical(ev.PoissonSampled(event.sampling_probability, event.event))
     return event
 
 
@@ -98,7 +107,7 @@ def _(event: ev.ClientPoisson) -> ev.Event:
 def _(event: ev.RecordPoisson) -> ev.Event:
     # Without client sampling the record count d does not enter the price.
     if isinstance(event.event, ev.Gaussian):
-        return ev.PoissonSampled(event.sampling_probability, event.event)
+        return canonical(ev.PoissonSampled(event.sampling_probability, event.event))
     return event
 
 
@@ -175,6 +184,11 @@ class Accountant:
             )
             for e, n in counts.items()
         ]
+        if len(parts) > 1:
+            # compositions may have been coarsened to fit memory: one grid
+            ups = pld.common_step([u for u, _ in parts])
+            lows = pld.common_step([low for _, low in parts])
+            parts = list(zip(ups, lows))
         up, lo = parts[0]
         for u, low in parts[1:]:
             up, lo = up.compose(u), lo.compose(low)
@@ -183,26 +197,52 @@ class Accountant:
     def _bracket(
         self, *, delta: float | None = None, epsilon: float | None = None
     ) -> Bound:
+        """The bracket and the path that answered it (``Bound.method``).
+
+        ``"gaussian-exact"``: plain Gaussians (also Poisson sampling with
+        probability 1), exactly mu-GDP in closed form. ``"pld"``: the refined
+        PLD bracket. ``"pld-coarse"``: a composition needed a coarser grid than
+        the refinement asked for, to stay within the memory cap (still sound,
+        wider). ``"rdp-fallback"``: for Poisson-subsampled Gaussians whose PLD
+        bracket did not reach the tolerance, Renyi DP gave a smaller certified
+        upper value; the lower value is still the optimistic PLD's.
+        ``"rdp-fallback-no-lower"``: the PLD ran out of memory (the cap should
+        prevent it); RDP above and the trivial 0 below.
+        """
         if not self._events:
-            return Bound.exact(0.0)
+            return Bound.exact(0.0, "exact")
         mu = _gaussian_mu(self._events)
         if mu is not None:
-            # Gaussians only: the composition is exactly mu-GDP (closed form).
             if delta is not None:
-                return Bound.exact(gaussian.gdp_epsilon(delta, mu=mu))
-            return Bound.exact(gaussian.gdp_delta(float(epsilon), mu=mu))  # type: ignore[arg-type]
-        result = pld.refine_bound(
-            self._composed,
-            count=1,
-            delta=delta,
-            epsilon=epsilon,
-            tolerance=self.tolerance,
-            initial_discretization=(
-                self.discretization or _default_discretization(self._events)
-            ),
-            max_grid_points=self.max_support,
-        )
-        return result.bound
+                return _gaussian_epsilon_bound(delta, mu)
+            return _gaussian_delta_bound(float(epsilon), mu)  # type: ignore[arg-type]
+        try:
+            result = pld.refine_bound(
+                self._composed,
+                count=1,
+                delta=delta,
+                epsilon=epsilon,
+                tolerance=self.tolerance,
+                initial_discretization=(
+                    self.discretization or _default_discretization(self._events)
+                ),
+                max_grid_points=self.max_support,
+            )
+        except MemoryError:
+            # Last resort (the composition cap should prevent this): RDP above,
+            # and only the trivial 0 below, said so by the method's name.
+            rdp_up = _rdp_upper(self._events, delta=delta, epsilon=epsilon)
+            if rdp_up is None:
+                raise
+            return Bound(0.0, 0.5 * rdp_up, rdp_up, "rdp-fallback-no-lower")
+        b = result.bound
+        method = "pld-coarse" if result.coarse else "pld"
+        if not result.converged:
+            rdp_up = _rdp_upper(self._events, delta=delta, epsilon=epsilon)
+            if rdp_up is not None and rdp_up < b.upper:
+                lo = min(b.lower, rdp_up)
+                return Bound(lo, 0.5 * (lo + rdp_up), rdp_up, "rdp-fallback")
+        return dataclasses.replace(b, method=method)
 
     def describe(self) -> list[dict[str, Any]]:
         """The terms, analysis and status of each distinct composed event.
@@ -454,11 +494,89 @@ def _gaussian_mu(items: list[tuple[ev.Event, int]]) -> float | None:
     """The GDP mu of a composition of plain Gaussians (``None`` if any is not)."""
     total = 0.0
     for event, count in items:
-        inner = event
+        inner = canonical(event)
         while isinstance(inner, ev.SelfComposed):
             count *= inner.count
-            inner = inner.event
+            inner = canonical(inner.event)
         if not isinstance(inner, ev.Gaussian):
             return None
         total += count * (inner.sensitivity / inner.noise_multiplier) ** 2
     return math.sqrt(total)
+
+
+#: Relative accuracy claimed for the closed forms of mu-GDP (evaluated in log
+#: space to about 1e-14; the bracket keeps a margin a hundred times wider).
+_CLOSED_FORM_RTOL = 1e-12
+
+
+def _gaussian_epsilon_bound(delta: float, mu: float) -> Bound:
+    """epsilon(delta) of mu-GDP: the certified closed form and a value below it.
+
+    The upper value is :func:`gaussian.gdp_epsilon` (rounded up until the
+    closed form meets delta); the lower value steps down from it until the
+    closed form exceeds delta, so the bracket never collapses onto a value
+    that roundoff could have put below the truth.
+    """
+    up = gaussian.gdp_epsilon(delta, mu=mu)
+    if up == 0.0:
+        return Bound.exact(0.0, "gaussian-exact")
+    step = _CLOSED_FORM_RTOL * up
+    lo = up - step
+    while lo > 0.0 and gaussian.gdp_delta(lo, mu=mu) <= delta * (1 + _CLOSED_FORM_RTOL):
+        step *= 2.0
+        lo = up - step
+    lo = max(lo, 0.0)
+    return Bound(lo, 0.5 * (lo + up), up, "gaussian-exact")
+
+
+def _gaussian_delta_bound(epsilon: float, mu: float) -> Bound:
+    """delta(epsilon) of mu-GDP with the closed form's accuracy as margin."""
+    d = gaussian.gdp_delta(epsilon, mu=mu)
+    lo = d * (1.0 - _CLOSED_FORM_RTOL)
+    up = min(d * (1.0 + _CLOSED_FORM_RTOL), 1.0)
+    return Bound(lo, d, up, "gaussian-exact")
+
+
+def _rdp_upper(
+    items: list[tuple[ev.Event, int]],
+    *,
+    delta: float | None,
+    epsilon: float | None,
+) -> float | None:
+    """A Renyi-DP upper bound for compositions of (Poisson-subsampled) Gaussians.
+
+    Mironov, Talwar and Zhang 2019 ("Renyi differential privacy of the
+    sampled Gaussian mechanism") for each event, summed over the
+    composition, converted to (epsilon, delta) by dp_accounting (Balle et
+    al. 2020, Theorem 21). Looser than a converged PLD but certified at any
+    number of rounds for a few milliseconds. ``None`` when an event is of
+    another kind.
+    """
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    acc = rdp_privacy_accountant.RdpAccountant()
+    for event, count in items:
+        inner = canonical(event)
+        while isinstance(inner, ev.SelfComposed):
+            count *= inner.count
+            inner = canonical(inner.event)
+        if isinstance(inner, ev.Gaussian):
+            rate, sigma = 1.0, _unit_gaussian(inner)
+        elif isinstance(inner, ev.PoissonSampled):
+            rate, sigma = inner.sampling_probability, _unit_gaussian(inner.event)
+        else:
+            return None
+        if sigma is None:
+            return None
+        with _quiet():
+            acc.compose(
+                dp_event.PoissonSampledDpEvent(rate, dp_event.GaussianDpEvent(sigma)),
+                count,
+            )
+    with _quiet():
+        if delta is not None:
+            value = float(acc.get_epsilon(delta))
+        else:
+            value = float(acc.get_delta(float(epsilon)))  # type: ignore[arg-type]
+    return value if math.isfinite(value) else None

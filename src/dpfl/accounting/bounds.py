@@ -27,11 +27,16 @@ class Bound:
         The best point estimate (closed form, or the midpoint of the bracket).
     upper : float
         The certified (pessimistic) value; this is what dpfl reports.
+    method : str
+        Which computation answered (e.g. ``"gaussian-exact"``, ``"pld"``,
+        ``"pld-coarse"``, ``"rdp-fallback"``); empty where not recorded. Not
+        part of equality.
     """
 
     lower: float
     estimate: float
     upper: float
+    method: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not (self.lower <= self.estimate <= self.upper) and not any(
@@ -42,10 +47,10 @@ class Bound:
             )
 
     @classmethod
-    def exact(cls, value: float) -> Bound:
+    def exact(cls, value: float, method: str = "") -> Bound:
         """Return a degenerate bound for a value known in closed form."""
         v = float(value)
-        return cls(v, v, v)
+        return cls(v, v, v, method)
 
     @property
     def gap(self) -> float:

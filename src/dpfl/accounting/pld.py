@@ -12,9 +12,12 @@ FFT composition); this module adds what it lacks:
   :func:`pld_from_label_mixture`;
 * :func:`pld_from_delta_curve` for any scheme whose hockey-stick curves are
   known;
-* self-composition with tight Chernoff truncation bounds, and the bracketing
+* self-composition with tight Chernoff truncation bounds and a memory cap
+  (:data:`MAX_COMPOSED_POINTS`: past it, the one round is rebuilt, or
+  rebinned, on a coarser grid with sound rounding), and the bracketing
   helpers :func:`compose_bounds`, :func:`epsilon_bound`, :func:`delta_bound`
-  and :func:`refine_bound`.
+  and :func:`refine_bound`, which keep the FFT's roundoff
+  (:func:`roundoff_mass`) on the safe side of both bounds.
 
 Conventions (dp_accounting's): ``pmf_remove`` is the PLD of
 ``(P, Q) = (M(D), M(D'))`` where ``D'`` has one record less, i.e. P is the
@@ -48,6 +51,7 @@ Soundness of the two discretisations.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 import warnings
@@ -71,18 +75,22 @@ from dpfl.accounting.bounds import Bound
 from dpfl.errors import InvalidParameterError
 
 __all__ = [
+    "MAX_COMPOSED_POINTS",
     "BracketResult",
     "MixturePair",
+    "common_step",
     "compose_bounds",
     "delta_bound",
     "epsilon_bound",
     "label_mixture_delta",
     "mixture_hockey_stick",
+    "pmf_epsilon_for_delta",
     "pld_bounds_from_label_mixture",
     "pld_from_delta_curve",
     "pld_from_label_mixture",
     "public_mixture",
     "refine_bound",
+    "roundoff_mass",
     "self_compose",
 ]
 
@@ -956,34 +964,71 @@ def pld_from_delta_curve(
 # --------------------------------------------------------------------------
 
 
-def _self_compose_pmf(
-    pmf: pld_pmf.PLDPmf, count: int, tail_mass_truncation: float
-) -> pld_pmf.DensePLDPmf:
-    """``count``-fold self-composition by one real FFT, tight Chernoff truncation.
+#: Largest composed PMF (grid points per direction) built by one FFT. About
+#: 32 MiB per array; the FFT, its power and its inverse hold a handful of
+#: such arrays at once, so one composition stays near 200 MiB.
+MAX_COMPOSED_POINTS = 1 << 22
 
-    dp_accounting's ``self_compose`` picks Chernoff orders relative to the
-    array length, which for fine grids (1e6 points) gives far wider ranges
-    than needed; here the orders are optimised in loss units.
+
+class _CoarserGridNeeded(Exception):
+    """Raised inside :func:`refine_bound`: rebuild one round at ``step``."""
+
+    def __init__(self, step: float) -> None:
+        super().__init__(step)
+        self.step = step
+
+
+#: Set by :func:`refine_bound`: a composition over the memory cap asks for a
+#: one-round PMF built at the coarser step (second-order error in the step)
+#: instead of rebinning the fine one (first-order error, ``count`` times).
+_REBUILD_COARSER = contextvars.ContextVar("dpfl_rebuild_coarser", default=False)
+
+
+def _rebin(pmf: pld_pmf.DensePLDPmf, factor: int) -> pld_pmf.DensePLDPmf:
+    """The PMF on a grid ``factor`` times coarser, rounded the sound way.
+
+    A pessimistic PMF moves every loss *up* to the next coarse grid point, an
+    optimistic one *down*. ``delta(eps) = inf_mass + sum_l p_l (1 -
+    e^{eps - l})_+`` is non-decreasing in every loss ``l``, for one round and
+    for the composition (whose losses are sums of per-round losses), so
+    rounding up keeps an upper bound an upper bound at any grid and rounding
+    down keeps a lower bound a lower bound (the rounding of dp_accounting's
+    own pessimistic and optimistic discretisations).
     """
-    dense = pmf.to_dense_pmf()
+    if factor == 1:
+        return pmf
     # pylint: disable=protected-access
-    h = dense._discretization
-    lower = dense._lower_loss
-    probs = np.asarray(dense._probs, dtype=float)
-    inf_mass = dense._infinity_mass
-    pess = dense._pessimistic_estimate
-    if count == 1:
-        return pld_pmf.DensePLDPmf(h, lower, probs.copy(), inf_mass, pess)
-    nz = np.nonzero(probs > 0)[0]
-    logp = np.log(probs[nz])
-    idx = nz.astype(float)
+    h = pmf._discretization
+    probs = np.asarray(pmf._probs, dtype=float)
+    idx = pmf._lower_loss + np.arange(probs.size)
+    if pmf._pessimistic_estimate:
+        new_idx = -((-idx) // factor)  # ceil
+    else:
+        new_idx = idx // factor  # floor
+    lo = int(new_idx[0])
+    out = np.bincount(new_idx - lo, weights=probs)
+    return pld_pmf.DensePLDPmf(
+        h * factor, lo, out, pmf._infinity_mass, pmf._pessimistic_estimate
+    )
+
+
+def _chernoff_window(
+    probs: np.ndarray, count: int, tail_mass_truncation: float
+) -> tuple[int, int]:
+    """Index window ``[lo, up]`` of the ``count``-fold sum (Chernoff bounds).
+
+    At most ``tail_mass_truncation / 2`` lies outside on each side.
+    """
     n = probs.size
     up = (n - 1) * count
     lo = 0
+    nz = np.nonzero(probs > 0)[0]
     if tail_mass_truncation > 0 and nz.size:
+        logp = np.log(probs[nz])
+        idx = nz.astype(float)
         log2t = math.log(2.0 / tail_mass_truncation)
         span = max(n, 2)
-        for order in np.concatenate([np.geomspace(1e-3, 1e3, 120)]) / span * 50:
+        for order in np.geomspace(1e-3, 1e3, 48) / span * 50:
             for sgn in (1.0, -1.0):
                 lam = sgn * order
                 lm = float(special.logsumexp(idx * lam + logp))
@@ -996,10 +1041,58 @@ def _self_compose_pmf(
                     lo = max(lo, math.floor(b))
     lo = max(0, min(lo, (n - 1) * count))
     up = max(lo, min(up, (n - 1) * count))
+    return lo, up
+
+
+def _self_compose_pmf(
+    pmf: pld_pmf.PLDPmf,
+    count: int,
+    tail_mass_truncation: float,
+    max_points: int | None = None,
+) -> pld_pmf.DensePLDPmf:
+    """``count``-fold self-composition by one real FFT, tight Chernoff truncation.
+
+    dp_accounting's ``self_compose`` picks Chernoff orders relative to the
+    array length, which for fine grids (1e6 points) gives far wider ranges
+    than needed; here the orders are optimised in loss units.
+
+    When the composed window would exceed ``max_points`` grid points, the
+    one-round PMF (``max_points`` defaults to :data:`MAX_COMPOSED_POINTS`) is
+    first moved to a grid a power of two coarser (see
+    :func:`_rebin`: up for a pessimistic PMF, down for an optimistic one), so
+    memory stays bounded for any ``count`` and the bounds stay sound; the
+    result then has the coarser step.
+    """
+    dense = pmf.to_dense_pmf()
+    # pylint: disable=protected-access
+    if count > 1:
+        probs = np.asarray(dense._probs, dtype=float)
+        lo, up = _chernoff_window(probs, count, tail_mass_truncation)
+        need = max(up - lo + 1, probs.size)
+        cap = MAX_COMPOSED_POINTS if max_points is None else max_points
+        if need > cap:
+            factor = 1 << math.ceil(math.log2(need / cap))
+            if _REBUILD_COARSER.get():
+                raise _CoarserGridNeeded(dense._discretization * factor)
+            dense = _rebin(dense, factor)
+    h = dense._discretization
+    lower = dense._lower_loss
+    probs = np.asarray(dense._probs, dtype=float)
+    inf_mass = dense._infinity_mass
+    pess = dense._pessimistic_estimate
+    if count == 1:
+        return pld_pmf.DensePLDPmf(h, lower, probs.copy(), inf_mass, pess)
+    n = probs.size
+    lo, up = _chernoff_window(probs, count, tail_mass_truncation)
     out_len = up - lo + 1
     size = sp_fft.next_fast_len(max(out_len, n), real=True)
     f = sp_fft.rfft(probs, size, workers=-1)
-    conv = sp_fft.irfft(f**count, size, workers=-1)
+    # f**count in polar form (numpy's complex power is about twice as slow)
+    with np.errstate(divide="ignore", under="ignore"):
+        mag = np.exp(count * np.log(np.abs(f)))
+    f = mag * np.exp(1j * (count * np.angle(f)))
+    conv = sp_fft.irfft(f, size, workers=-1)
+    del f, mag
     out = np.roll(conv, -(lo % size))[:out_len]
     new_inf = -math.expm1(count * math.log1p(-inf_mass)) if inf_mass < 1 else 1.0
     if pess:
@@ -1137,10 +1230,130 @@ def compose_bounds(
     return self_compose(pld_upper, count), self_compose(pld_lower, count)
 
 
+def common_step(
+    plds: Sequence[PrivacyLossDistribution],
+) -> list[PrivacyLossDistribution]:
+    """The PLDs on one grid: each moved (soundly) to the coarsest step among them.
+
+    :func:`self_compose` may coarsen a composition to bound its memory, by a
+    power of two; before PLDs of different events are composed with each
+    other they must share a step. Pessimistic PMFs are rounded up, optimistic
+    ones down (:func:`_rebin`).
+    """
+    # pylint: disable=protected-access
+    steps = [pmf._discretization for p in plds for pmf in (p._pmf_remove, p._pmf_add)]
+    top = max(steps)
+    out = []
+    for p in plds:
+        pmfs = []
+        for pmf in (p._pmf_remove, p._pmf_add):
+            dense = pmf.to_dense_pmf()
+            factor = int(round(top / dense._discretization))
+            if not math.isclose(factor * dense._discretization, top, rel_tol=1e-9):
+                raise InvalidParameterError(
+                    "PLD grid steps must be power-of-two multiples of one "
+                    f"another; got {dense._discretization!r} and {top!r}"
+                )
+            pmfs.append(_rebin(dense, factor))
+        out.append(
+            PrivacyLossDistribution(pmfs[0])
+            if p._symmetric
+            else PrivacyLossDistribution(pmfs[0], pmfs[1])
+        )
+    return out
+
+
+#: Mass that the Chernoff-truncated circular FFT may fold back into the
+#: window (the truncated tails), counted in the roundoff margin.
+_FOLDED_MASS = 1e-15
+
+
+def roundoff_mass(pmf: pld_pmf.PLDPmf) -> float:
+    """Estimated total error (probability mass) of a PMF from FFT roundoff.
+
+    An FFT composition leaves absolute errors of about ``1e-16`` times the
+    largest probability in *every* grid point, with either sign. Where the
+    true mass is far below that (the tails that decide ``delta`` when delta is
+    small), the computed values are pure noise; half of the noise shows as
+    negative probabilities. The estimate is four times the negative mass (the
+    positive half twice over) plus the mass the truncated FFT can fold back.
+    It is measured on the PMF itself, so it covers every composition that
+    produced it. A hard a-priori bound exists (of order ``count u log2 N``
+    per point in the 2-norm) but exceeds ``delta`` itself at small delta on
+    fine grids; see notes/accounting-bounds.md.
+    """
+    # pylint: disable=protected-access
+    probs = np.asarray(pmf.to_dense_pmf()._probs, dtype=float)
+    neg = -float(np.sum(probs[probs < 0.0]))
+    return 4.0 * neg + _FOLDED_MASS
+
+
+def pmf_epsilon_for_delta(pmf: pld_pmf.PLDPmf, delta: float) -> float:
+    """Smallest ``eps >= 0`` with ``delta(eps) <= delta`` for one PMF, vectorised.
+
+    The same quantity as dp_accounting's ``get_epsilon_for_delta`` (a Python
+    loop over every grid point, seconds on a 4e6-point PMF). On
+    ``(l_{i-1}, l_i]``, ``delta(eps) = inf_mass + S_i - e^{eps - l_i} C_i``
+    with ``S_i = sum_{j >= i} p_j`` and ``C_i = sum_{j >= i} p_j
+    e^{l_i - l_j}``; both are accumulated from the top (small terms first),
+    ``C`` by the recurrence ``C_{i-1} = p_{i-1} + e^{-h} C_i``, whose factor
+    below 1 keeps every term bounded (no overflow at any loss). Negative
+    probabilities (FFT roundoff, accounted by :func:`roundoff_mass`) count as
+    zero.
+    """
+    from scipy import signal  # pylint: disable=import-outside-toplevel
+
+    # pylint: disable=protected-access
+    dense = pmf.to_dense_pmf()
+    inf_mass = float(dense._infinity_mass)
+    if inf_mass > delta:
+        return math.inf
+    h = dense._discretization
+    lower = dense._lower_loss
+    # only losses above about 0 matter for eps >= 0
+    start = max(0, -lower)
+    probs = np.maximum(np.asarray(dense._probs[start:], dtype=float), 0.0)
+    if probs.size == 0:
+        return 0.0
+    losses = (lower + start + np.arange(probs.size)) * h
+    s_suf = inf_mass + np.cumsum(probs[::-1])[::-1]
+    c_suf = signal.lfilter([1.0], [1.0, -math.exp(-h)], probs[::-1])[::-1]
+    # delta at eps = l_i counts the losses strictly above l_i
+    s_next = np.append(s_suf[1:], inf_mass)
+    c_next = np.append(c_suf[1:], 0.0)
+    d_at = s_next - math.exp(-h) * c_next
+    ok = np.nonzero(d_at <= delta)[0]
+    if ok.size == 0:
+        return math.inf
+    i = int(ok[0])
+    if c_suf[i] <= 0.0:
+        return max(0.0, float(losses[i]))
+    num = s_suf[i] - delta
+    if num <= 0.0:
+        return max(0.0, float(losses[i - 1]) if i > 0 else 0.0)
+    eps = float(losses[i]) + math.log(num / c_suf[i])
+    lo_edge = float(losses[i - 1]) if i > 0 else -math.inf
+    return max(0.0, min(max(eps, lo_edge), float(losses[i])))
+
+
+def _pmfs_of(p: PrivacyLossDistribution) -> list[pld_pmf.PLDPmf]:
+    # pylint: disable=protected-access
+    return [p._pmf_remove] if p._symmetric else [p._pmf_remove, p._pmf_add]
+
+
 def epsilon_bound(
     upper: PrivacyLossDistribution, lower: PrivacyLossDistribution, delta: float
 ) -> Bound:
     """Bracket epsilon(delta) between a lower and an upper PLD.
+
+    The FFT roundoff of each composed PMF (:func:`roundoff_mass`, ``nu``) is
+    kept on the safe side: the upper epsilon is read at ``delta - nu`` of the
+    pessimistic PMF and the lower at ``delta + nu`` of the optimistic one.
+    Where ``nu`` exceeds half of ``delta`` the pessimistic PMF cannot certify
+    anything and the upper bound is infinite. A lower value above the upper
+    one (roundoff beyond the estimate) is never clipped into a point: the
+    bracket is then the two values swapped, so it still holds the truth
+    whichever side erred.
 
     Parameters
     ----------
@@ -1155,18 +1368,29 @@ def epsilon_bound(
         ``lower <= true epsilon <= upper``; the estimate is the midpoint.
     """
     delta = check_delta("delta", delta)
+    eu = el = 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        eu = float(upper.get_epsilon_for_delta(delta))
-        el = float(lower.get_epsilon_for_delta(delta))
-    el = min(el, eu)
-    return Bound(el, 0.5 * (el + eu) if math.isfinite(eu) else eu, eu)
+        for pmf in _pmfs_of(upper):
+            nu = roundoff_mass(pmf)
+            if nu > 0.5 * delta:
+                eu = math.inf
+                break
+            eu = max(eu, pmf_epsilon_for_delta(pmf, delta - nu))
+        for pmf in _pmfs_of(lower):
+            nu = roundoff_mass(pmf)
+            el = max(el, pmf_epsilon_for_delta(pmf, min(delta + nu, 1.0)))
+    lo, hi = min(el, eu), max(el, eu)
+    return Bound(lo, 0.5 * (lo + hi) if math.isfinite(hi) else hi, hi)
 
 
 def delta_bound(
     upper: PrivacyLossDistribution, lower: PrivacyLossDistribution, epsilon: float
 ) -> Bound:
     """Bracket delta(epsilon) between a lower and an upper PLD.
+
+    The roundoff margin of :func:`epsilon_bound` is added to the upper and
+    taken from the lower value.
 
     Parameters
     ----------
@@ -1181,13 +1405,17 @@ def delta_bound(
         ``lower <= true delta <= upper``.
     """
     epsilon = check_nonnegative("epsilon", epsilon)
+    du = dl = 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        du = float(upper.get_delta_for_epsilon(epsilon))
-        dl = float(lower.get_delta_for_epsilon(epsilon))
+        for pmf in _pmfs_of(upper):
+            du = max(du, float(pmf.get_delta_for_epsilon(epsilon)) + roundoff_mass(pmf))
+        for pmf in _pmfs_of(lower):
+            dl = max(dl, float(pmf.get_delta_for_epsilon(epsilon)) - roundoff_mass(pmf))
     du = min(max(du, 0.0), 1.0)
-    dl = min(max(dl, 0.0), du)
-    return Bound(dl, 0.5 * (dl + du), du)
+    dl = min(max(dl, 0.0), 1.0)
+    lo, hi = min(dl, du), max(dl, du)
+    return Bound(lo, 0.5 * (lo + hi), hi)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1204,12 +1432,17 @@ class BracketResult:
         Achieved relative gap ``(upper - lower) / upper``.
     converged : bool
         Whether ``gap <= tolerance``.
+    coarse : bool
+        Whether a composition was moved to a coarser grid than asked for to
+        stay within the memory cap (:data:`MAX_COMPOSED_POINTS`); the bracket
+        is then wider, never unsound.
     """
 
     bound: Bound
     value_discretization: float
     gap: float
     converged: bool
+    coarse: bool = False
 
 
 def refine_bound(
@@ -1255,20 +1488,45 @@ def refine_bound(
     count = check_count("count", count, minimum=1)
     check_probability("tolerance", tolerance)
     h = check_positive("initial_discretization", initial_discretization)
-    best: BracketResult | None = None
+    lo_v, hi_v = -math.inf, math.inf
+    rebuilt = False
     while True:
-        upper, lower = build(h)
-        cu, cl = compose_bounds(upper, lower, count)
+        # Over the memory cap, the one round is rebuilt at the coarser step
+        # (once; a second overflow is rebinned, see _self_compose_pmf).
+        token = _REBUILD_COARSER.set(not rebuilt)
+        try:
+            upper, lower = build(h)
+            cu, cl = compose_bounds(upper, lower, count)
+        except _CoarserGridNeeded as need:
+            h, rebuilt = need.step, True
+            continue
+        finally:
+            _REBUILD_COARSER.reset(token)
         if delta is not None:
             b = epsilon_bound(cu, cl, delta)
         else:
             b = delta_bound(cu, cl, float(epsilon))  # type: ignore[arg-type]
+        # Every bracket holds the truth, so their intersection does too; an
+        # empty intersection (roundoff beyond its estimate) keeps the hull.
+        new_lo, new_hi = max(lo_v, b.lower), min(hi_v, b.upper)
+        if new_lo > new_hi:
+            new_lo, new_hi = min(lo_v, b.lower), max(hi_v, b.upper)
+        lo_v, hi_v = new_lo, new_hi
+        mid = 0.5 * (lo_v + hi_v) if math.isfinite(hi_v) else hi_v
+        b = Bound(lo_v, mid, hi_v)
         gap = b.gap if b.upper > 0 else 0.0
-        best = BracketResult(b, h, gap, gap <= tolerance)
+        # pylint: disable=protected-access
+        steps = [
+            pmf.to_dense_pmf()._discretization for p in (cu, cl) for pmf in _pmfs_of(p)
+        ]
+        coarse = rebuilt or max(steps) > h * (1 + 1e-9)
+        best = BracketResult(b, max(steps), gap, gap <= tolerance, coarse)
         size = max(
             upper._pmf_remove.size,  # pylint: disable=protected-access
             upper._pmf_add.size,  # pylint: disable=protected-access
         )
-        if best.converged or 2 * size > max_grid_points:
+        # A finer step cannot help once compositions are coarsened to fit the
+        # memory cap, and the next step doubles the grid (the time model).
+        if best.converged or coarse or 2 * size > max_grid_points:
             return best
         h /= 2.0
