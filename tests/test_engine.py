@@ -29,6 +29,7 @@ from dpfl.sim.privatize import (
     gaussian_noise_like,
 )
 from dpfl.sim.randomness import client_streams, server_streams
+from dpfl.sim.secure_noise import fill_normal_
 
 Z = 4.42  # two-sided normal quantile for a false-alarm rate of 1e-5
 
@@ -283,7 +284,7 @@ class CountingAlgorithm(FederatedAlgorithm):
         return Cohort(clients, [Task(int(k)) for k in clients])
 
     def client_step(self, weights, task, streams):
-        return Message(torch.randn(weights.shape, generator=streams.generator))
+        return Message(fill_normal_(torch.empty(weights.shape), streams.generator))
 
     def server_step(self, cohort, messages, server):
         self.apply_update(messages.total() / len(cohort.tasks))
