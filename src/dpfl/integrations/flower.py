@@ -144,7 +144,7 @@ def _fingerprint(text: str) -> str:
 
 
 def build_trainer(
-    config: RunConfig, *, ledger_path: bool = True
+    config: RunConfig, *, ledger_path: bool = True, noise_key: bytes | None = None
 ) -> tuple[RunConfig, Trainer]:
     """The trainer ``dpfl train`` builds for ``config`` (resolved: σ set).
 
@@ -158,6 +158,10 @@ def build_trainer(
         The run; σ is calibrated if it is ``None``.
     ledger_path : bool
         Give the ledger the run folder's ``ledger.json`` as its path.
+    noise_key : bytes or None
+        The run's secret noise key (``privacy.secure_noise``); ``None``: the
+        run folder's key file (made if new) with ``ledger_path``, else a
+        fresh key.
 
     Returns
     -------
@@ -188,8 +192,10 @@ def build_trainer(
         ledger = runner._ledger(config, Path("."))
         ledger.path = None
     # secure noise: the key lives in the run folder (a fresh one without it)
-    noise = (
-        runner._noise(config, config.run_dir, started=False)
+    noise: dict[str, Any] = (
+        {"noise_key": noise_key}
+        if noise_key is not None and config.privacy.secure_noise
+        else runner._noise(config, config.run_dir, started=False)
         if ledger_path or not config.privacy.secure_noise
         else {}
     )
