@@ -213,8 +213,13 @@ def test_only_the_public_part_leaves_a_client_and_carries_noise_of_std_sigma():
     w_old = noisy.public_model
     server_private = noisy.split.private(noisy.weights).clone()
     cap_noisy, cap_quiet = Capture(), Capture()
-    rep = Trainer(noisy, ledger=PrivacyLedger(None), seed=0, execution=cap_noisy).step()
-    Trainer(quiet, ledger=PrivacyLedger(None), seed=0, execution=cap_quiet).step()
+    # one key: the same check-ins, batches and standard normals in both runs
+    rep = Trainer(
+        noisy, ledger=PrivacyLedger(None), seed=0, execution=cap_noisy, noise_key=KEY
+    ).step()
+    Trainer(
+        quiet, ledger=PrivacyLedger(None), seed=0, execution=cap_quiet, noise_key=KEY
+    ).step()
     clients = rep.participants
 
     # What leaves a client is d_pub-dimensional, one row per participant.

@@ -281,12 +281,14 @@ def test_the_report_says_which_noise_was_used(tmp_path):
     import json
 
     from dpfl.experiments import run
+    from dpfl.experiments.cli import _summary
 
     for secure, label in ((True, "secure"), (False, "reproducible (seeded")):
         result = run(tiny(tmp_path, f"r{secure}", secure=secure), progress=False)
         g = json.loads((result.run_dir / "guarantee.json").read_text())
         assert g["noise"].startswith(label)
         assert result.guarantee["noise"] == g["noise"]
+        assert f"  noise: {label}" in _summary(result)  # dpfl train's report
         assert (result.run_dir / sn.KEY_FILE).exists() == secure
 
 

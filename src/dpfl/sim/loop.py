@@ -539,9 +539,11 @@ class Trainer:
         """Return the algorithm's state, the round counter and the seed.
 
         No generator state is stored: round ``t``'s generators are derived
-        from ``(seed, t[, client])`` alone. The number of rounds the ledger
-        has charged is stored to detect a checkpoint loaded against the wrong
-        ledger. The ledger itself is persisted by :meth:`PrivacyLedger.save`.
+        from ``(key or seed, t[, client])`` alone; the secret noise key is
+        never stored here (a checkpoint is what gets shared). The number of
+        rounds the ledger has charged is stored to detect a checkpoint loaded
+        against the wrong ledger. The ledger itself is persisted by
+        :meth:`PrivacyLedger.save`.
 
         Returns
         -------
