@@ -32,6 +32,9 @@ from dpfl.sim.local import epoch_orders
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import client_streams, server_streams
 
+# Tests that rebuild a round from its seeded streams (server_streams(seed, t),
+# client_streams(...)) or compare two trainers run reproducible noise
+# (secure_noise=False); the others run the default, secure noise.
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -204,9 +207,7 @@ def test_reported_epsilon_matches_accountant_and_rdp_module(
     cohorts = [4, 6, 8]
     sigma = 3.0
     alg = make(digits_iid, sigma, cohort_size=cohorts, clip=1.0)
-    trainer = Trainer(
-        alg, ledger=PrivacyLedger(None, analysis="sound"), seed=0, secure_noise=False
-    )
+    trainer = Trainer(alg, ledger=PrivacyLedger(None, analysis="sound"), seed=0)
 
     # Execute
     trainer.run(3)
@@ -253,7 +254,7 @@ def test_median_clipping_stops_at_q_where_the_moments_accountant_says(
     assert stop == 4  # Abadi et al.'s rule: first round with δ > Q
     alg = make(digits_iid, sigma, cohort_size=m, clipping="median", learning_rate=0.05)
     ledger = MomentsAccountantLedger(Budget(epsilon=eps, delta=q))
-    trainer = Trainer(alg, ledger=ledger, seed=1, secure_noise=False)
+    trainer = Trainer(alg, ledger=ledger, seed=1)
 
     # Execute: train until the guard refuses.
     released = 0
@@ -304,10 +305,7 @@ def test_ledger_paper_guard_stops_where_the_pld_poisson_reading_says(
     assert (stop_pld, rdp.dp_fedavg_stop_round(analysis="paper-rdp", **kw)) == (5, 4)
     alg = make(digits_iid, sigma, cohort_size=m, clipping="median")
     trainer = Trainer(
-        alg,
-        ledger=PrivacyLedger(Budget(eps, q), analysis="paper-pld"),
-        seed=0,
-        secure_noise=False,
+        alg, ledger=PrivacyLedger(Budget(eps, q), analysis="paper-pld"), seed=0
     )
     with pytest.raises(BudgetExceededError):
         trainer.run(50)
