@@ -44,6 +44,7 @@ from dpfl.accounting.ledger import PrivacyLedger  # noqa: E402
 from dpfl.experiments import runner  # noqa: E402
 from dpfl.experiments.config import config_from_dict  # noqa: E402
 from dpfl.integrations import flower as fl  # noqa: E402
+from dpfl.sim.randomness import client_key  # noqa: E402
 from dpfl.sim.secure_noise import KEY_FILE, read_key_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,6 +152,7 @@ class LocalGrid(Grid):
         self.num = num
         self.fail = fail or {}
         self.train_rounds: list[int] = []
+        self.train_meta: list[dict] = []
 
     def set_run(self, run):
         pass
@@ -186,6 +188,7 @@ class LocalGrid(Grid):
             if m.metadata.message_type == "train":
                 meta = json.loads(str(m.content["dpfl"]["meta"]))
                 self.train_rounds.append(meta["round"])
+                self.train_meta.append(meta)
                 fault = self.fail.get((meta["round"], pid))
                 if fault == "silent":  # no reply within the timeout
                     continue
@@ -225,6 +228,14 @@ SLOW = pytest.mark.integration
 def test_in_process_federation_equals_the_simulator(algorithm, tmp_path, task_identity):
     strategy, grid = _flower_in_process(tmp_path, algorithm)
     _assert_same_run(strategy.run_dir, _simulated(tmp_path, algorithm))
+    # secure noise: a node is sent its tasks' clients' derived keys of the
+    # round, never the run key
+    key = _key(strategy.run_dir)
+    for meta in grid.train_meta:
+        assert meta["keys"] == [
+            client_key(key, meta["round"], k).hex() for k in meta["clients"]
+        ]
+        assert key.hex() not in json.dumps(meta)
     summary = json.loads((strategy.run_dir / "flower.json").read_text())
     assert summary["stopped"] == "completed" and summary["abandoned"] == []
     assert summary["partitions"] == {"0": 100, "1": 101, "2": 102}

@@ -489,10 +489,11 @@ _CLUSTER_DRIVER = textwrap.dedent(
     with RayExecutor(address, num_workers=2, startup_timeout=60) as ex:
         for name in tc.NAMES:
             trainer = Trainer(
-                tc._algorithm(name), ledger=PrivacyLedger(None),
+                tc._algorithm(name),
+                ledger=PrivacyLedger(None),
                 seed=7,
                 execution=ex,
-                noise_key=KEY,
+                noise_key=tc.KEY,
             )
             trainer.run(tc.ROUNDS)
             result[name] = {

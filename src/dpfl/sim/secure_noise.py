@@ -24,10 +24,10 @@ else (HMAC is a pseudo-random function, so one derived key says nothing about
 another).
 
 **The sampler.** Draw ``i`` of a stream is SHAKE-256 in counter mode over
-``(domain, key, i, chunk)`` (FIPS 202), read as little-endian 64-bit words;
-each pair of words gives two uniforms with 53 random bits,
-``u₁ ∈ (0, 1]`` and ``u₂ ∈ [0, 1)``, and the Box–Muller transform in float64
-turns them into two standard normals.
+``(domain, key, i, chunk)`` (FIPS 202), read as little-endian 64-bit words,
+each cut to its top 53 bits: the first half of a chunk's words give the
+uniforms ``u₁ ∈ (0, 1]``, the second half the ``u₂ ∈ [0, 1)``, and the
+Box–Muller transform in float64 turns each pair into two standard normals.
 
 **The guard against floating-point attacks.** Mironov (2012, "On
 significance of the least significant bits for differential privacy", ACM
