@@ -292,25 +292,37 @@ def test_the_report_says_which_noise_was_used(tmp_path):
         assert (result.run_dir / sn.KEY_FILE).exists() == secure
 
 
-def test_a_resumed_secure_run_draws_what_the_uninterrupted_run_drew(tmp_path):
+def test_a_resumed_secure_run_draws_what_the_uninterrupted_run_drew(
+    tmp_path, monkeypatch
+):
     # The key file makes the noise replayable by its holder: a 3-round run
-    # equals a 2-round run resumed (same folder, same key) for one more round.
-    import yaml
+    # equals the same run (same folder key) stopped by Ctrl-C after round 2
+    # and resumed; the other way round, a different key gives another model.
+    import os
+    import signal
 
     from dpfl.experiments import resume, run
+    from dpfl.sim.loop import Trainer
 
     whole = run(tiny(tmp_path, "whole", secure=True, rounds=3), progress=False)
-    part = run(tiny(tmp_path, "part", secure=True, rounds=3), progress=False)
-    # give "part" the key of "whole", then re-run it: 2 rounds, then resume
-    shutil.rmtree(part.run_dir)
-    part.run_dir.mkdir(parents=True)
-    shutil.copy(whole.run_dir / sn.KEY_FILE, part.run_dir / sn.KEY_FILE)
-    two = run(tiny(tmp_path, "part", secure=True, rounds=2), progress=False)
-    cfg = yaml.safe_load((two.run_dir / "config.yaml").read_text())
-    cfg["rounds"] = 3
-    (two.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
-    resume(two.run_dir, progress=False)
-    assert torch.equal(released(two.run_dir), released(whole.run_dir))
+    config = tiny(tmp_path, "cut", secure=True, rounds=3)
+    config.run_dir.mkdir(parents=True)
+    shutil.copy(whole.run_dir / sn.KEY_FILE, config.run_dir / sn.KEY_FILE)
+    original = Trainer.step
+
+    def step(self):
+        report = original(self)
+        if self.round == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return report
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "step", step)
+        assert run(config, progress=False).stopped == "interrupted"
+    assert resume(config.run_dir, progress=False).rounds_completed == 3
+    assert torch.equal(released(config.run_dir), released(whole.run_dir))
+    other = run(tiny(tmp_path, "other", secure=True, rounds=3), progress=False)
+    assert not torch.equal(released(other.run_dir), released(whole.run_dir))
 
 
 def test_a_released_round_cannot_be_denoised_from_the_config_and_code(
