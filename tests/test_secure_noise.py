@@ -97,7 +97,7 @@ def test_a_draw_is_a_function_of_key_and_index_only():
     assert torch.equal(first, normals(b, 1000))  # same key, same draw index
     assert not torch.equal(first, second)  # the next draw is another
     assert a.draws == 2
-    # whole chunks of 65,536 outputs do not depend on the draw's length
+    # whole chunks of 8,192 outputs do not depend on the draw's length
     long = sn.secure_standard_normal(KEY, 5, 140_000)
     short = sn.secure_standard_normal(KEY, 5, 131_073)
     assert np.array_equal(long[:131_072], short[:131_072])
