@@ -47,11 +47,11 @@ from dpfl.accounting import schemes
 from dpfl.accounting.events import Event
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.errors import BudgetExceededError, DpflError, InvalidParameterError
+from dpfl.sim import secure_noise as _keys
 from dpfl.sim.algorithms.base import Cohort, FederatedAlgorithm, Messages
 from dpfl.sim.callbacks import Callback, FitResult, FitState, check_callbacks
 from dpfl.sim.executors import Executor, executor
 from dpfl.sim.randomness import CohortStreams, Streams, server_streams
-from dpfl.sim.secure_noise import check_key, new_key
 
 __all__ = ["RoundPlan", "RoundReport", "Trainer", "deferred_interrupt"]
 
@@ -178,11 +178,13 @@ class Trainer:
                 "noise_key is for secure_noise=True (reproducible noise derives "
                 "from the seed)"
             )
-        self.noise_key: bytes | None = (
-            (new_key() if noise_key is None else check_key("noise_key", noise_key))
-            if secure_noise
-            else None
-        )
+        self.noise_key: bytes | None = None
+        if secure_noise:
+            self.noise_key = (
+                _keys.new_key()
+                if noise_key is None
+                else _keys.check_key("noise_key", noise_key)
+            )
         self.executor = executor(execution) if isinstance(execution, str) else execution
         self.round = 0
 
