@@ -2,7 +2,8 @@
 
 For each algorithm (one small, fast configuration in :data:`SPECS`):
 
-* seeded determinism: the same seed gives the same weights and ledger;
+* determinism: the same seed and secure-noise key give the same weights and
+  ledger;
 * loop = batched: the one-client-at-a-time reference and the vectorised
   cohort give the same weights after several rounds (to ``atol`` in float32,
   stated per algorithm) and the same ledger exactly;
@@ -119,6 +120,7 @@ SPECS: dict[str, tuple[dict, float, str, float]] = {
     ),
 }
 ROUNDS = 3
+KEY = bytes(range(32))  # the secure-noise key of every contract run
 
 
 def _dataset():
@@ -145,7 +147,13 @@ def _algorithm(name, sigma=None):
 
 def _trainer(name, execution="batched", budget=None, sigma=None):
     ledger = PrivacyLedger(budget)
-    return Trainer(_algorithm(name, sigma), ledger=ledger, seed=7, execution=execution)
+    return Trainer(
+        _algorithm(name, sigma),
+        ledger=ledger,
+        seed=7,
+        execution=execution,
+        noise_key=KEY,
+    )
 
 
 def _private(name):
@@ -309,11 +317,12 @@ def test_a_replica_computes_the_trained_algorithms_messages(name):
     trainer.run(2)
     alg = trainer.algorithm
     replica = pickle.loads(pickle.dumps(alg.blueprint())).build()
-    cohort = alg.select(2, server_streams(7, 2))
+    cohort = alg.select(2, server_streams(7, 2, key=KEY))
     clients = [t.client for t in cohort.tasks]
-    mine = alg.client_steps(alg.weights, cohort.tasks, CohortStreams(7, 2, clients))
+    streams = CohortStreams(7, 2, clients, key=KEY)
+    mine = alg.client_steps(alg.weights, cohort.tasks, streams)
     theirs = replica.client_steps(
-        alg.weights.clone(), cohort.tasks, CohortStreams(7, 2, clients)
+        alg.weights.clone(), cohort.tasks, pickle.loads(pickle.dumps(streams))
     )
     assert torch.equal(mine.vectors, theirs.vectors)
     assert _same(mine.scalars, theirs.scalars)
@@ -331,6 +340,7 @@ def test_a_cohort_split_over_replicas_gives_the_in_process_run(name, workers):
         ledger=PrivacyLedger(None),
         seed=7,
         execution=_ReplicaExecutor(workers),
+        noise_key=KEY,  # shares get the clients' derived keys (pickled)
     )
     local.run(ROUNDS)
     split.run(ROUNDS)

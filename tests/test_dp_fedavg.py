@@ -32,6 +32,9 @@ from dpfl.sim.local import epoch_orders
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import client_streams, server_streams
 
+# Tests that rebuild a round from its seeded streams (server_streams(seed, t),
+# client_streams(...)) or compare two trainers run reproducible noise
+# (secure_noise=False); the others run the default, secure noise.
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -172,7 +175,12 @@ def test_short_seeded_run_records_one_event_per_round(
 
     def trainer() -> Trainer:
         alg = make(digits_iid, 3.0, cohort_size=cohorts, batch_size=10, clip=1.0)
-        return Trainer(alg, ledger=PrivacyLedger(None, analysis="sound"), seed=3)
+        return Trainer(
+            alg,
+            ledger=PrivacyLedger(None, analysis="sound"),
+            seed=3,
+            secure_noise=False,
+        )
 
     # Execute
     a = trainer()
@@ -405,7 +413,9 @@ def test_round_metrics_match_numpy_on_the_round_updates(
     kw = {"cohort_size": 6, "clipping": clipping, "clip": 0.05, "learning_rate": 0.1}
     probe = make(digits_iid, 2.0, **kw)
     updates = unclipped_updates(probe, seed=5).numpy()
-    trainer = Trainer(make(digits_iid, 2.0, **kw), ledger=PrivacyLedger(), seed=5)
+    trainer = Trainer(
+        make(digits_iid, 2.0, **kw), ledger=PrivacyLedger(), seed=5, secure_noise=False
+    )
 
     # Execute
     metrics = trainer.step().metrics
@@ -433,8 +443,12 @@ def test_fixed_clipping_average_and_noise(digits_iid: FederatedDataset) -> None:
     kw = {"cohort_size": 5, "clip": 0.05, "learning_rate": 0.1}
     u = unclipped_updates(make(digits_iid, **kw), seed=1)
     clipped = u * (0.05 / u.norm(dim=1)).clamp(max=1.0)[:, None]
-    quiet = Trainer(make(digits_iid, **kw), ledger=PrivacyLedger(), seed=1)
-    noisy = Trainer(make(digits_iid, 1.5, **kw), ledger=PrivacyLedger(), seed=1)
+    quiet = Trainer(
+        make(digits_iid, **kw), ledger=PrivacyLedger(), seed=1, secure_noise=False
+    )
+    noisy = Trainer(
+        make(digits_iid, 1.5, **kw), ledger=PrivacyLedger(), seed=1, secure_noise=False
+    )
     w0 = quiet.algorithm.weights.clone().double()
 
     quiet.step()
@@ -456,7 +470,9 @@ def test_unweighted_mean_divides_by_the_cohort_not_by_records() -> None:
     ds = small_dataset([20, 2, 20, 2])
     kw = {"features": 8, "classes": 3, "cohort_size": 4, "clip": 1e6}
     u = unclipped_updates(make(ds, **kw), seed=0)
-    trainer = Trainer(make(ds, **kw), ledger=PrivacyLedger(), seed=0)
+    trainer = Trainer(
+        make(ds, **kw), ledger=PrivacyLedger(), seed=0, secure_noise=False
+    )
     w0 = trainer.algorithm.weights.clone().double()
     trainer.step()
     torch.testing.assert_close(
@@ -474,7 +490,7 @@ def test_poisson_sampling_divides_by_expected_cohort(
     assert alg.event() is None
     u = unclipped_updates(make(digits_iid, **kw), seed=11)
     clipped = u * (0.05 / u.norm(dim=1)).clamp(max=1.0)[:, None]
-    trainer = Trainer(alg, ledger=PrivacyLedger(), seed=11)
+    trainer = Trainer(alg, ledger=PrivacyLedger(), seed=11, secure_noise=False)
     w0 = alg.weights.clone().double()
     report = trainer.step()
     # Divided by the expected m = 5, not the realised cohort.
@@ -502,7 +518,9 @@ def test_adaptive_clipping_noise_split_and_geometric_update() -> None:
     s_update = alg.params.update_noise_multiplier(1.0, 5)
     assert s_update**-2 + (2 * 2.0) ** -2 == pytest.approx(1.0, rel=1e-12)
     assert alg.event() == ev.FixedCohort(5, 10, ev.Gaussian(1.0))
-    metrics = Trainer(alg, ledger=PrivacyLedger(), seed=0).step().metrics
+    metrics = (
+        Trainer(alg, ledger=PrivacyLedger(), seed=0, secure_noise=False).step().metrics
+    )
     assert metrics["noise_std"] == pytest.approx(s_update * 100.0, rel=1e-12)
     # The default σ_b = m/20 and the split scale together with σ.
     default = DpFedAvgParams(cohort_size=40, clipping="adaptive")
@@ -511,7 +529,7 @@ def test_adaptive_clipping_noise_split_and_geometric_update() -> None:
 
     # Without noise, all updates under C: b̃ = 1 and C ← C·exp(-η(1 - γ)).
     quiet = make(ds, clip=100.0, **kw)
-    trainer = Trainer(quiet, ledger=PrivacyLedger(), seed=0)
+    trainer = Trainer(quiet, ledger=PrivacyLedger(), seed=0, secure_noise=False)
     m2 = trainer.step().metrics
     assert m2["noisy_fraction_under"] == pytest.approx(1.0)
     assert quiet.clip_bound == pytest.approx(100.0 * math.exp(-0.2 * 0.5), rel=1e-12)
@@ -540,16 +558,25 @@ def test_resume_keeps_the_adaptive_bound_and_cost(
         "count_noise_multiplier": 4.0,
         "clip": 0.5,
     }
-    full = Trainer(make(digits_iid, 3.0, **kw), ledger=PrivacyLedger(), seed=2)
+    full = Trainer(
+        make(digits_iid, 3.0, **kw), ledger=PrivacyLedger(), seed=2, secure_noise=False
+    )
     full.run(3)
-    first = Trainer(make(digits_iid, 3.0, **kw), ledger=PrivacyLedger(), seed=2)
+    first = Trainer(
+        make(digits_iid, 3.0, **kw), ledger=PrivacyLedger(), seed=2, secure_noise=False
+    )
     first.run(2)
     state = first.state_dict()
     assert state["algorithm"]["extra"] == {
         "clip_bound": first.algorithm.clip_bound,
         "communication_cost": 8,
     }
-    resumed = Trainer(make(digits_iid, 3.0, seed=9, **kw), ledger=first.ledger, seed=2)
+    resumed = Trainer(
+        make(digits_iid, 3.0, seed=9, **kw),
+        ledger=first.ledger,
+        seed=2,
+        secure_noise=False,
+    )
     resumed.load_state_dict(state)
     resumed.step()
     assert torch.equal(full.algorithm.weights, resumed.algorithm.weights)

@@ -29,8 +29,10 @@ from dpfl.sim.privatize import (
     gaussian_noise_like,
 )
 from dpfl.sim.randomness import client_streams, server_streams
+from dpfl.sim.secure_noise import fill_normal_
 
 Z = 4.42  # two-sided normal quantile for a false-alarm rate of 1e-5
+KEY = bytes(range(32))  # a fixed secure-noise key: two trainers, the same run
 
 
 # ------------------------------------------------------------------- randomness
@@ -283,7 +285,7 @@ class CountingAlgorithm(FederatedAlgorithm):
         return Cohort(clients, [Task(int(k)) for k in clients])
 
     def client_step(self, weights, task, streams):
-        return Message(torch.randn(weights.shape, generator=streams.generator))
+        return Message(fill_normal_(torch.empty(weights.shape), streams.generator))
 
     def server_step(self, cohort, messages, server):
         self.apply_update(messages.total() / len(cohort.tasks))
@@ -327,10 +329,12 @@ def test_trainer_records_participants_only_for_per_client_schemes():
         assert [e.round for e in ledger.entries] == [0, 1]
 
 
-def test_client_draws_do_not_depend_on_the_executor_or_cohort_order():
+@pytest.mark.parametrize("noise", [{"noise_key": KEY}, {"secure_noise": False}])
+def test_client_draws_do_not_depend_on_the_executor_or_cohort_order(noise):
+    # the same key (secure) or the same seed (reproducible): the same run
     a, b = CountingAlgorithm(EVENT), CountingAlgorithm(EVENT)
-    Trainer(a, ledger=PrivacyLedger(), seed=1, execution="loop").run(3)
-    Trainer(b, ledger=PrivacyLedger(), seed=1, execution="batched").run(3)
+    Trainer(a, ledger=PrivacyLedger(), seed=1, execution="loop", **noise).run(3)
+    Trainer(b, ledger=PrivacyLedger(), seed=1, execution="batched", **noise).run(3)
     assert torch.equal(a.weights, b.weights)
 
 
@@ -342,11 +346,14 @@ def test_non_private_rounds_are_not_charged():
 
 
 def test_trainer_resume_is_exact_and_guards_the_ledger(tmp_path):
+    # a resumed run is given the run's key (dpfl train keeps it in secret.key)
     full = CountingAlgorithm(EVENT)
-    Trainer(full, ledger=PrivacyLedger(), seed=5).run(6)
+    Trainer(full, ledger=PrivacyLedger(), seed=5, noise_key=KEY).run(6)
 
     first_ledger = PrivacyLedger(path=tmp_path / "l.json")
-    first = Trainer(CountingAlgorithm(EVENT), ledger=first_ledger, seed=5)
+    first = Trainer(
+        CountingAlgorithm(EVENT), ledger=first_ledger, seed=5, noise_key=KEY
+    )
     first.run(2)
     torch.save(first.state_dict(), tmp_path / "ckpt.pt")
     state = torch.load(tmp_path / "ckpt.pt")
@@ -359,7 +366,10 @@ def test_trainer_resume_is_exact_and_guards_the_ledger(tmp_path):
     with pytest.raises(DpflError, match="ledger holds 0 charged rounds"):
         Trainer(resumed_alg, ledger=PrivacyLedger(), seed=5).load_state_dict(state)
     resumed = Trainer(
-        resumed_alg, ledger=PrivacyLedger.load(tmp_path / "l.json"), seed=5
+        resumed_alg,
+        ledger=PrivacyLedger.load(tmp_path / "l.json"),
+        seed=5,
+        noise_key=KEY,
     )
     resumed.load_state_dict(state)
     resumed.run(4)

@@ -44,6 +44,8 @@ from dpfl.accounting.ledger import PrivacyLedger  # noqa: E402
 from dpfl.experiments import runner  # noqa: E402
 from dpfl.experiments.config import config_from_dict  # noqa: E402
 from dpfl.integrations import flower as fl  # noqa: E402
+from dpfl.sim.randomness import client_key  # noqa: E402
+from dpfl.sim.secure_noise import KEY_FILE, read_key_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -103,10 +105,24 @@ def _config(out: Path, algorithm: str, *, rounds: int = 3, epsilon: float = 50.0
     )
 
 
+def same_key(flower_dir: Path, config):
+    """Give ``config``'s run folder the Flower run's secret noise key.
+
+    The two runs are the same run only under the same key (secure noise).
+    """
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(flower_dir / KEY_FILE, config.run_dir / KEY_FILE)
+    return config
+
+
+def _key(flower_dir: Path) -> bytes:
+    return read_key_file(flower_dir / KEY_FILE)
+
+
 def _simulated(tmp: Path, algorithm: str, **kw) -> Path:
-    """``dpfl train``'s run folder for the same configuration."""
-    result = runner.run(_config(tmp / "sim", algorithm, **kw), progress=False)
-    return result.run_dir
+    """``dpfl train``'s run folder for the same configuration (and key)."""
+    config = same_key(tmp / "flower" / algorithm, _config(tmp / "sim", algorithm, **kw))
+    return runner.run(config, progress=False).run_dir
 
 
 def _entries(run_dir: Path) -> list[dict]:
@@ -136,6 +152,7 @@ class LocalGrid(Grid):
         self.num = num
         self.fail = fail or {}
         self.train_rounds: list[int] = []
+        self.train_meta: list[dict] = []
 
     def set_run(self, run):
         pass
@@ -171,6 +188,7 @@ class LocalGrid(Grid):
             if m.metadata.message_type == "train":
                 meta = json.loads(str(m.content["dpfl"]["meta"]))
                 self.train_rounds.append(meta["round"])
+                self.train_meta.append(meta)
                 fault = self.fail.get((meta["round"], pid))
                 if fault == "silent":  # no reply within the timeout
                     continue
@@ -210,6 +228,14 @@ SLOW = pytest.mark.integration
 def test_in_process_federation_equals_the_simulator(algorithm, tmp_path, task_identity):
     strategy, grid = _flower_in_process(tmp_path, algorithm)
     _assert_same_run(strategy.run_dir, _simulated(tmp_path, algorithm))
+    # secure noise: a node is sent its tasks' clients' derived keys of the
+    # round, never the run key
+    key = _key(strategy.run_dir)
+    for meta in grid.train_meta:
+        assert meta["keys"] == [
+            client_key(key, meta["round"], k).hex() for k in meta["clients"]
+        ]
+        assert key.hex() not in json.dumps(meta)
     summary = json.loads((strategy.run_dir / "flower.json").read_text())
     assert summary["stopped"] == "completed" and summary["abandoned"] == []
     assert summary["partitions"] == {"0": 100, "1": 101, "2": 102}
@@ -236,16 +262,15 @@ def test_budget_guard_stops_before_sending_the_refused_round(tmp_path, task_iden
     assert summary["stopped"] == "budget"
     assert summary["rounds"] == summary["charged_rounds"] == 2
     assert sorted(set(grid.train_rounds)) == [0, 1]  # round 2 was never sent
-    sim = runner.run(
-        _config(tmp_path / "sim", "dsgd-rp", rounds=4, epsilon=5.0), progress=False
-    )
+    config = _config(tmp_path / "sim", "dsgd-rp", rounds=4, epsilon=5.0)
+    sim = runner.run(same_key(strategy.run_dir, config), progress=False)
     assert sim.stopped == "budget" and sim.rounds_completed == 2
     _assert_same_run(strategy.run_dir, sim.run_dir)
 
 
-def _replay(config, abandoned, rounds, sent=True):
+def _replay(config, abandoned, rounds, key, sent=True):
     """The simulator with the same rounds abandoned (Trainer.abandon_round)."""
-    _, trainer = fl.build_trainer(config, ledger_path=False)
+    _, trainer = fl.build_trainer(config, ledger_path=False, noise_key=key)
     for t in range(rounds):
         if t in abandoned:
             trainer.abandon_round(trainer.begin_round(), sent=sent)
@@ -277,7 +302,9 @@ def test_a_failed_node_abandons_the_round_per_the_rule(
         assert entries[1]["extra"] == {"abandoned": True}
     else:  # central noise: the server released nothing in round 1
         assert [e["round"] for e in entries] == [0, 2]
-    replay = _replay(_config(tmp_path / "replay", algorithm), {1}, 3)
+    replay = _replay(
+        _config(tmp_path / "replay", algorithm), {1}, 3, _key(strategy.run_dir)
+    )
     assert entries == [e.to_json() for e in replay.ledger.entries]
     for k, v in _weights(strategy.run_dir).items():
         torch.testing.assert_close(
@@ -528,12 +555,10 @@ def test_superlink_three_supernodes_and_flwr_run_equal_the_simulator(tmp_path):
             assert summary["stopped"] == "completed" and summary["abandoned"] == []
             assert sorted(summary["partitions"]) == ["0", "1", "2"]
             # the simulator (dpfl train) with the example app's configuration
-            sim = runner.run(
-                runner.config_from_dict(
-                    {**_app_config(algorithm, 2), "output_dir": str(tmp_path / "sim")}
-                ),
-                progress=False,
+            config = runner.config_from_dict(
+                {**_app_config(algorithm, 2), "output_dir": str(tmp_path / "sim")}
             )
+            sim = runner.run(same_key(run_dir, config), progress=False)
             _assert_same_run(run_dir, sim.run_dir)
     finally:
         fed.close()
@@ -611,7 +636,7 @@ def test_a_supernode_killed_mid_round_abandons_the_round(tmp_path):
         config = runner.config_from_dict(
             {**_app_config("dp-fedavg", 3), "output_dir": str(tmp_path / "replay")}
         )
-        replay = _replay(config, set(summary["abandoned"]), 3)
+        replay = _replay(config, set(summary["abandoned"]), 3, _key(run_dir))
         assert entries == [e.to_json() for e in replay.ledger.entries]
         for k, v in _weights(run_dir).items():
             torch.testing.assert_close(

@@ -27,6 +27,8 @@ from dpfl.sim.algorithms.locks import Locks, LocksParams
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import CohortStreams, client_streams, server_streams
 
+KEY = bytes(range(32))  # one secure-noise key: the same run twice
+
 SETTINGS = dict(
     first_stage_probability=0.5,
     second_stage_size=3,
@@ -72,7 +74,9 @@ def _trainer(norm_source: str = "stale", execution: str = "batched") -> Trainer:
         dataset=DIGITS,
         noise_multiplier=1.0,
     )
-    return Trainer(alg, ledger=PrivacyLedger(None), seed=7, execution=execution)
+    return Trainer(
+        alg, ledger=PrivacyLedger(None), seed=7, execution=execution, noise_key=KEY
+    )
 
 
 def test_norm_source_is_validated() -> None:

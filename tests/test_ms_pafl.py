@@ -26,6 +26,8 @@ from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import client_streams
 from dpfl.sim.sampling import CheckInSampler
 
+KEY = bytes(range(32))  # one secure-noise key: the same run twice
+
 PRESETS = Path(__file__).resolve().parents[1] / "presets"
 
 
@@ -82,7 +84,7 @@ def test_seeded_run_emits_one_checkin_event_per_round_and_sound_epsilon():
     ds = _tabular()
     alg = _algorithm(ds)
     ledger = PrivacyLedger(None)
-    reports = Trainer(alg, ledger=ledger, seed=3).run(4)
+    reports = Trainer(alg, ledger=ledger, seed=3, noise_key=KEY).run(4)
 
     assert ledger.rounds == 4
     # The check-in event prices its Gaussian under replace-one (sensitivity 2C).
@@ -109,7 +111,7 @@ def test_seeded_run_emits_one_checkin_event_per_round_and_sound_epsilon():
     assert report["sound"]["epsilon"] >= exact * (1 - 1e-9)  # an upper bound
     # Same seed, same run: bit-identical model and private parts.
     alg2 = _algorithm(ds)
-    Trainer(alg2, ledger=PrivacyLedger(None), seed=3).run(4)
+    Trainer(alg2, ledger=PrivacyLedger(None), seed=3, noise_key=KEY).run(4)
     assert torch.equal(alg.weights, alg2.weights)
     assert torch.equal(alg.private_parts, alg2.private_parts)
     assert torch.equal(alg.joined, alg2.joined)
@@ -211,8 +213,13 @@ def test_only_the_public_part_leaves_a_client_and_carries_noise_of_std_sigma():
     w_old = noisy.public_model
     server_private = noisy.split.private(noisy.weights).clone()
     cap_noisy, cap_quiet = Capture(), Capture()
-    rep = Trainer(noisy, ledger=PrivacyLedger(None), seed=0, execution=cap_noisy).step()
-    Trainer(quiet, ledger=PrivacyLedger(None), seed=0, execution=cap_quiet).step()
+    # one key: the same check-ins, batches and standard normals in both runs
+    rep = Trainer(
+        noisy, ledger=PrivacyLedger(None), seed=0, execution=cap_noisy, noise_key=KEY
+    ).step()
+    Trainer(
+        quiet, ledger=PrivacyLedger(None), seed=0, execution=cap_quiet, noise_key=KEY
+    ).step()
     clients = rep.participants
 
     # What leaves a client is d_pub-dimensional, one row per participant.
@@ -345,7 +352,7 @@ def test_training_improves_personalised_accuracy_and_resumes_exactly():
     ds = _tabular(num_clients=30)
     alg = _algorithm(ds, sigma=1.0, learning_rate=0.5)
     before = alg.evaluate()["test_accuracy"]
-    trainer = Trainer(alg, ledger=PrivacyLedger(None), seed=0)
+    trainer = Trainer(alg, ledger=PrivacyLedger(None), seed=0, noise_key=KEY)
     trainer.run(8)
     state = trainer.state_dict()
     trainer.run(4)
@@ -357,7 +364,7 @@ def test_training_improves_personalised_accuracy_and_resumes_exactly():
     ledger = PrivacyLedger(None)
     for entry in trainer.ledger.entries[:8]:
         ledger.record(entry.event, participants=entry.participants)
-    resumed = Trainer(other, ledger=ledger, seed=0)
+    resumed = Trainer(other, ledger=ledger, seed=0, noise_key=KEY)
     resumed.load_state_dict(state)
     resumed.run(4)
     assert torch.equal(other.weights, alg.weights)

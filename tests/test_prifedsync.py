@@ -54,7 +54,13 @@ def _algorithm(ds=DS, seed=0, model="logistic_regression", sigma=1.0, **kw):
 
 
 def _run(alg, rounds, seed=0, execution="batched"):
-    trainer = Trainer(alg, ledger=PrivacyLedger(None), seed=seed, execution=execution)
+    trainer = Trainer(
+        alg,
+        ledger=PrivacyLedger(None),
+        seed=seed,
+        execution=execution,
+        secure_noise=False,
+    )
     reports = trainer.run(rounds)
     return trainer.ledger, reports
 

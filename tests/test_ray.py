@@ -43,6 +43,7 @@ from dpfl.integrations.ray import (  # noqa: E402
 )
 from dpfl.sim.loop import Trainer  # noqa: E402
 from test_contract import (  # noqa: E402
+    KEY,
     NAMES,
     ROUNDS,
     SPECS,
@@ -54,6 +55,17 @@ from test_contract import (  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 TESTS = ROOT / "tests"
+
+
+def same_key(source_dir: Path, run_dir: Path) -> None:
+    """Give the run folder ``run_dir`` the secret noise key of ``source_dir``.
+
+    Two runs are the same run only under the same key (secure noise).
+    """
+    from dpfl.sim.secure_noise import KEY_FILE
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source_dir / KEY_FILE, run_dir / KEY_FILE)
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -102,7 +114,11 @@ def test_ray_gives_the_in_process_run(name, workers, executors):
     executor = executors[workers]
     local = _trainer(name)
     remote = Trainer(
-        _algorithm(name), ledger=PrivacyLedger(None), seed=7, execution=executor
+        _algorithm(name),
+        ledger=PrivacyLedger(None),
+        seed=7,
+        execution=executor,
+        noise_key=KEY,
     )
     local.run(ROUNDS)
     remote.run(ROUNDS)
@@ -126,6 +142,7 @@ def test_workers_rebuild_their_replica_for_another_algorithm(executors):
                 ledger=PrivacyLedger(None),
                 seed=7,
                 execution=ex,
+                noise_key=KEY,
             ),
         )
         for sigma in (1.0, 3.0)
@@ -197,7 +214,11 @@ def test_a_worker_killed_mid_round_is_replaced_and_nothing_is_charged_twice(
     try:
         with _slow_executor(max_restarts=1, max_replacements=1) as ex:
             remote = Trainer(
-                _algorithm(name), ledger=PrivacyLedger(None), seed=7, execution=ex
+                _algorithm(name),
+                ledger=PrivacyLedger(None),
+                seed=7,
+                execution=ex,
+                noise_key=KEY,
             )
             remote.step()
             pids = [ex.workers()[1].pid]
@@ -229,7 +250,11 @@ def test_a_worker_killed_mid_round_is_replaced_and_nothing_is_charged_twice(
 def test_a_share_that_keeps_failing_raises_a_clear_error(local_ray):
     with _slow_executor(suicide=True, max_restarts=0, max_replacements=0) as ex:
         remote = Trainer(
-            _algorithm("prifedsync"), ledger=PrivacyLedger(None), seed=7, execution=ex
+            _algorithm("prifedsync"),
+            ledger=PrivacyLedger(None),
+            seed=7,
+            execution=ex,
+            noise_key=KEY,
         )
         remote.step()
         before = remote.algorithm.weights.clone()
@@ -301,6 +326,7 @@ def test_a_lost_driver_resumes_to_the_uninterrupted_run(local_ray, tmp_path):
         num_cpus_per_worker=0.25,
     )
     flag = tmp_path / "in-round"
+    same_key(whole.run_dir, tmp_path / "runs" / "lost")
     driver = subprocess.Popen(
         [sys.executable, "-c", _DRIVER, json.dumps(tree), str(stall), str(flag)],
         env=_env(),
@@ -468,7 +494,11 @@ _CLUSTER_DRIVER = textwrap.dedent(
     with RayExecutor(address, num_workers=2, startup_timeout=60) as ex:
         for name in tc.NAMES:
             trainer = Trainer(
-                tc._algorithm(name), ledger=PrivacyLedger(None), seed=7, execution=ex
+                tc._algorithm(name),
+                ledger=PrivacyLedger(None),
+                seed=7,
+                execution=ex,
+                noise_key=tc.KEY,
             )
             trainer.run(tc.ROUNDS)
             result[name] = {
@@ -558,6 +588,7 @@ def test_a_run_over_two_ray_nodes_equals_the_in_process_run(tmp_path):
         )
         assert cli.returncode == 0, cli.stderr
         assert "2 workers ready on 2 node(s)" in cli.stderr
+        same_key(runs / "cli", runs / "whole")
         whole = run(
             config_from_dict(_run_tree(tmp_path, "whole", "batched")), progress=False
         )

@@ -57,6 +57,21 @@ def tiny(tmp_path, name="tiny", **top):
     return config_from_dict(tree)
 
 
+def same_key(source_dir, config):
+    """Give ``config``'s new run folder the secret noise key of ``source_dir``.
+
+    Two runs are comparable only with the same key (secure noise, the
+    default); a run reads the key file it finds in its folder.
+    """
+    import shutil
+
+    from dpfl.sim.secure_noise import KEY_FILE
+
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source_dir / KEY_FILE, config.run_dir / KEY_FILE)
+    return config
+
+
 def final_model(run_dir):
     state = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     return state["round"], state["trainer"]["algorithm"]
@@ -137,7 +152,7 @@ def test_tiny_run_writes_all_files(tmp_path):
 def test_interrupt_then_resume_equals_uninterrupted(tmp_path, monkeypatch):
     # Prepare: an uninterrupted run, and the same run stopped by Ctrl-C after 3
     full = run(tiny(tmp_path, "full"), progress=False)
-    cfg = tiny(tmp_path, "cut")
+    cfg = same_key(full.run_dir, tiny(tmp_path, "cut"))
     interrupt_after(monkeypatch, 3)
     cut = run(cfg, progress=False)
     assert cut.stopped == "interrupted" and cut.rounds_completed == 3
@@ -163,7 +178,7 @@ def test_interrupt_then_resume_equals_uninterrupted(tmp_path, monkeypatch):
 def test_kill_between_checkpoints_keeps_spend(tmp_path, monkeypatch):
     # A crash in round 4: checkpoint at round 2, ledger saved after round 3.
     full = run(tiny(tmp_path, "full"), progress=False)
-    cfg = tiny(tmp_path, "killed")
+    cfg = same_key(full.run_dir, tiny(tmp_path, "killed"))
     crash_at(monkeypatch, 4)
     with pytest.raises(RuntimeError, match="killed"):
         run(cfg, progress=False)

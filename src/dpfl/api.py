@@ -117,7 +117,8 @@ class PrivateTrainer:
         dict
             ``private``; for a private run also the target ``epsilon`` and
             ``delta`` (``None`` without a budget), ``rounds``,
-            ``noise_multiplier`` and the scheme's terms: ``scheme``,
+            ``noise_multiplier``, ``noise`` (``"secure"`` or the reproducible
+            mode's warning) and the scheme's terms: ``scheme``,
             ``unit``, ``neighbouring``, ``adversary``, ``analysis``,
             ``status`` and ``basis``.
         """
@@ -127,6 +128,7 @@ class PrivateTrainer:
                 "note": "no noise is added: the run has no privacy guarantee",
             }
         from dpfl.accounting import schemes
+        from dpfl.sim.secure_noise import noise_label
 
         return {
             "private": True,
@@ -134,6 +136,7 @@ class PrivateTrainer:
             "delta": self.delta,
             "rounds": self.rounds,
             "noise_multiplier": self.noise_multiplier,
+            "noise": noise_label(self.trainer.noise_key is not None),
             **schemes.describe(self.event, self.analysis),
         }
 
@@ -281,6 +284,8 @@ def make_private(
     allow_unproven: bool = False,
     allow_large_delta: bool = False,
     seed: int = 0,
+    secure_noise: bool = True,
+    noise_key: bytes | None = None,
     eval_every: int | None = None,
     execution: str | Executor = "batched",
     device: str = "cpu",
@@ -328,7 +333,17 @@ def make_private(
     allow_large_delta : bool
         Accept δ >= 1/n.
     seed : int
-        Seed of every round's randomness (>= 0).
+        Seed of the run (>= 0); of every round's randomness only with
+        ``secure_noise=False``.
+    secure_noise : bool
+        ``True`` (default): participants and noise come from a secret key
+        (``noise_key``) through a cryptographically secure,
+        floating-point-safe sampler (:mod:`dpfl.sim.secure_noise`).
+        ``False``: reproducible noise from ``seed``; anyone who knows the
+        seed can regenerate the noise and subtract it (not for release).
+    noise_key : bytes or None
+        The secret 32-byte key of secure noise (``None``: a fresh one, kept
+        as ``trainer.trainer.noise_key``); never publish it.
     eval_every : int or None
         Evaluation period of :meth:`PrivateTrainer.fit` (default: about ten
         evaluations per run).
@@ -456,7 +471,14 @@ def make_private(
         else None
     )
     ledger = PrivacyLedger(budget, analysis=plan.analysis)
-    trainer = Trainer(alg, ledger=ledger, seed=seed, execution=execution)
+    trainer = Trainer(
+        alg,
+        ledger=ledger,
+        seed=seed,
+        execution=execution,
+        secure_noise=secure_noise,
+        noise_key=noise_key,
+    )
     return PrivateTrainer(
         algorithm=alg,
         trainer=trainer,

@@ -471,7 +471,11 @@ def canary_run(
     hook = CanaryHook(alg, coords, values, real_units=real_units)
     start = alg.weights.detach().double().cpu().numpy()[coords]
     ledger = PrivacyLedger(None)
-    trainer = Trainer(alg, ledger=ledger, seed=seed, execution="batched")
+    # An audit is an experiment on the mechanism, re-run exactly from its seed;
+    # its models are never released, so its noise is the seeded kind.
+    trainer = Trainer(
+        alg, ledger=ledger, seed=seed, execution="batched", secure_noise=False
+    )
     trainer.run(rounds)
     end = alg.weights.detach().double().cpu().numpy()[coords]
     event = alg.event(0)

@@ -3,8 +3,9 @@
 Nothing is downloaded at run time: :func:`load_digits` uses scikit-learn's
 bundled digits, :func:`synthetic` and :func:`synthetic_images` generate any
 number of clients, and the real loaders read standard local files (IDX, CIFAR
-pickles, Adult CSV). A user's own data come in as arrays or tensors
-(:func:`federate`), per-client lists (:func:`federate_clients`), a torch
+batches, Adult CSV) without running code from them. A user's own data come in
+as arrays or tensors (:func:`federate`), per-client lists
+(:func:`federate_clients`), a torch
 dataset (:func:`federate_torch`) or files (:func:`load_csv`,
 :func:`load_npz`, :func:`load_idx_files`).
 """

@@ -59,6 +59,8 @@ def _summary(result: Any) -> str:
     if not g.get("private", result.epsilon is not None):
         lines.append("  NOT PRIVATE: no noise was added; the run has no guarantee")
         return "\n".join(lines)
+    if "noise" in g:
+        lines.append(f"  noise: {g['noise']}")
     if "epsilon" not in g:
         return "\n".join(lines)
     label = "" if g["status"] == "proven" else f" -- NOT A PROVEN BOUND ({g['status']})"

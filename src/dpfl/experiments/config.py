@@ -287,6 +287,12 @@ class PrivacyConfig:
     allow_large_delta : bool
         Accept δ >= 1/n (n privacy units): such a δ allows releasing one
         unit's data outright with probability δ, so it is refused by default.
+    secure_noise : bool
+        ``True`` (default): participants and noise come from the run's secret
+        key (the run folder's ``secret.key``; never share it), through a
+        cryptographically secure, floating-point-safe sampler. ``False``:
+        reproducible noise from ``seed``, which anyone with this config can
+        regenerate and subtract; labelled so in the report, not for release.
     """
 
     epsilon: float = _field(4.0, _positive)
@@ -296,6 +302,7 @@ class PrivacyConfig:
     guard: str = _field("accountant", _one_of(GUARDS))
     allow_unproven: bool = False
     allow_large_delta: bool = False
+    secure_noise: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -377,8 +377,13 @@ def run(
         ledger = _ledger(config, run_dir)
     execution = _executor(config)
     try:
+        started = resume and (ckpt_path.exists() or ledger_path.exists())
         trainer = Trainer(
-            algorithm, ledger=ledger, seed=config.seed, execution=execution
+            algorithm,
+            ledger=ledger,
+            seed=config.seed,
+            execution=execution,
+            **_noise(config, run_dir, started=started),
         )
         if resume and ckpt_path.exists():
             import torch
@@ -413,6 +418,19 @@ def run(
         close = getattr(execution, "close", None)
         if callable(close):
             close()
+
+
+def _noise(config: RunConfig, run_dir: Path, *, started: bool) -> dict[str, Any]:
+    """The Trainer's noise arguments: the run's secret key from its key file.
+
+    A new secure run makes its key (:data:`~dpfl.sim.secure_noise.KEY_FILE`,
+    never in the config or the checkpoint); a started one must have it.
+    """
+    from dpfl.sim.secure_noise import load_or_create_key
+
+    if not config.privacy.secure_noise:
+        return {"secure_noise": False}
+    return {"noise_key": load_or_create_key(run_dir, started=started)}
 
 
 def _check_ledger(ledger: PrivacyLedger, config: RunConfig) -> None:
@@ -458,6 +476,9 @@ def _guarantee(
             "note": "no noise was added: the run has no privacy guarantee",
         }
     out: dict[str, Any] = {"private": True, **ledger.summary(delta)}
+    from dpfl.sim.secure_noise import noise_label
+
+    out["noise"] = noise_label(config.privacy.secure_noise)
     if not ledger.rounds:
         return out
     from dpfl.sim.algorithms import algorithm_class

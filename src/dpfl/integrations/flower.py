@@ -4,7 +4,9 @@ What was simulated is what is deployed. The ServerApp side drives the same
 :class:`~dpfl.sim.loop.Trainer` that ``dpfl train`` drives, built by the same
 builders from the same :class:`~dpfl.experiments.config.RunConfig`; the
 ClientApp side runs the same :meth:`FederatedAlgorithm.client_step` with the
-same per-client generators (:func:`dpfl.sim.randomness.client_streams`). A
+same per-client generators (:mod:`dpfl.sim.randomness`; with secure noise the
+server sends each node the derived keys of its tasks' clients for the round,
+never the run's key). A
 Flower run therefore charges the ledger ``dpfl train`` charges, entry by
 entry, and ends with its model up to float32 summation order.
 
@@ -96,7 +98,7 @@ from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages, Task
 from dpfl.sim.algorithms.base import Message as DpflMessage
 from dpfl.sim.callbacks import Callback, FitState
 from dpfl.sim.loop import RoundPlan, RoundReport, Trainer
-from dpfl.sim.randomness import client_streams
+from dpfl.sim.randomness import Streams, client_streams
 
 __all__ = [
     "DpflStrategy",
@@ -142,7 +144,7 @@ def _fingerprint(text: str) -> str:
 
 
 def build_trainer(
-    config: RunConfig, *, ledger_path: bool = True
+    config: RunConfig, *, ledger_path: bool = True, noise_key: bytes | None = None
 ) -> tuple[RunConfig, Trainer]:
     """The trainer ``dpfl train`` builds for ``config`` (resolved: σ set).
 
@@ -156,6 +158,10 @@ def build_trainer(
         The run; σ is calibrated if it is ``None``.
     ledger_path : bool
         Give the ledger the run folder's ``ledger.json`` as its path.
+    noise_key : bytes or None
+        The run's secret noise key (``privacy.secure_noise``); ``None``: the
+        run folder's key file (made if new) with ``ledger_path``, else a
+        fresh key.
 
     Returns
     -------
@@ -185,8 +191,20 @@ def build_trainer(
     else:
         ledger = runner._ledger(config, Path("."))
         ledger.path = None
+    # secure noise: the key lives in the run folder (a fresh one without it)
+    noise: dict[str, Any] = (
+        {"noise_key": noise_key}
+        if noise_key is not None and config.privacy.secure_noise
+        else runner._noise(config, config.run_dir, started=False)
+        if ledger_path or not config.privacy.secure_noise
+        else {}
+    )
     trainer = Trainer(
-        algorithm, ledger=ledger, seed=config.seed, execution=config.execution
+        algorithm,
+        ledger=ledger,
+        seed=config.seed,
+        execution=config.execution,
+        **noise,
     )
     return config, trainer
 
@@ -203,6 +221,7 @@ def _encode_tasks(
     config_text: str,
     positions: list[int],
     tasks: list[Task],
+    keys: list[bytes] | None = None,
 ) -> RecordDict:
     arrays: dict[str, Any] = {}
     for j, task in zip(positions, tasks):
@@ -219,6 +238,8 @@ def _encode_tasks(
             json.loads(json.dumps(dict(t.options), default=float)) for t in tasks
         ],
         "state": [sorted(t.state) for t in tasks],
+        # secure noise: each task's client's derived key of this round only
+        "keys": None if keys is None else [k.hex() for k in keys],
     }
     return RecordDict(
         {
@@ -487,6 +508,9 @@ class DpflStrategy(Strategy):
                 self.config_text,
                 positions,
                 [plan.cohort.tasks[j] for j in positions],
+                None
+                if plan.streams.client_keys is None
+                else [plan.streams.client_keys[j] for j in positions],
             )
             out.append(
                 Message(
@@ -782,13 +806,16 @@ def client_step_message(
     with torch.no_grad():
         algorithm.weights.copy_(weights)
     seed, round_index = int(meta["seed"]), int(meta["round"])
+    keys = meta.get("keys")
+    if keys is not None:  # secure noise: the clients' derived keys
+        streams = [Streams.from_key(bytes.fromhex(k), algorithm.device) for k in keys]
+    else:
+        streams = [
+            client_streams(seed, round_index, t.client, algorithm.device) for t in tasks
+        ]
     out = [
-        algorithm.client_step(
-            weights.to(algorithm.device),
-            task,
-            client_streams(seed, round_index, task.client, algorithm.device),
-        )
-        for task in tasks
+        algorithm.client_step(weights.to(algorithm.device), task, s)
+        for task, s in zip(tasks, streams, strict=True)
     ]
     return Message(_encode_messages(list(meta["positions"]), out), reply_to=message)
 

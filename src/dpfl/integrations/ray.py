@@ -16,8 +16,9 @@ How a round runs:
 * the driver puts the round's weights in the object store once, cuts the
   cohort into consecutive shares (:func:`~dpfl.sim.executors.shares`) and
   sends each worker its share's tasks and the *keys* of its share's random
-  streams (:meth:`~dpfl.sim.randomness.CohortStreams.part`): every client's
-  randomness is keyed by (seed, round, client), so any split, and any
+  streams (:meth:`~dpfl.sim.randomness.CohortStreams.part`; with secure
+  noise, its clients' derived keys of the round, never the run's key): every
+  client's randomness is keyed by (round, client), so any split, and any
   recomputation, draws the same numbers;
 * the driver gathers the shares in task order
   (:meth:`~dpfl.sim.algorithms.base.Messages.concat`) and moves them to the
@@ -382,8 +383,6 @@ class _Worker:
         streams: Any,
     ) -> dict[str, Any]:
         """The messages of one share (tensors as :class:`_Array`)."""
-        from dpfl.sim.randomness import CohortStreams
-
         if self._key != key:
             import ray
 
@@ -391,10 +390,9 @@ class _Worker:
             self._replica = ray.get(blueprint[0]).build(self._device)
             self._key = key
         tasks = [_unwire_task(t, self._device) for t in tasks]
-        # The keys of the share's streams, with generators on this device.
-        mine = CohortStreams(
-            streams.seed, streams.round_index, streams.clients, self._device
-        )
+        # The keys of the share's streams (in secure mode the clients' derived
+        # keys, never the run's), with generators on this device.
+        mine = streams.on_device(self._device)
         out = self._replica.client_steps(weights.tensor(self._device), tasks, mine)
         return _wire_messages(out)
 

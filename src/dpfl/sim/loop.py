@@ -21,8 +21,10 @@ callback's request, and hands every round's record to its callbacks
 (:mod:`dpfl.sim.callbacks`: metrics files, checkpoints, progress, tracking);
 ``dpfl train`` and :func:`dpfl.make_private` both train through it.
 
-Randomness is keyed by position (seed, round, client), not carried as
-stream state: a checkpoint needs no generator state, a resumed run draws
+Randomness is keyed by position (round, client) under the run's secret key
+(or, in reproducible mode, its seed), not carried as stream state
+(:mod:`dpfl.sim.randomness`): a checkpoint needs no generator state, a
+resumed run given the same key draws
 exactly what the uninterrupted run drew, and the result does not depend on
 the executor or on how a cohort is split.
 """
@@ -45,6 +47,7 @@ from dpfl.accounting import schemes
 from dpfl.accounting.events import Event
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.errors import BudgetExceededError, DpflError, InvalidParameterError
+from dpfl.sim import secure_noise as _keys
 from dpfl.sim.algorithms.base import Cohort, FederatedAlgorithm, Messages
 from dpfl.sim.callbacks import Callback, FitResult, FitState, check_callbacks
 from dpfl.sim.executors import Executor, executor
@@ -115,13 +118,24 @@ class Trainer:
     ledger : PrivacyLedger
         Where each private round is charged; its budget guards every round.
     seed : int
-        Seed of the run's randomness (>= 0).
+        Seed of the run's randomness (>= 0); with ``secure_noise``, only what
+        is not secret derives from it (the model's initial weights, the data).
     execution : str or Executor
         How client steps run: ``"batched"`` (default, the cohort as one
         vectorised computation), ``"loop"`` (one client at a time, the
         reference) or ``"ray"`` (Ray actors with their defaults); or an
         executor object (e.g. a configured
         :class:`~dpfl.integrations.ray.RayExecutor`).
+    secure_noise : bool
+        Draw every round's participants, batches and noise from streams keyed
+        by the secret ``noise_key`` (default; :mod:`dpfl.sim.secure_noise`).
+        ``False``: reproducible mode, everything from ``seed`` (anyone with
+        the seed can draw the noise again and subtract it: not for release).
+    noise_key : bytes or None
+        The run's secret 32-byte key (secure mode); ``None``: a fresh one
+        (:func:`~dpfl.sim.secure_noise.new_key`). Keep it to resume the run;
+        never publish it (it de-noises every round). Never stored in
+        :meth:`state_dict`.
 
     Attributes
     ----------
@@ -141,6 +155,8 @@ class Trainer:
         ledger: PrivacyLedger,
         seed: int,
         execution: str | Executor = "batched",
+        secure_noise: bool = True,
+        noise_key: bytes | None = None,
     ) -> None:
         if not isinstance(algorithm, FederatedAlgorithm):
             raise InvalidParameterError(
@@ -157,6 +173,18 @@ class Trainer:
         self.algorithm = algorithm
         self.ledger = ledger
         self.seed = check_count("seed", seed, minimum=0)
+        if not secure_noise and noise_key is not None:
+            raise InvalidParameterError(
+                "noise_key is for secure_noise=True (reproducible noise derives "
+                "from the seed)"
+            )
+        self.noise_key: bytes | None = None
+        if secure_noise:
+            self.noise_key = (
+                _keys.new_key()
+                if noise_key is None
+                else _keys.check_key("noise_key", noise_key)
+            )
         self.executor = executor(execution) if isinstance(execution, str) else execution
         self.round = 0
 
@@ -200,11 +228,11 @@ class Trainer:
         event = alg.event(index)
         if event is not None:
             self.ledger.check(event)
-        server = server_streams(self.seed, index, alg.device)
+        key = self.noise_key
+        server = server_streams(self.seed, index, alg.device, key=key)
         cohort = alg.select(index, server)
-        streams = CohortStreams(
-            self.seed, index, [task.client for task in cohort.tasks], alg.device
-        )
+        clients = [task.client for task in cohort.tasks]
+        streams = CohortStreams(self.seed, index, clients, alg.device, key=key)
         return RoundPlan(index, event, server, cohort, streams)
 
     def finish_round(self, plan: RoundPlan, messages: Messages) -> RoundReport:
@@ -513,9 +541,11 @@ class Trainer:
         """Return the algorithm's state, the round counter and the seed.
 
         No generator state is stored: round ``t``'s generators are derived
-        from ``(seed, t[, client])`` alone. The number of rounds the ledger
-        has charged is stored to detect a checkpoint loaded against the wrong
-        ledger. The ledger itself is persisted by :meth:`PrivacyLedger.save`.
+        from ``(key or seed, t[, client])`` alone; the secret noise key is
+        never stored here (a checkpoint is what gets shared). The number of
+        rounds the ledger has charged is stored to detect a checkpoint loaded
+        against the wrong ledger. The ledger itself is persisted by
+        :meth:`PrivacyLedger.save`.
 
         Returns
         -------

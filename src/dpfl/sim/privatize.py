@@ -29,10 +29,12 @@ starts the same draw before the sum exists (on a worker thread, on CPU), so
 that drawing ≈ 10⁵ normals overlaps the gradient computation. The draws from
 a given generator state are the same either way.
 
-Randomness comes from an explicit :class:`torch.Generator`.
-This is a simulator: ``torch``'s Philox/Mersenne generators are not
-cryptographically secure, and a deployment must draw its noise from a secure
-source (e.g. the OS CSPRNG) with a floating-point-safe sampler.
+Randomness comes from an explicit generator (:mod:`dpfl.sim.randomness`):
+by default a :class:`~dpfl.sim.secure_noise.SecureGenerator` (a secret,
+cryptographically secure stream with a floating-point-safe Gaussian
+sampler), or, for a run that asks for reproducible noise, a seeded
+:class:`torch.Generator` (not secure: anyone with the seed can draw the same
+noise). Every draw goes through :func:`~dpfl.sim.secure_noise.fill_normal_`.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import torch
 from dpfl._validate import check_count, check_nonnegative, check_positive
 from dpfl.errors import InvalidParameterError
 from dpfl.sim._flat import flat_view
+from dpfl.sim.secure_noise import NoiseGenerator, SecureGenerator, fill_normal_
 
 __all__ = [
     "CentralGaussian",
@@ -61,7 +64,7 @@ Params = dict[str, torch.Tensor]
 
 
 def gaussian_noise_like(
-    params: Mapping[str, torch.Tensor], std: float, generator: torch.Generator
+    params: Mapping[str, torch.Tensor], std: float, generator: NoiseGenerator
 ) -> dict[str, torch.Tensor]:
     """Independent ``N(0, std²)`` noise shaped like each tensor of ``params``.
 
@@ -75,7 +78,7 @@ def gaussian_noise_like(
         Templates (shape, dtype, device); their values are not read.
     std : float
         Standard deviation (>= 0; 0 gives zeros without touching the generator).
-    generator : torch.Generator
+    generator : torch.Generator or SecureGenerator
         Source of randomness.
 
     Returns
@@ -87,7 +90,7 @@ def gaussian_noise_like(
     ------
     dpfl.errors.InvalidParameterError
         If ``std`` is negative or not finite, or ``generator`` is not a
-        ``torch.Generator``.
+        ``torch.Generator`` or a ``SecureGenerator``.
     """
     std = check_nonnegative("std", std)
     _check_generator(generator)
@@ -100,9 +103,10 @@ def gaussian_noise_like(
 
 
 def _check_generator(generator: object) -> None:
-    if not isinstance(generator, torch.Generator):
+    if not isinstance(generator, torch.Generator | SecureGenerator):
         raise InvalidParameterError(
-            f"generator must be a torch.Generator; got {type(generator).__name__}"
+            "generator must be a torch.Generator or a SecureGenerator; got "
+            f"{type(generator).__name__}"
         )
 
 
@@ -144,7 +148,7 @@ def _noise_views(
 
 
 def _standard_normal_like(
-    params: Mapping[str, torch.Tensor], generator: torch.Generator
+    params: Mapping[str, torch.Tensor], generator: NoiseGenerator
 ) -> Params:
     """``N(0, 1)`` tensors shaped like ``params``, in the mapping's order.
 
@@ -153,7 +157,7 @@ def _standard_normal_like(
     """
     buffers = _noise_buffers(params, generator.device)
     for buf in buffers:
-        buf.normal_(generator=generator)
+        fill_normal_(buf, generator)
     return _noise_views(
         buffers,
         {name: tuple(t.shape) for name, t in params.items()},
@@ -179,7 +183,7 @@ class Privatizer:
         *,
         num_participants: int,
         num_available: int,
-        generator: torch.Generator,
+        generator: NoiseGenerator,
     ) -> Params:
         """Return ``total`` plus the round's noise (``total`` is not modified).
 
@@ -191,7 +195,7 @@ class Privatizer:
             Participants m this round (<= N).
         num_available : int
             Available clients N.
-        generator : torch.Generator
+        generator : torch.Generator or SecureGenerator
             Source of the noise.
 
         Returns
@@ -210,7 +214,7 @@ class Privatizer:
         *,
         num_participants: int,
         num_available: int,
-        generator: torch.Generator,
+        generator: NoiseGenerator,
         scale: float = 1.0,
     ) -> Params:
         """In place: ``total ← scale · (total + noise)``, noise as in :meth:`add_noise`.
@@ -233,7 +237,7 @@ class Privatizer:
             Participants m this round (<= N).
         num_available : int
             Available clients N.
-        generator : torch.Generator
+        generator : torch.Generator or SecureGenerator
             Source of the noise.
         scale : float
             Factor applied to the noisy sum (> 0; default 1).
@@ -263,7 +267,7 @@ class Privatizer:
         *,
         num_participants: int,
         num_available: int,
-        generator: torch.Generator,
+        generator: NoiseGenerator,
         scale: float = 1.0,
         background: bool = True,
     ) -> PendingNoise:
@@ -289,7 +293,7 @@ class Privatizer:
             Participants m this round (<= N).
         num_available : int
             Available clients N.
-        generator : torch.Generator
+        generator : torch.Generator or SecureGenerator
             Source of the noise.
         scale : float
             Factor applied to the noisy sum (> 0; default 1).
@@ -330,7 +334,7 @@ class PendingNoise:
         self,
         like: Mapping[str, torch.Tensor],
         std: float,
-        generator: torch.Generator,
+        generator: NoiseGenerator,
         scale: float,
         *,
         background: bool,
@@ -350,10 +354,21 @@ class PendingNoise:
         buffers = _noise_buffers(like, generator.device)
         std = scale * std
 
-        def draw() -> list[torch.Tensor]:
-            for buf in buffers:
-                buf.normal_(0.0, std, generator=generator)
-            return buffers
+        if isinstance(generator, SecureGenerator):
+            # the draw indices are taken now, in the caller's order
+            indices = [generator.reserve() for _ in buffers]
+
+            def draw() -> list[torch.Tensor]:
+                for buf, index in zip(buffers, indices):
+                    generator.normal_(buf, std, draw=index)
+                return buffers
+
+        else:
+
+            def draw() -> list[torch.Tensor]:
+                for buf in buffers:
+                    fill_normal_(buf, generator, std)
+                return buffers
 
         if (
             background
@@ -439,7 +454,7 @@ def _noise_executor() -> ThreadPoolExecutor:
 
 
 def _add(
-    total: Mapping[str, torch.Tensor], std: float, generator: torch.Generator
+    total: Mapping[str, torch.Tensor], std: float, generator: NoiseGenerator
 ) -> Params:
     std = check_nonnegative("std", std)
     _check_generator(generator)
@@ -534,7 +549,7 @@ class ClientGaussian(_ScaledGaussian):
         return math.sqrt(m) * self.message_std()
 
     def noise_messages(
-        self, stacked: Mapping[str, torch.Tensor], generator: torch.Generator
+        self, stacked: Mapping[str, torch.Tensor], generator: NoiseGenerator
     ) -> Params:
         """Add independent per-client noise to ``[num_clients, ...]`` messages.
 
@@ -542,7 +557,7 @@ class ClientGaussian(_ScaledGaussian):
         ----------
         stacked : mapping of str to torch.Tensor
             Each client's clipped contribution, client along dimension 0.
-        generator : torch.Generator
+        generator : torch.Generator or SecureGenerator
             Source of the noise.
 
         Returns

@@ -1,24 +1,33 @@
-"""Randomness keyed by position: (seed, round) and (seed, round, client).
+"""Randomness keyed by position, (round) and (round, client): secret key or seed.
 
 A run's numbers are a function of *where* they are drawn, never of how much
-was drawn before:
+was drawn before. Two modes:
 
-* the server's draws in round ``t`` (which clients take part, central noise)
-  come from ``SeedSequence(seed, spawn_key=(t,))``, split into one numpy and
-  one torch generator;
-* client ``k``'s draws in round ``t`` (its local batches, its own noise) come
-  from ``SeedSequence(seed, spawn_key=(t, CLIENT_DOMAIN, k))``.
+**Secure (the default of a run).** Everything secret in a round derives from
+the run's secret 256-bit key (:mod:`dpfl.sim.secure_noise`): the server's
+draws in round ``t`` from ``HMAC(key, "server" ‖ t)``, client ``k``'s from
+``HMAC(key, "client" ‖ t ‖ k)``. From such a party key come a numpy
+generator for index draws (participants, batches) and a
+:class:`~dpfl.sim.secure_noise.SecureGenerator` for noise (a
+cryptographically secure stream with a floating-point-safe Gaussian
+sampler). Without the key nobody can compute them, so a released model
+cannot be de-noised from its configuration.
 
-The two key spaces cannot meet: the server's children have keys ``(t, 0)``
-and ``(t, 1)``, a client's key has three entries. Because every client has
-its own stream, a cohort may be split across workers, run in any order or
-vectorised as one computation, and every client still draws the same
-numbers: the loop and batched executors, a Ray cluster and a Flower
-federation give the same result for the same seed. A checkpoint needs no
-generator state, and a resumed run draws what the uninterrupted run drew.
+**Reproducible (on request, for experiments; not for release).** The
+server's draws in round ``t`` come from ``SeedSequence(seed,
+spawn_key=(t,))``, client ``k``'s from ``SeedSequence(seed, spawn_key=(t,
+CLIENT_DOMAIN, k))``, each split into one numpy and one torch generator
+(PCG64 and torch's default: not cryptographically secure). The seed is in
+the run's config, so anyone who has the config can draw the same noise
+again.
 
-These are simulator generators (PCG64 and torch's default): not
-cryptographically secure. A deployment draws its noise from a secure source.
+In both modes every client has its own streams, so a cohort may be split
+across workers, run in any order or vectorised as one computation, and every
+client still draws the same numbers: the loop and batched executors, a Ray
+cluster and a Flower federation give the same result for the same seed or
+key. A worker receives only the derived keys of the clients it runs
+(:class:`CohortStreams` ships them, never the run's key). A checkpoint needs
+no generator state, and a resumed run draws what the uninterrupted run drew.
 """
 
 from __future__ import annotations
@@ -31,12 +40,21 @@ import torch
 
 from dpfl._validate import check_count
 from dpfl.errors import InvalidParameterError
+from dpfl.sim.secure_noise import (
+    NoiseGenerator,
+    SecureGenerator,
+    check_key,
+    derive_key,
+    index_rng,
+)
 
 __all__ = [
     "CLIENT_DOMAIN",
     "CohortStreams",
     "Streams",
+    "client_key",
     "client_streams",
+    "server_key",
     "server_streams",
 ]
 
@@ -51,37 +69,53 @@ class Streams:
     ----------
     rng : numpy.random.Generator
         For index draws (participants, batches, orders).
-    generator : torch.Generator
-        For tensor draws (noise), on the party's device; made on first use
-        (most client steps draw no noise, and a torch generator costs tens of
-        microseconds to make), from a seed fixed when the streams are made, so
-        when it is made does not change what it draws.
+    generator : torch.Generator or SecureGenerator
+        For noise draws (:func:`dpfl.sim.secure_noise.fill_normal_`): a
+        :class:`~dpfl.sim.secure_noise.SecureGenerator` when the streams come
+        from a key, else a torch generator on the party's device. Made on
+        first use (most client steps draw no noise, and a torch generator
+        costs tens of microseconds to make), from a seed or key fixed when
+        the streams are made, so when it is made does not change what it
+        draws.
     """
 
-    __slots__ = ("_device", "_generator", "_torch_seed", "rng")
+    __slots__ = ("_device", "_generator", "_key", "_torch_seed", "rng")
 
     def __init__(
         self,
         rng: np.random.Generator,
-        generator: torch.Generator | None = None,
+        generator: NoiseGenerator | None = None,
         *,
         torch_seed: int | None = None,
+        key: bytes | None = None,
         device: str | torch.device = "cpu",
     ) -> None:
-        if generator is None and torch_seed is None:
-            raise InvalidParameterError("Streams needs a generator or a torch_seed")
+        if generator is None and torch_seed is None and key is None:
+            raise InvalidParameterError(
+                "Streams needs a generator, a torch_seed or a key"
+            )
         self.rng = rng
         self._generator = generator
         self._torch_seed = torch_seed
+        self._key = key
         self._device = device
 
+    @classmethod
+    def from_key(cls, key: bytes, device: str | torch.device = "cpu") -> Streams:
+        """A party's secure streams from its derived key (:func:`client_key`)."""
+        key = check_key("key", key)
+        return cls(index_rng(key), key=key, device=device)
+
     @property
-    def generator(self) -> torch.Generator:
-        """The torch generator (made on first use)."""
+    def generator(self) -> NoiseGenerator:
+        """The noise generator (made on first use)."""
         if self._generator is None:
-            g = torch.Generator(device=self._device)
-            g.manual_seed(int(self._torch_seed))  # type: ignore[arg-type]
-            self._generator = g
+            if self._key is not None:
+                self._generator = SecureGenerator(self._key, self._device)
+            else:
+                g = torch.Generator(device=self._device)
+                g.manual_seed(int(self._torch_seed))  # type: ignore[arg-type]
+                self._generator = g
         return self._generator
 
 
@@ -91,67 +125,112 @@ def _streams(seq: np.random.SeedSequence, device: str | torch.device) -> Streams
     return Streams(np.random.default_rng(np_seq), torch_seed=seed, device=device)
 
 
+def server_key(key: bytes, round_index: int) -> bytes:
+    """The server's derived key in round ``round_index``: ``HMAC(key, "server" ‖ t)``.
+
+    Parameters
+    ----------
+    key : bytes
+        The run's secret key.
+    round_index : int
+        The round.
+    """
+    return derive_key(key, "server", round_index)
+
+
+def client_key(key: bytes, round_index: int, client: int) -> bytes:
+    """Client ``client``'s derived key in round ``round_index``.
+
+    ``HMAC(key, "client" ‖ t ‖ k)``: what a worker that runs the client is
+    sent. It yields that client's streams in that round and nothing else.
+    """
+    return derive_key(key, "client", round_index, client)
+
+
 def server_streams(
-    seed: int, round_index: int, device: str | torch.device = "cpu"
+    seed: int,
+    round_index: int,
+    device: str | torch.device = "cpu",
+    *,
+    key: bytes | None = None,
 ) -> Streams:
     """The server's generators in round ``round_index`` of a run.
 
     Parameters
     ----------
     seed : int
-        The run's seed (>= 0).
+        The run's seed (>= 0); what the streams derive from when ``key`` is
+        ``None``.
     round_index : int
         The round (>= 0).
     device : str or torch.device
-        Device of the torch generator.
+        Device of the noise.
+    key : bytes or None
+        The run's secret key (secure mode); ``None``: reproducible mode.
 
     Returns
     -------
     Streams
-        Generators derived from ``SeedSequence(seed, spawn_key=(round_index,))``.
+        With a key, :meth:`Streams.from_key` of :func:`server_key`; else
+        generators derived from ``SeedSequence(seed, spawn_key=(round_index,))``.
 
     Raises
     ------
     dpfl.errors.InvalidParameterError
-        If ``seed`` or ``round_index`` is not a non-negative integer.
+        If ``seed`` or ``round_index`` is not a non-negative integer, or
+        ``key`` is not 32 bytes.
     """
     seed = check_count("seed", seed, minimum=0)
     round_index = check_count("round_index", round_index, minimum=0)
+    if key is not None:
+        return Streams.from_key(server_key(key, round_index), device)
     return _streams(np.random.SeedSequence(seed, spawn_key=(round_index,)), device)
 
 
 def client_streams(
-    seed: int, round_index: int, client: int, device: str | torch.device = "cpu"
+    seed: int,
+    round_index: int,
+    client: int,
+    device: str | torch.device = "cpu",
+    *,
+    key: bytes | None = None,
 ) -> Streams:
     """Client ``client``'s generators in round ``round_index`` of a run.
 
     Parameters
     ----------
     seed : int
-        The run's seed (>= 0).
+        The run's seed (>= 0); what the streams derive from when ``key`` is
+        ``None``.
     round_index : int
         The round (>= 0).
     client : int
         The client's index in the federation (>= 0).
     device : str or torch.device
-        Device of the torch generator.
+        Device of the noise.
+    key : bytes or None
+        The run's secret key (secure mode); ``None``: reproducible mode.
 
     Returns
     -------
     Streams
-        Generators derived from
+        With a key, :meth:`Streams.from_key` of :func:`client_key`; else
+        generators derived from
         ``SeedSequence(seed, spawn_key=(round_index, CLIENT_DOMAIN, client))``.
 
     Raises
     ------
     dpfl.errors.InvalidParameterError
-        If an argument is not a non-negative integer.
+        If an argument is not a non-negative integer, or ``key`` is not 32
+        bytes.
     """
     seed = check_count("seed", seed, minimum=0)
     round_index = check_count("round_index", round_index, minimum=0)
     client = check_count("client", client, minimum=0)
-    key = (round_index, CLIENT_DOMAIN, client)
-    return _streams(np.random.SeedSequence(seed, spawn_key=key), device)
+    if key is not None:
+        return Streams.from_key(client_key(key, round_index, client), device)
+    spawn = (round_index, CLIENT_DOMAIN, client)
+    return _streams(np.random.SeedSequence(seed, spawn_key=spawn), device)
 
 
 class CohortStreams(Sequence[Streams]):
@@ -168,7 +247,14 @@ class CohortStreams(Sequence[Streams]):
     clients : sequence of int
         The clients, in task order.
     device : str or torch.device
-        Device of the torch generators.
+        Device of the noise.
+    key : bytes or None
+        The run's secret key (secure mode): only each client's derived key
+        (:func:`client_key`) is kept, so what is shipped to a worker (a
+        :meth:`part`, a pickle) never holds the run's key.
+    client_keys : sequence of bytes or None
+        The clients' derived keys, in task order (instead of ``key``; how a
+        worker receives them).
     """
 
     def __init__(
@@ -177,24 +263,66 @@ class CohortStreams(Sequence[Streams]):
         round_index: int,
         clients: Sequence[int],
         device: str | torch.device = "cpu",
+        *,
+        key: bytes | None = None,
+        client_keys: Sequence[bytes] | None = None,
     ) -> None:
         self.seed = seed
         self.round_index = round_index
         self.clients = [int(k) for k in clients]
         self.device = device
+        if key is not None:
+            if client_keys is not None:
+                raise InvalidParameterError("give key or client_keys, not both")
+            client_keys = [client_key(key, round_index, k) for k in self.clients]
+        if client_keys is not None:
+            client_keys = [check_key("client_keys[j]", k) for k in client_keys]
+            if len(client_keys) != len(self.clients):
+                raise InvalidParameterError(
+                    f"client_keys must have one key per client ({len(self.clients)}); "
+                    f"got {len(client_keys)}"
+                )
+        self.client_keys: list[bytes] | None = client_keys
         self._made: dict[int, Streams] = {}
+
+    @property
+    def secure(self) -> bool:
+        """Whether the streams are the clients' secure streams (derived keys)."""
+        return self.client_keys is not None
 
     def part(self, start: int, stop: int) -> CohortStreams:
         """The streams of tasks ``start:stop`` (for one share of a split cohort)."""
+        keys = None if self.client_keys is None else self.client_keys[start:stop]
         return CohortStreams(
-            self.seed, self.round_index, self.clients[start:stop], self.device
+            self.seed,
+            self.round_index,
+            self.clients[start:stop],
+            self.device,
+            client_keys=keys,
+        )
+
+    def on_device(self, device: str | torch.device) -> CohortStreams:
+        """The same streams (same keys), with noise on ``device``."""
+        return CohortStreams(
+            self.seed,
+            self.round_index,
+            self.clients,
+            device,
+            client_keys=self.client_keys,
         )
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
-        # Ship the keys, not the generators: the receiver makes its own.
+        # Ship the keys (derived ones in secure mode), not the generators:
+        # the receiver makes its own.
         return (
-            CohortStreams,
-            (self.seed, self.round_index, self.clients, str(self.device)),
+            _cohort_streams,
+            (
+                self.seed,
+                self.round_index,
+                self.clients,
+                str(self.device),
+                self.client_keys,
+            ),
         )
 
     def __len__(self) -> int:
@@ -211,7 +339,21 @@ class CohortStreams(Sequence[Streams]):
             return [self[i] for i in range(*index.indices(len(self)))]
         i = range(len(self))[index]
         if i not in self._made:
-            self._made[i] = client_streams(
-                self.seed, self.round_index, self.clients[i], self.device
-            )
+            if self.client_keys is not None:
+                made = Streams.from_key(self.client_keys[i], self.device)
+            else:
+                made = client_streams(
+                    self.seed, self.round_index, self.clients[i], self.device
+                )
+            self._made[i] = made
         return self._made[i]
+
+
+def _cohort_streams(
+    seed: int,
+    round_index: int,
+    clients: list[int],
+    device: str,
+    client_keys: list[bytes] | None,
+) -> CohortStreams:
+    return CohortStreams(seed, round_index, clients, device, client_keys=client_keys)

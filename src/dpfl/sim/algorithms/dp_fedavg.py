@@ -13,7 +13,7 @@ One round ``t``, as in the paper's pseudo-code::
 **Who draws what.** The server draws the cohort from its round generator
 (:class:`~dpfl.sim.sampling.FixedCohortSampler` or
 :class:`~dpfl.sim.sampling.PoissonClientSampler`, whose event the ledger
-prices) and the noise from its torch generator (the update's, then the
+prices) and the noise from its noise generator (the update's, then the
 adaptive bound's count). Client ``k`` draws its visiting order of its records,
 epoch by epoch, from its *own* generator (:func:`dpfl.sim.local.epoch_orders`),
 so the one-client-at-a-time step (:func:`dpfl.sim.local.client_local_sgd`)
@@ -119,6 +119,7 @@ from dpfl.sim.objectives import make_objective
 from dpfl.sim.privatize import CentralGaussian
 from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling import FixedCohortSampler, PoissonClientSampler
+from dpfl.sim.secure_noise import fill_normal_
 
 __all__ = [
     "DpFedAvg",
@@ -607,11 +608,11 @@ class DpFedAvg(FederatedAlgorithm):
         if p.clipping == "adaptive":
             count = float((norms <= c_t).double().sum()) - 0.5 * m_real
             if self.private:
-                z = torch.randn(
-                    (),
-                    generator=server.generator,
-                    device=server.generator.device,
-                    dtype=torch.float64,
+                z = fill_normal_(
+                    torch.empty(
+                        (), device=server.generator.device, dtype=torch.float64
+                    ),
+                    server.generator,
                 )
                 count += float(z) * p.count_noise(m_t)
             frac = count / m_t + 0.5

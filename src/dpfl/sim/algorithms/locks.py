@@ -142,6 +142,7 @@ from dpfl.sim.local import cohort_sgd_step
 from dpfl.sim.privatize import ClientGaussian
 from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling import TwoStageSampler
+from dpfl.sim.secure_noise import NoiseGenerator
 
 __all__ = ["Locks", "LocksParams"]
 
@@ -486,7 +487,7 @@ class Locks(FederatedAlgorithm):
     def release(
         self,
         clipped: torch.Tensor,
-        generator: torch.Generator,
+        generator: NoiseGenerator,
         norm: float | None = None,
     ) -> tuple[torch.Tensor, float]:
         """One client's releases: ``(g̃ = ḡ + σ_g C z, ñ = max(ν, n + σ_n C ξ))``.
@@ -499,7 +500,7 @@ class Locks(FederatedAlgorithm):
         ----------
         clipped : torch.Tensor
             ``[d]`` the client's clipped update ḡ.
-        generator : torch.Generator
+        generator : torch.Generator or SecureGenerator
             The client's own torch generator.
         norm : float, optional
             The norm to release, in [0, C] (the stale variant's last clipped
@@ -528,7 +529,7 @@ class Locks(FederatedAlgorithm):
         return noisy[0], max(self.params.floor, float(noisy_norm))
 
     def _message(
-        self, clipped: torch.Tensor, task: Task, generator: torch.Generator
+        self, clipped: torch.Tensor, task: Task, generator: NoiseGenerator
     ) -> Message:
         """Release ḡ and the current or held norm; keep ‖ḡ‖ when stale."""
         if not self.stale:

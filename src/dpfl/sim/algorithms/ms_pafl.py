@@ -102,6 +102,7 @@ from dpfl.sim.local import cohort_sgd_step
 from dpfl.sim.privatize import ClientGaussian
 from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling import CheckInSampler
+from dpfl.sim.secure_noise import NoiseGenerator
 
 __all__ = ["MsPafl", "MsPaflParams"]
 
@@ -528,7 +529,7 @@ class MsPafl(FederatedAlgorithm):
         self,
         weights: torch.Tensor,
         public: torch.Tensor,
-        generators: list[torch.Generator],
+        generators: list[NoiseGenerator],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Steps 4-5: clip each row, then each client adds its own noise.
 

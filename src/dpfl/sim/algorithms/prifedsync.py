@@ -104,6 +104,7 @@ from dpfl.sim.local import cohort_adam_step
 from dpfl.sim.privatize import gaussian_noise_like
 from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling import SyncSampler
+from dpfl.sim.secure_noise import NoiseGenerator
 
 __all__ = ["PriFedSync", "PriFedSyncParams"]
 
@@ -400,7 +401,7 @@ class PriFedSync(FederatedAlgorithm):
         return state
 
     def _noisy_mean(
-        self, sums: torch.Tensor, generators: Sequence[torch.Generator]
+        self, sums: torch.Tensor, generators: Sequence[NoiseGenerator]
     ) -> torch.Tensor:
         """Alg. 2's ``(Σ clip + N(0, (2Cσ)² I)) / B`` per row.
 
