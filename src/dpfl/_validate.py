@@ -19,6 +19,11 @@ ECHO_LIMIT = 80
 #: T rounds of a subsampled mechanism; T <= 1e5).
 MAX_ROUNDS = 100_000
 
+#: The noise multipliers a command or a run accepts (besides a run's 0, no
+#: noise): below 1e-3 the privacy loss of a Gaussian overflows double
+#: precision; above 1e6 every analysis reports epsilon = 0.
+NOISE_RANGE = (1e-3, 1e6)
+
 #: The largest seed: numpy's and torch's generators take 64-bit seeds.
 MAX_SEED = 2**63 - 1
 

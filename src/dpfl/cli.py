@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, NoReturn
 
-from dpfl._validate import MAX_ROUNDS, MAX_SEED
+from dpfl._validate import MAX_ROUNDS, MAX_SEED, NOISE_RANGE
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.errors import DpflError, InvalidParameterError
 
@@ -115,11 +115,6 @@ MAX_RECORDS = 10_000_000
 
 #: The most clients a command accepts (ratios such as m / K stay exact).
 MAX_CLIENTS = 10**9
-
-#: The noise multipliers the accounting commands accept: below 1e-3 the
-#: privacy loss of a Gaussian overflows double precision, above 1e6 every
-#: analysis reports ε = 0 to double precision.
-NOISE_RANGE = (1e-3, 1e6)
 
 #: The most trials an audit runs on each side of its pair.
 MAX_TRIALS = 10**8
@@ -1998,6 +1993,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(outcome or 0)
     except DpflError as exc:
         print(f"dpfl: error: {one_line(_flag_first(str(exc), args))}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a path the user gave: missing, a folder, too long
+        from dpfl._validate import shown
+
+        where = "" if exc.filename is None else f"{shown(str(exc.filename))}: "
+        reason = exc.strerror or type(exc).__name__
+        print(f"dpfl: error: {one_line(where + reason)}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
         message = missing_extra(exc, args.command)

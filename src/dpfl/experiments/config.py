@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from dpfl._validate import MAX_ROUNDS, MAX_SEED, shown
+from dpfl._validate import MAX_ROUNDS, MAX_SEED, NOISE_RANGE, shown
 from dpfl.accounting.ledger import GUARDS as LEDGER_GUARDS
 from dpfl.accounting.schemes import all_analyses
 from dpfl.errors import InvalidParameterError
@@ -100,6 +100,16 @@ def _address(v: Any) -> str | None:
     return "must be null (a local Ray instance), 'auto' or 'host:port'"
 
 
+def _noise(v: Any) -> str | None:
+    if v is None or v == 0 or NOISE_RANGE[0] <= v <= NOISE_RANGE[1]:
+        return None
+    return (
+        f"must be null (calibrate), 0 (no noise) or in [{NOISE_RANGE[0]:g}, "
+        f"{NOISE_RANGE[1]:g}] (below, the privacy loss overflows; above, every "
+        "epsilon is 0)"
+    )
+
+
 def _open_unit(v: Any) -> str | None:
     return None if v is None or 0 < v < 1 else "must be in (0, 1)"
 
@@ -137,9 +147,9 @@ def _name(v: Any) -> str | None:
         or len(v) > MAX_NAME_LENGTH
     ):
         return (
-            "must be a non-empty folder name (printable, at most "
-            f"{MAX_NAME_LENGTH} characters) without path separators, ':', '.' "
-            "or '..', so that the run stays inside output_dir"
+            "must be one folder name inside output_dir: non-empty, printable, at "
+            f"most {MAX_NAME_LENGTH} characters, without '/', '\\' or ':', and "
+            "not '.' or '..'"
         )
     return None
 
@@ -329,7 +339,7 @@ class PrivacyConfig:
     epsilon: float = _field(4.0, _positive)
     delta: float = _field(1e-5, _open_unit)
     analysis: str | None = _field(None, _one_of((None, *all_analyses())))
-    noise_multiplier: float | None = _field(None, _finite_nonnegative)
+    noise_multiplier: float | None = _field(None, _noise)
     guard: str = _field("accountant", _one_of(GUARDS))
     allow_unproven: bool = False
     allow_large_delta: bool = False
@@ -570,6 +580,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             raise ConfigError(
                 f"{key} must be a number; got {shown(value)} ({type(value).__name__})"
             )
+        if isinstance(value, int) and abs(value) > 1e300:  # float() would overflow
+            raise ConfigError(f"{key} must be a number below 1e300; got {shown(value)}")
         if math.isnan(value):
             raise ConfigError(f"{key} must not be NaN; got {shown(value)}")
         return float(value)
@@ -734,6 +746,10 @@ def load_yaml(
         raise ConfigError(f"{where} is not {kind}: {problem}") from None
     except RecursionError:
         raise ConfigError(f"{where} nests too deeply to be a configuration") from None
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise ConfigError(
+            f"{where} holds a value YAML cannot read: {shown(str(exc), 120)}"
+        ) from None
 
 
 def parse_override(item: str) -> tuple[str, Any]:
