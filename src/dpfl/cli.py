@@ -95,6 +95,7 @@ def one_line(message: str, limit: int = ERROR_LIMIT) -> str:
         The message, printable and on one line.
     """
     total = len(message)
+    message = re.sub(r"\s*\n\s*", " ", message[: 4 * limit])  # lines joined
     text = "".join(
         c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
         for c in message[: 2 * limit]

@@ -561,6 +561,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
+            if not INT_RANGE[0] <= value <= INT_RANGE[1]:
+                raise ConfigError(f"{key} must be a 64-bit integer; got {shown(value)}")
             return int(value)
         raise ConfigError(
             f"{key} must be an integer; got {shown(value)} ({type(value).__name__})"
@@ -812,7 +814,30 @@ def config_from_dict(
     if not isinstance(data, Mapping):
         raise ConfigError(f"a configuration must be a mapping; got {shown(data)}")
     tree = apply_overrides(data, overrides)
+    _check_numbers(tree, "")
     return _build(RunConfig, tree)
+
+
+#: The integers a configuration may hold anywhere (free-form ``options``
+#: included): 64-bit, what numpy and torch take. NaN is refused anywhere too.
+INT_RANGE = (-(2**63), 2**63 - 1)
+
+
+def _check_numbers(node: Any, key: str) -> None:
+    """Refuse NaN or an integer outside 64 bits anywhere, naming the key."""
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            _check_numbers(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list | tuple):
+        for i, v in enumerate(node):
+            _check_numbers(v, f"{key}[{i}]")
+    elif isinstance(node, int) and not INT_RANGE[0] <= node <= INT_RANGE[1]:
+        raise ConfigError(
+            f"{key[:60]} must be a 64-bit integer (at most {INT_RANGE[1]} in size); "
+            f"got {shown(node)}"
+        )
+    elif isinstance(node, float) and math.isnan(node):
+        raise ConfigError(f"{key[:60]} must not be NaN; got nan")
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
