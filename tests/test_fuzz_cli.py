@@ -363,7 +363,7 @@ def test_cheap_accounting_commands_answer_or_refuse(case: Any) -> None:
 
 
 @pytest.mark.slow
-@settings(FAST, max_examples=2000)
+@settings(FAST, max_examples=600)
 @given(command_lines(cheap_only=True))
 def test_cheap_accounting_commands_many(case: Any) -> None:
     command, argv, _ = case
@@ -376,7 +376,7 @@ _ACCOUNTING = sorted(c for c in BASES if c.split()[0] in ("account", "calibrate"
 
 
 @pytest.mark.slow
-@settings(FAST, max_examples=120)
+@settings(FAST, max_examples=30)
 @given(
     st.sampled_from(_ACCOUNTING + ["audit random-participation"]),
     st.data(),

@@ -300,7 +300,7 @@ def test_mutated_presets_many(tmp_path_factory: Any, case: Any) -> None:
 
 
 @pytest.mark.slow
-@settings(SETTINGS, max_examples=30)
+@settings(SETTINGS, max_examples=10)
 @given(mutated(presets=False))
 def test_what_check_accepts_trains(tmp_path_factory: Any, case: Any) -> None:
     text, invalid = case

@@ -285,7 +285,8 @@ def _build_algorithm_config(data: Mapping[str, Any], prefix: str) -> AlgorithmCo
         raise ConfigError(
             f"{prefix}params.noise_multiplier is not an algorithm key: the noise "
             "multiplier lives in privacy.noise_multiplier (null: calibrate to the "
-            f"budget; 0: no noise); got {shown(params['noise_multiplier'])}"
+            f"budget; 0 with privacy.epsilon .inf: no noise); got "
+            f"{shown(params['noise_multiplier'])}"
         )
     return AlgorithmConfig(
         name=cls.name, params=_build(cls.Params, params, prefix + "params.")
