@@ -749,6 +749,8 @@ def load_yaml(
         raise ConfigError(f"{where} is not {kind}: {problem}") from None
     except RecursionError:
         raise ConfigError(f"{where} nests too deeply to be a configuration") from None
+    except ConfigError:  # an alias or a repeated key
+        raise
     except ValueError as exc:  # e.g. an integer of more than 4,300 digits
         raise ConfigError(
             f"{where} holds a value YAML cannot read: {shown(str(exc), 120)}"

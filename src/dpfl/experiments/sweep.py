@@ -103,9 +103,13 @@ def parse_seeds(text: str) -> list[int]:
                 f"seeds must be integers or ranges A-B separated by commas; "
                 f"got {shown(text)}"
             ) from None
-        if a < 0 or b < a or b > MAX_SEED:
+        if a < 0 or b < a:
             raise InvalidParameterError(
-                f"seeds: a range A-B needs 0 <= A <= B <= {MAX_SEED}; got {shown(item)}"
+                f"seeds: a range A-B needs 0 <= A <= B; got {shown(item)}"
+            )
+        if b > MAX_SEED:
+            raise InvalidParameterError(
+                f"seeds: a seed is at most {MAX_SEED}; got {shown(item)}"
             )
         if len(seeds) + b - a >= MAX_SEEDS:
             raise InvalidParameterError(
