@@ -24,6 +24,11 @@ MAX_ROUNDS = 100_000
 #: precision; above 1e6 every analysis reports epsilon = 0.
 NOISE_RANGE = (1e-3, 1e6)
 
+#: The largest finite epsilon a command or a run accepts: e^epsilon must be
+#: a finite double (it overflows past 709), and no guarantee is left long
+#: before that.
+MAX_EPSILON = 500.0
+
 #: The largest seed: numpy's and torch's generators take 64-bit seeds.
 MAX_SEED = 2**63 - 1
 

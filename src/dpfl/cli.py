@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, NoReturn
 
-from dpfl._validate import MAX_ROUNDS, MAX_SEED, NOISE_RANGE
+from dpfl._validate import MAX_EPSILON, MAX_ROUNDS, MAX_SEED, NOISE_RANGE
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.errors import DpflError, InvalidParameterError
 
@@ -170,6 +170,9 @@ def _ints(low: int, high: int, why: str = "") -> _Domain:
 _PROBABILITY = _Domain(float, 0.0, 1.0, low_open=True)
 _OPEN_UNIT = _Domain(float, 0.0, 1.0, low_open=True, high_open=True)
 _POSITIVE = _Domain(float, 0.0, math.inf, low_open=True, high_open=True)
+_EPSILON = _Domain(
+    float, 0.0, MAX_EPSILON, low_open=True, why=" (e^epsilon must stay finite)"
+)
 _ROUNDS = _ints(1, MAX_ROUNDS, " (the range the accounting answers in bounded time)")
 _RECORDS = _ints(1, MAX_RECORDS, " (the accounting's memory grows with it)")
 _NOISE = _Domain(
@@ -193,8 +196,8 @@ FLAG_DOMAINS: dict[str, _Domain] = {
     "local_delta": _OPEN_UNIT,
     "confidence": _OPEN_UNIT,
     "threshold": _OPEN_UNIT,
-    "epsilon": _POSITIVE,
-    "local_epsilon": _POSITIVE,
+    "epsilon": _EPSILON,
+    "local_epsilon": _EPSILON,
     "noise_multiplier": _NOISE,
     "sensitivity": _POSITIVE,
     "norm_noise_ratio": _POSITIVE,

@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from dpfl._validate import MAX_ROUNDS, MAX_SEED, NOISE_RANGE, shown
+from dpfl._validate import MAX_EPSILON, MAX_ROUNDS, MAX_SEED, NOISE_RANGE, shown
 from dpfl.accounting.ledger import GUARDS as LEDGER_GUARDS
 from dpfl.accounting.schemes import all_analyses
 from dpfl.errors import InvalidParameterError
@@ -98,6 +98,12 @@ def _address(v: Any) -> str | None:
     if sep and host and port.isdigit() and 0 < int(port) < 65536:
         return None
     return "must be null (a local Ray instance), 'auto' or 'host:port'"
+
+
+def _epsilon(v: Any) -> str | None:
+    if 0 < v <= MAX_EPSILON or v == math.inf:
+        return None
+    return f"must be in (0, {MAX_EPSILON:g}] (e^epsilon must stay finite) or .inf"
 
 
 def _noise(v: Any) -> str | None:
@@ -337,7 +343,7 @@ class PrivacyConfig:
         unit's data outright with probability δ, so it is refused by default.
     """
 
-    epsilon: float = _field(4.0, _positive)
+    epsilon: float = _field(4.0, _epsilon)
     delta: float = _field(1e-5, _open_unit)
     analysis: str | None = _field(None, _one_of((None, *all_analyses())))
     noise_multiplier: float | None = _field(None, _noise)
