@@ -180,29 +180,31 @@ def mutated(draw: Any, presets: bool = True) -> tuple[bytes, list[str]]:
     """A mutated configuration and the keys given values known to be invalid."""
     source = draw(st.sampled_from(PRESETS)) if presets else None
     tree = yaml.safe_load(source.read_text()) if source else copy.deepcopy(TINY)
-    invalid: list[str] = []
+    bad: dict[tuple[str, ...], bool] = {}  # the keys set, and if invalid
     leaves = _leaves(tree)
     for _ in range(draw(st.integers(1, 3))):
         how = draw(st.sampled_from(["set", "set", "set", "delete", "add"]))
         path = draw(st.sampled_from(leaves))
-        if how == "delete" and len(path) > 0:
+        if how == "delete":
             parent = tree
             for key in path[:-1]:
                 parent = parent.get(key, {}) if isinstance(parent, dict) else {}
             if isinstance(parent, dict):
                 parent.pop(path[-1], None)
+            bad = {p: b for p, b in bad.items() if p[: len(path)] != path}
         elif how == "add":
             key = draw(st.sampled_from(["unknown_key", "rounds ", "Seed"]))
             tree[key] = 1
-            invalid.append(key)  # an unknown key is refused
+            bad[(key,)] = True  # an unknown key is refused
         else:
             value = draw(VALUES)
             try:
                 _set(tree, path, value)
             except (TypeError, KeyError):
                 continue
-            if _known_invalid(path, value):
-                invalid.append(path[-1])
+            bad = {p: b for p, b in bad.items() if p[: len(path)] != path}
+            bad[path] = _known_invalid(path, value)
+    invalid = [p[-1] for p, b in bad.items() if b]
     try:
         return _dump(tree), invalid
     except yaml.YAMLError:
