@@ -214,7 +214,7 @@ def test_table_output(capsys):
             ],
             "1.5",
         ),
-        (["account", "gaussian", "--noise-multiplier", "-1"], "noise_multiplier"),
+        (["account", "gaussian", "--noise-multiplier", "-1"], "--noise-multiplier"),
         (
             [
                 "account",

@@ -79,7 +79,7 @@ def test_local_objective_is_a_config_option():
     cfg = config_from_dict(
         {
             "algorithm": {"name": "fedavg", "params": {"cohort_size": 5}},
-            "privacy": {"noise_multiplier": 0.0},
+            "privacy": {"epsilon": float("inf"), "noise_multiplier": 0.0},
         },
         ["algorithm.params.local_objective={name: proximal, mu: 0.05}"],
     )

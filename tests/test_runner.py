@@ -222,7 +222,12 @@ def test_budget_stop(tmp_path):
 
 
 def test_nonprivate_run_charges_nothing(tmp_path):
-    cfg = tiny(tmp_path, privacy={"noise_multiplier": 0.0}, rounds=2, eval_every=1)
+    cfg = tiny(
+        tmp_path,
+        privacy={"epsilon": float("inf"), "noise_multiplier": 0.0},
+        rounds=2,
+        eval_every=1,
+    )
     res = run(cfg, progress=False)
     assert res.epsilon is None and res.rounds_completed == 2
     assert ledger_entries(cfg.run_dir) == []

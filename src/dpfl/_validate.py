@@ -11,13 +11,82 @@ from numbers import Integral, Real
 
 from dpfl.errors import InvalidParameterError
 
+#: The most characters of a user's value an error message echoes.
+ECHO_LIMIT = 80
+
+#: The most rounds a command or a run configuration accepts: the range in
+#: which the accounting answers within its time and memory bounds (composing
+#: T rounds of a subsampled mechanism; T <= 1e5).
+MAX_ROUNDS = 100_000
+
+#: The noise multipliers a command or a run accepts (besides a run's 0, no
+#: noise): below 1e-3 the privacy loss of a Gaussian overflows double
+#: precision; above 1e6 every analysis reports epsilon = 0.
+NOISE_RANGE = (1e-3, 1e6)
+
+#: The largest finite epsilon a command or a run accepts: e^epsilon must be
+#: a finite double (it overflows past 709), and no guarantee is left long
+#: before that.
+MAX_EPSILON = 500.0
+
+#: The largest seed: numpy's and torch's generators take 64-bit seeds.
+MAX_SEED = 2**63 - 1
+
+
+def shown(value: object, limit: int = ECHO_LIMIT) -> str:
+    """``repr(value)``, cut to ``limit`` characters for an error message.
+
+    A value a user typed (or a YAML file holds) may be megabytes long, or a
+    structure whose repr is (a YAML alias bomb); an error names it by its
+    start and its length, on one line.
+
+    Parameters
+    ----------
+    value : object
+        The value to show.
+    limit : int
+        The most characters kept.
+
+    Returns
+    -------
+    str
+        E.g. ``'abc'``, or ``'99999999...' (5000 characters)``.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value.bit_length() > 4 * limit:  # repr of a huge int is slow
+            return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    if isinstance(value, (list, tuple, dict, set)) and _size(value, limit) > limit:
+        return f"a {type(value).__name__} too large to show"
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 3]}... ({len(text)} characters)"
+
+
+def _size(value: object, limit: int, depth: int = 0) -> int:
+    """A lower bound on the repr length of a container, stopping past ``limit``."""
+    if depth > 20:
+        return limit + 1
+    total = 2
+    items = value.items() if isinstance(value, dict) else value
+    for item in items:  # type: ignore[attr-defined]
+        parts = item if isinstance(value, dict) else (item,)
+        for part in parts:
+            if isinstance(part, (list, tuple, dict, set)):
+                total += _size(part, limit, depth + 1)
+            else:
+                total += len(shown(part, limit))
+            if total > limit:
+                return total
+    return total
+
 
 def _real(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise InvalidParameterError(f"{name} must be a real number; got {value!r}")
+        raise InvalidParameterError(f"{name} must be a real number; got {shown(value)}")
     x = float(value)
     if math.isnan(x):
-        raise InvalidParameterError(f"{name} must not be NaN; got {value!r}")
+        raise InvalidParameterError(f"{name} must not be NaN; got {shown(value)}")
     return x
 
 
@@ -31,7 +100,7 @@ def check_probability(
     if not (lo_ok and hi_ok):
         lo = "[0" if allow_zero else "(0"
         hi = "1]" if allow_one else "1)"
-        raise InvalidParameterError(f"{name} must be in {lo}, {hi}; got {value!r}")
+        raise InvalidParameterError(f"{name} must be in {lo}, {hi}; got {shown(value)}")
     return x
 
 
@@ -44,7 +113,9 @@ def check_positive(name: str, value: object, *, allow_inf: bool = False) -> floa
     """Check that ``value`` is a real number > 0 (finite unless ``allow_inf``)."""
     x = _real(name, value)
     if not x > 0 or (math.isinf(x) and not allow_inf):
-        raise InvalidParameterError(f"{name} must be > 0 and finite; got {value!r}")
+        raise InvalidParameterError(
+            f"{name} must be > 0 and finite; got {shown(value)}"
+        )
     return x
 
 
@@ -52,7 +123,9 @@ def check_nonnegative(name: str, value: object) -> float:
     """Check that ``value`` is a finite real number >= 0."""
     x = _real(name, value)
     if not (x >= 0 and math.isfinite(x)):
-        raise InvalidParameterError(f"{name} must be >= 0 and finite; got {value!r}")
+        raise InvalidParameterError(
+            f"{name} must be >= 0 and finite; got {shown(value)}"
+        )
     return x
 
 
@@ -62,7 +135,9 @@ def check_count(name: str, value: object, *, minimum: int = 0) -> int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         else:
-            raise InvalidParameterError(f"{name} must be an integer; got {value!r}")
+            raise InvalidParameterError(
+                f"{name} must be an integer; got {shown(value)}"
+            )
     if int(value) < minimum:
-        raise InvalidParameterError(f"{name} must be >= {minimum}; got {value!r}")
+        raise InvalidParameterError(f"{name} must be >= {minimum}; got {shown(value)}")
     return int(value)

@@ -4,9 +4,14 @@
 the guarantee's terms and every analysis side by side (``--json`` for scripts,
 ``--plot FILE`` for ε–δ and ε–rounds curves). Training commands (``train``,
 ``resume``, ``plot``, ``demo``) load torch lazily, so the accounting commands
-work without it.
+work without it. The JSON is strict: a non-finite number (an ε with no finite
+bound) is the string ``"inf"``, ``"-inf"`` or ``"nan"``, never the
+non-standard ``Infinity`` or ``NaN``.
 
-Errors in the input exit with status 2 and one line naming the parameter; a
+Errors in the input exit with status 2 and one line naming the parameter (a
+value it quotes is cut to a few dozen characters); every numeric flag has a
+domain (:data:`FLAG_DOMAINS`), bounded where the cost of a computation grows
+with the value (:data:`MAX_ROUNDS`, :data:`MAX_RECORDS`); a
 missing optional dependency exits with status 1 and one line naming the extra
 to install; Ctrl-C exits with status 130.
 """
@@ -14,6 +19,7 @@ to install; Ctrl-C exits with status 130.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -23,6 +29,7 @@ import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, NoReturn
 
+from dpfl._validate import MAX_EPSILON, MAX_ROUNDS, MAX_SEED, NOISE_RANGE
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.errors import DpflError, InvalidParameterError
 
@@ -62,7 +69,199 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+
+
+#: The most characters of an error line (the user's values in it are cut).
+ERROR_LIMIT = 500
+
+
+def one_line(message: str, limit: int = ERROR_LIMIT) -> str:
+    """``message`` on one line of at most ``limit`` characters.
+
+    Control characters (a newline in a value a user passed) are escaped, and
+    a message longer than ``limit`` (one that quotes a long value) is cut.
+
+    Parameters
+    ----------
+    message : str
+        An error message.
+    limit : int
+        The most characters kept.
+
+    Returns
+    -------
+    str
+        The message, printable and on one line.
+    """
+    total = len(message)
+    message = re.sub(r"\s*\n\s*", " ", message[: 4 * limit])  # lines joined
+    text = "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+        for c in message[: 2 * limit]
+    )
+    if len(text) > limit or total > 2 * limit:
+        total = max(total, len(text))
+        text = f"{text[: limit - 40]}... ({total} characters in all)"
+    return text
+
+
+# ---------------------------------------------------------------------------
+# Flag domains: every number a flag takes is checked where it is parsed
+# ---------------------------------------------------------------------------
+#: The most records per client (and records in a batch or data set) the
+#: accounting commands accept: the per-client binomial mixtures hold d + 1
+#: terms.
+MAX_RECORDS = 10_000_000
+
+#: The most clients a command accepts (ratios such as m / K stay exact).
+MAX_CLIENTS = 10**9
+
+#: The most trials an audit runs on each side of its pair.
+MAX_TRIALS = 10**8
+
+_UNIT = "(0, 1]"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Domain:
+    """The values a numeric flag accepts; ``kind`` is ``int`` or ``float``."""
+
+    kind: type
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""
+
+    def describe(self) -> str:
+        if self.kind is int:
+            return f"an integer in [{int(self.low)}, {int(self.high)}]{self.why}"
+        lo = "(" if self.low_open else "["
+        hi = ")" if self.high_open else "]"
+        return f"a number in {lo}{self.low:g}, {self.high:g}{hi}{self.why}"
+
+    def __call__(self, text: str) -> Any:
+        from dpfl._validate import shown
+
+        bad = argparse.ArgumentTypeError(
+            f"must be {self.describe()}; got {shown(text)}"
+        )
+        raw = text.strip()
+        if len(raw) > 40 or not raw:
+            raise bad
+        try:
+            value: Any = int(raw) if self.kind is int else float(raw)
+        except ValueError:
+            raise bad from None
+        if math.isnan(value):
+            raise bad
+        low_ok = value > self.low if self.low_open else value >= self.low
+        high_ok = value < self.high if self.high_open else value <= self.high
+        if not (low_ok and high_ok):
+            raise bad
+        return value
+
+
+def _ints(low: int, high: int, why: str = "") -> _Domain:
+    return _Domain(int, low, high, why=why)
+
+
+_PROBABILITY = _Domain(float, 0.0, 1.0, low_open=True)
+_OPEN_UNIT = _Domain(float, 0.0, 1.0, low_open=True, high_open=True)
+_POSITIVE = _Domain(float, 0.0, math.inf, low_open=True, high_open=True)
+_EPSILON = _Domain(
+    float, 0.0, MAX_EPSILON, low_open=True, why=" (e^epsilon must stay finite)"
+)
+_ROUNDS = _ints(1, MAX_ROUNDS, " (the range the accounting answers in bounded time)")
+_RECORDS = _ints(1, MAX_RECORDS, " (the accounting's memory grows with it)")
+_NOISE = _Domain(
+    float,
+    *NOISE_RANGE,
+    why=" (below, the privacy loss overflows; above, every epsilon is 0)",
+)
+
+#: The domain of each numeric flag, by its destination; a command may
+#: override one (:data:`FLAG_DOMAINS_BY_COMMAND`). Every ``type=int`` or
+#: ``type=float`` flag must have one (a test checks).
+FLAG_DOMAINS: dict[str, _Domain] = {
+    "p": _PROBABILITY,
+    "q": _PROBABILITY,
+    "q1": _PROBABILITY,
+    "max_p2": _PROBABILITY,
+    "probability": _PROBABILITY,
+    "sync_probability": _PROBABILITY,
+    "participation": _PROBABILITY,
+    "delta": _OPEN_UNIT,
+    "local_delta": _OPEN_UNIT,
+    "confidence": _OPEN_UNIT,
+    "threshold": _OPEN_UNIT,
+    "epsilon": _EPSILON,
+    "local_epsilon": _EPSILON,
+    "noise_multiplier": _NOISE,
+    "sensitivity": _POSITIVE,
+    "norm_noise_ratio": _POSITIVE,
+    "xi": _POSITIVE,
+    "clip": _POSITIVE,
+    "angle": _Domain(float, 0.0, 180.0, why=" degrees"),
+    "rounds": _ROUNDS,
+    "local_steps": _ROUNDS,
+    "rounds_joined": _ints(0, MAX_ROUNDS),
+    "norm_rounds": _ints(0, MAX_ROUNDS),
+    "update_rounds": _ints(0, MAX_ROUNDS),
+    "records_per_client": _RECORDS,
+    "batch_size": _RECORDS,
+    "dataset_size": _RECORDS,
+    "clients": _ints(1, MAX_CLIENTS),
+    "num_clients": _ints(1, MAX_CLIENTS),
+    "cohort": _ints(1, MAX_CLIENTS),
+    "trials": _ints(1, MAX_TRIALS, " (an audit's time grows with it)"),
+    "seed": _ints(0, MAX_SEED),
+    "seeds": _ints(1, 1_000),
+    "jobs": _ints(1, 1_024),
+    "canaries": _ints(1, 100_000),
+    "runs": _ints(1, 1_000),
+    "hidden": _ints(1, 100_000),
+}
+
+#: Per-command overrides of :data:`FLAG_DOMAINS` (``prog`` suffix -> dest).
+FLAG_DOMAINS_BY_COMMAND: dict[str, dict[str, _Domain]] = {
+    # the training audits run real rounds on the digits (1,347 records)
+    "audit dp-fedavg": {
+        "clients": _ints(1, 1_347, " (the digits' training records)"),
+        "rounds": _ints(1, 10_000),
+        "noise_multiplier": _Domain(float, 0.0, 1e6, low_open=True),
+    },
+    "audit dp-dsgd": {
+        "clients": _ints(1, 1_347, " (the digits' training records)"),
+        "rounds": _ints(1, 10_000),
+        "noise_multiplier": _Domain(float, 0.0, 1e6, low_open=True),
+    },
+    # the demo trains four runs of --rounds rounds each
+    "demo": {"rounds": _ints(1, 10_000)},
+}
+
+
+def _check_flags(parser: argparse.ArgumentParser) -> None:
+    """Give every numeric flag of ``parser`` and its sub-parsers its domain."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _check_flags(sub)
+            continue
+        if action.type not in (int, float):
+            continue
+        command = parser.prog.partition(" ")[2]
+        domain = FLAG_DOMAINS_BY_COMMAND.get(command, {}).get(action.dest)
+        domain = domain or FLAG_DOMAINS.get(action.dest)
+        if domain is None or domain.kind is not action.type:
+            raise TypeError(  # a programming error: a new flag without a domain
+                f"flag {action.option_strings} of {parser.prog!r} has no domain"
+            )
+        action.type = domain
+        action.metavar = action.metavar or action.dest.upper()
+        if domain.why and action.help and domain.high < math.inf:
+            action.help += f"; {domain.describe()}"
 
 
 # ---------------------------------------------------------------------------
@@ -92,7 +291,7 @@ class Report:
             out.setdefault("notes", self.notes)
         if inputs:
             out.setdefault("inputs", inputs)
-        return json.dumps(out, indent=2, default=_jsonable)
+        return json.dumps(strict_json(out), indent=2, allow_nan=False)
 
     def to_table(self) -> str:
         lines = [self.title, ""]
@@ -134,9 +333,33 @@ class Report:
         return "\n".join(lines)
 
 
-def _jsonable(x: Any) -> Any:
-    if hasattr(x, "item"):
-        return x.item()
+def strict_json(x: Any) -> Any:
+    """``x`` as plain JSON data: no NaN or infinity, which JSON does not have.
+
+    A non-finite number becomes the string ``"inf"``, ``"-inf"`` or
+    ``"nan"`` (an ε of ``"inf"``: no finite guarantee); numpy scalars and
+    arrays become Python numbers and lists; tuples become lists.
+
+    Parameters
+    ----------
+    x : Any
+        A result: dicts, lists, numbers, strings, None, numpy values.
+
+    Returns
+    -------
+    Any
+        Data that ``json.dumps(..., allow_nan=False)`` accepts.
+    """
+    if isinstance(x, Mapping):
+        return {str(k): strict_json(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [strict_json(v) for v in x]
+    if hasattr(x, "tolist"):  # numpy scalar or array
+        return strict_json(x.tolist())
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if x is None or isinstance(x, str | int | float):
+        return x
     raise TypeError(f"not JSON serialisable: {x!r}")
 
 
@@ -193,7 +416,11 @@ def _add_budget(
 
 def _add_common(p: argparse.ArgumentParser, *, plot: bool) -> None:
     """``--json``, and ``--plot`` where there are curves (``dpfl account``)."""
-    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print JSON for scripts (strict: an infinite value is the string "inf")',
+    )
     if plot:
         p.add_argument(
             "--plot",
@@ -1711,6 +1938,7 @@ def build_parser() -> argparse.ArgumentParser:
             _drop_option(sp, "--plot")  # no trade-off figure: refuse the flag
         sp.set_defaults(handler=handler)
     add_subcommands(sub)  # registered always: a missing extra is named on use
+    _check_flags(parser)
     return parser
 
 
@@ -1768,7 +1996,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             return int(outcome or 0)
     except DpflError as exc:
-        print(f"dpfl: error: {_flag_first(str(exc), args)}", file=sys.stderr)
+        print(f"dpfl: error: {one_line(_flag_first(str(exc), args))}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a path the user gave: missing, a folder, too long
+        from dpfl._validate import shown
+
+        where = "" if exc.filename is None else f"{shown(str(exc.filename))}: "
+        reason = exc.strerror or type(exc).__name__
+        print(f"dpfl: error: {one_line(where + reason)}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
         message = missing_extra(exc, args.command)

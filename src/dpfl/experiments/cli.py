@@ -113,6 +113,9 @@ def _train(args: argparse.Namespace) -> int:
     if args.out is not None:
         overrides.append(f"output_dir={json.dumps(str(args.out))}")
     config = load_config(args.config, overrides)
+    if args.check:
+        print(f"{args.config}: valid; the run would write {config.run_dir}")
+        return 0
     return _finish(
         run(config, progress=not args.no_progress, callbacks=[AccuracyFigure()])
     )
@@ -247,6 +250,12 @@ def add_subcommands(subparsers: Any) -> None:
         "runs in the current directory)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the configuration (keys, types, ranges) and exit: no data "
+        "is read, nothing is written",
+    )
     p.set_defaults(handler=_train)
 
     p = subparsers.add_parser(

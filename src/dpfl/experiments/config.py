@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from dpfl._validate import MAX_EPSILON, MAX_ROUNDS, MAX_SEED, NOISE_RANGE, shown
 from dpfl.accounting.ledger import GUARDS as LEDGER_GUARDS
 from dpfl.accounting.schemes import all_analyses
 from dpfl.errors import InvalidParameterError
@@ -54,6 +55,8 @@ __all__ = [
     "apply_overrides",
     "config_from_dict",
     "load_config",
+    "load_yaml",
+    "read_config_file",
 ]
 
 GUARDS = tuple(LEDGER_GUARDS)
@@ -97,6 +100,22 @@ def _address(v: Any) -> str | None:
     return "must be null (a local Ray instance), 'auto' or 'host:port'"
 
 
+def _epsilon(v: Any) -> str | None:
+    if 0 < v <= MAX_EPSILON or v == math.inf:
+        return None
+    return f"must be in (0, {MAX_EPSILON:g}] (e^epsilon must stay finite) or .inf"
+
+
+def _noise(v: Any) -> str | None:
+    if v is None or v == 0 or NOISE_RANGE[0] <= v <= NOISE_RANGE[1]:
+        return None
+    return (
+        f"must be null (calibrate), 0 (no noise) or in [{NOISE_RANGE[0]:g}, "
+        f"{NOISE_RANGE[1]:g}] (below, the privacy loss overflows; above, every "
+        "epsilon is 0)"
+    )
+
+
 def _open_unit(v: Any) -> str | None:
     return None if v is None or 0 < v < 1 else "must be in (0, 1)"
 
@@ -108,9 +127,42 @@ def _one_of(choices: Sequence[str | None]) -> Any:
     return check
 
 
+def _between(low: int, high: int, why: str = "") -> Any:
+    def check(v: Any) -> str | None:
+        return (
+            None
+            if v is None or low <= v <= high
+            else f"must be in [{low}, {high}]{why}"
+        )
+
+    return check
+
+
+#: The longest run name (a folder name; most file systems allow 255 bytes).
+MAX_NAME_LENGTH = 200
+
+
 def _name(v: Any) -> str | None:
-    if not v or any(c in v for c in "/\\") or v in (".", ".."):
-        return "must be a non-empty name without path separators"
+    """A run name is one folder inside ``output_dir``: it cannot leave it."""
+    if (
+        not v
+        or not v.strip()
+        or any(c in v for c in "/\\:")
+        or v in (".", "..")
+        or not v.isprintable()
+        or len(v) > MAX_NAME_LENGTH
+    ):
+        return (
+            "must be one folder name inside output_dir: non-empty, printable, at "
+            f"most {MAX_NAME_LENGTH} characters, without '/', '\\' or ':', and "
+            "not '.' or '..'"
+        )
+    return None
+
+
+def _directory(v: Any) -> str | None:
+    if not v or not v.strip() or not v.isprintable():
+        return "must be a non-empty, printable path"
     return None
 
 
@@ -170,20 +222,20 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.name in FILE_DATASETS and not self.path:
             raise ConfigError(
-                f"data.path is required for data.name {self.name!r} (the file to "
+                f"data.path is required for data.name {shown(self.name)} (the file to "
                 "read); got None"
             )
         if self.path is not None and self.name not in FILE_DATASETS:
             raise ConfigError(
                 f"data.path is read only for data.name in {list(FILE_DATASETS)}; "
-                f"got data.name {self.name!r} (a real data set's directory is "
+                f"got data.name {shown(self.name)} (a real data set's directory is "
                 "data.options.root)"
             )
         if self.num_clients is None and self.partition != "natural":
             raise ConfigError(
                 "data.num_clients may be null only with data.partition "
                 f"'natural' (all of the data's own clients); got partition "
-                f"{self.partition!r}"
+                f"{shown(self.partition)}"
             )
 
 
@@ -224,7 +276,7 @@ def _build_algorithm_config(data: Mapping[str, Any], prefix: str) -> AlgorithmCo
     from dpfl.sim.algorithms import algorithm_class
 
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{prefix.rstrip('.')} must be a mapping; got {data!r}")
+        raise ConfigError(f"{prefix.rstrip('.')} must be a mapping; got {shown(data)}")
     data = dict(data)
     name = data.pop("name", "dsgd-rp")
     try:
@@ -233,13 +285,14 @@ def _build_algorithm_config(data: Mapping[str, Any], prefix: str) -> AlgorithmCo
         raise ConfigError(f"{prefix}name: {exc}") from None
     params = data.pop("params", None) or {}
     if not isinstance(params, Mapping):
-        raise ConfigError(f"{prefix}params must be a mapping; got {params!r}")
+        raise ConfigError(f"{prefix}params must be a mapping; got {shown(params)}")
     params = {**params, **data}
     if "noise_multiplier" in params:
         raise ConfigError(
             f"{prefix}params.noise_multiplier is not an algorithm key: the noise "
             "multiplier lives in privacy.noise_multiplier (null: calibrate to the "
-            f"budget; 0: no noise); got {params['noise_multiplier']!r}"
+            f"budget; 0 with privacy.epsilon .inf: no noise); got "
+            f"{shown(params['noise_multiplier'])}"
         )
     return AlgorithmConfig(
         name=cls.name, params=_build(cls.Params, params, prefix + "params.")
@@ -268,7 +321,8 @@ class PrivacyConfig:
         σ: noise std over the clip (the algorithm's main noise; schemes with
         several noises scale the others with it). ``None``: calibrate σ so that
         ``rounds`` rounds fit the budget. ``0``: a non-private run (no noise,
-        no guarantee; labelled non-private everywhere).
+        no guarantee; labelled non-private everywhere), declared with
+        ``epsilon: .inf``: a finite budget with no noise is refused.
     guard : str
         The stop rule. ``"accountant"`` (default): the ledger refuses the
         round whose bound under ``analysis`` would pass the budget.
@@ -295,10 +349,10 @@ class PrivacyConfig:
         regenerate and subtract; labelled so in the report, not for release.
     """
 
-    epsilon: float = _field(4.0, _positive)
+    epsilon: float = _field(4.0, _epsilon)
     delta: float = _field(1e-5, _open_unit)
     analysis: str | None = _field(None, _one_of((None, *all_analyses())))
-    noise_multiplier: float | None = _field(None, _nonnegative)
+    noise_multiplier: float | None = _field(None, _noise)
     guard: str = _field("accountant", _one_of(GUARDS))
     allow_unproven: bool = False
     allow_large_delta: bool = False
@@ -370,8 +424,11 @@ class RunConfig:
     """
 
     name: str = _field("run", _name)
-    seed: int = _field(0, _nonnegative)
-    rounds: int = _field(100, _at_least(1))
+    seed: int = _field(0, _between(0, MAX_SEED))
+    rounds: int = _field(
+        100,
+        _between(1, MAX_ROUNDS, " (the range the accounting answers in bounded time)"),
+    )
     data: DataConfig = _field(default_factory=DataConfig)
     model: ModelConfig = _field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = _field(
@@ -380,7 +437,7 @@ class RunConfig:
     privacy: PrivacyConfig = _field(default_factory=PrivacyConfig)
     eval_every: int = _field(10, _at_least(1))
     checkpoint_every: int = _field(50, _at_least(1))
-    output_dir: str = "runs"
+    output_dir: str = _field("runs", _directory)
     device: str = _field("cpu", _one_of(_DEVICES))
     execution: str = _field("batched", _one_of(EXECUTION_NAMES))
     ray: RayConfig = _field(default_factory=RayConfig)
@@ -388,6 +445,15 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         priv = self.privacy
+        if priv.noise_multiplier == 0 and not math.isinf(priv.epsilon):
+            raise ConfigError(
+                "privacy.noise_multiplier 0 adds no noise, so the run cannot keep "
+                f"the budget privacy.epsilon {priv.epsilon:g}: declare a "
+                "non-private run with privacy.epsilon: .inf and "
+                "privacy.noise_multiplier: 0, or give a noise multiplier > 0 (or "
+                "null, to calibrate); got noise_multiplier 0 with epsilon "
+                f"{priv.epsilon:g}"
+            )
         if math.isinf(priv.epsilon) and priv.noise_multiplier is None:
             raise ConfigError(
                 "privacy.noise_multiplier must be given when privacy.epsilon is "
@@ -472,66 +538,73 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             with contextlib.suppress(ConfigError):
                 return _coerce(key, value, a)
         raise ConfigError(
-            f"{key} must be {_type_name(tp)}; got {value!r} ({type(value).__name__})"
+            f"{key} must be {_type_name(tp)}; got {shown(value)} "
+            f"({type(value).__name__})"
         )
     if tp is Any:
         return value
     if origin in (list, tuple) or tp in (list, tuple):
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key} must be a list; got {value!r}")
+            raise ConfigError(f"{key} must be a list; got {shown(value)}")
         args = typing.get_args(tp)
         item = args[0] if args else Any
         return [_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
     if origin is typing.Literal:
         if value not in typing.get_args(tp):
             raise ConfigError(
-                f"{key} must be one of {list(typing.get_args(tp))}; got {value!r}"
+                f"{key} must be one of {list(typing.get_args(tp))}; got {shown(value)}"
             )
         return value
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{key} must be a mapping; got {value!r}")
+            raise ConfigError(f"{key} must be a mapping; got {shown(value)}")
         return {str(k): v for k, v in value.items()}
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{key} must be a mapping (a section); got {value!r}")
+            raise ConfigError(
+                f"{key} must be a mapping (a section); got {shown(value)}"
+            )
         return _build(tp, value, key + ".")
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false; got {value!r}")
+            raise ConfigError(f"{key} must be true or false; got {shown(value)}")
         return value
     if tp is int:
         if isinstance(value, bool):
-            raise ConfigError(f"{key} must be an integer; got {value!r}")
+            raise ConfigError(f"{key} must be an integer; got {shown(value)}")
         if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
+            if not INT_RANGE[0] <= value <= INT_RANGE[1]:
+                raise ConfigError(f"{key} must be a 64-bit integer; got {shown(value)}")
             return int(value)
         raise ConfigError(
-            f"{key} must be an integer; got {value!r} ({type(value).__name__})"
+            f"{key} must be an integer; got {shown(value)} ({type(value).__name__})"
         )
     if tp is float:
         if isinstance(value, bool):
-            raise ConfigError(f"{key} must be a number; got {value!r}")
+            raise ConfigError(f"{key} must be a number; got {shown(value)}")
         if isinstance(value, str):
             # YAML 1.1 reads "1e-5" as a string; accept numeric strings.
             try:
                 value = float(value)
             except ValueError:
                 raise ConfigError(
-                    f"{key} must be a number; got {value!r} (str)"
+                    f"{key} must be a number; got {shown(value)} (str)"
                 ) from None
         if not isinstance(value, int | float):
             raise ConfigError(
-                f"{key} must be a number; got {value!r} ({type(value).__name__})"
+                f"{key} must be a number; got {shown(value)} ({type(value).__name__})"
             )
+        if isinstance(value, int) and abs(value) > 1e300:  # float() would overflow
+            raise ConfigError(f"{key} must be a number below 1e300; got {shown(value)}")
         if math.isnan(value):
-            raise ConfigError(f"{key} must not be NaN; got {value!r}")
+            raise ConfigError(f"{key} must not be NaN; got {shown(value)}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(
-                f"{key} must be a string; got {value!r} ({type(value).__name__})"
+                f"{key} must be a string; got {shown(value)} ({type(value).__name__})"
             )
         return value
     return value  # pragma: no cover - every field type is handled above
@@ -541,7 +614,7 @@ def _unknown(prefix: str, key: str, known: Sequence[str]) -> ConfigError:
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
     hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
     return ConfigError(
-        f"unknown configuration key {prefix + key!r}{hint} "
+        f"unknown configuration key {shown(prefix + key)}{hint} "
         f"(known keys{' of ' + prefix.rstrip('.') if prefix else ''}: "
         f"{', '.join(known)})"
     )
@@ -563,7 +636,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
         if check is not None:
             problem = check(v)
             if problem:
-                raise ConfigError(f"{dotted} {problem}; got {value!r}")
+                raise ConfigError(f"{dotted} {problem}; got {shown(value)}")
         kwargs[key] = v
     try:
         return cls(**kwargs)
@@ -583,8 +656,8 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
             child = node[part] = {}
         elif not isinstance(child, dict):
             raise ConfigError(
-                f"cannot set {dotted!r}: {'.'.join(parts[: i + 1])} is "
-                f"{child!r}, not a section"
+                f"cannot set {shown(dotted)}: {'.'.join(parts[: i + 1])} is "
+                f"{shown(child)}, not a section"
             )
         node = child
     node[parts[-1]] = value
@@ -618,6 +691,85 @@ def apply_overrides(
     return out
 
 
+#: The largest run configuration file read (presets are a few kilobytes).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class _RunConfigLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing aliases and repeated keys.
+
+    An alias (``*name``) lets a few hundred bytes stand for a structure of
+    billions of nodes (the "billion laughs"), which any later walk or message
+    would expand; a repeated key silently drops the first value.
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise ConfigError(
+                f"YAML aliases are refused in a run configuration: write the "
+                f"value out instead of *{shown(event.anchor, 40)} (line "
+                f"{event.start_mark.line + 1})"
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            with contextlib.suppress(TypeError):  # an unhashable key: refused later
+                if key in seen:
+                    raise ConfigError(
+                        f"key {shown(key, 60)} appears twice in one mapping (line "
+                        f"{key_node.start_mark.line + 1}); keep one"
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(
+    text: str, where: str = "the configuration", kind: str = "valid YAML"
+) -> Any:
+    """Parse YAML as a run configuration: safely, without aliases or repeats.
+
+    Parameters
+    ----------
+    text : str
+        YAML text.
+    where : str
+        Names the text in error messages (a file, ``--set key``).
+    kind : str
+        What the text is not, when it does not parse (``"<where> is not
+        <kind>: <why>"``).
+
+    Returns
+    -------
+    Any
+        The plain data (mappings, lists, scalars).
+
+    Raises
+    ------
+    ConfigError
+        On text that is not YAML, holds an alias or a repeated key, or nests
+        too deeply; the message is one line.
+    """
+    try:
+        return yaml.load(text, Loader=_RunConfigLoader)  # noqa: S506 (safe loader)
+    except yaml.YAMLError as exc:
+        problem = " ".join(str(exc).split())
+        if len(problem) > 200:
+            problem = problem[:200] + "..."
+        raise ConfigError(f"{where} is not {kind}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{where} nests too deeply to be a configuration") from None
+    except ConfigError:  # an alias or a repeated key
+        raise
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise ConfigError(
+            f"{where} holds a value YAML cannot read: {shown(str(exc), 120)}"
+        ) from None
+
+
 def parse_override(item: str) -> tuple[str, Any]:
     """Split one ``--set key.sub=value`` item into its key and YAML value.
 
@@ -640,11 +792,9 @@ def parse_override(item: str) -> tuple[str, Any]:
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key or any(not p for p in key.split(".")):
-        raise ConfigError(f"--set expects key.sub=value; got {item!r}")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {key}: value {raw!r} is not YAML: {exc}") from None
+        raise ConfigError(f"--set expects key.sub=value; got {shown(item)}")
+    where = f"--set {key}: value {shown(raw)}"
+    value = load_yaml(raw, where, "YAML") if raw.strip() else None
     return key, value
 
 
@@ -678,9 +828,32 @@ def config_from_dict(
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"a configuration must be a mapping; got {data!r}")
+        raise ConfigError(f"a configuration must be a mapping; got {shown(data)}")
     tree = apply_overrides(data, overrides)
+    _check_numbers(tree, "")
     return _build(RunConfig, tree)
+
+
+#: The integers a configuration may hold anywhere (free-form ``options``
+#: included): 64-bit, what numpy and torch take. NaN is refused anywhere too.
+INT_RANGE = (-(2**63), 2**63 - 1)
+
+
+def _check_numbers(node: Any, key: str) -> None:
+    """Refuse NaN or an integer outside 64 bits anywhere, naming the key."""
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            _check_numbers(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list | tuple):
+        for i, v in enumerate(node):
+            _check_numbers(v, f"{key}[{i}]")
+    elif isinstance(node, int) and not INT_RANGE[0] <= node <= INT_RANGE[1]:
+        raise ConfigError(
+            f"{key[:60]} must be a 64-bit integer (at most {INT_RANGE[1]} in size); "
+            f"got {shown(node)}"
+        )
+    elif isinstance(node, float) and math.isnan(node):
+        raise ConfigError(f"{key[:60]} must not be NaN; got nan")
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
@@ -703,13 +876,49 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     ConfigError
         If the file is missing or not YAML, or on an invalid key or value.
     """
+    return config_from_dict(read_config_file(path), overrides)
+
+
+def read_config_file(path: str | Path) -> Any:
+    """Read a YAML run configuration file as plain data (not yet validated).
+
+    The file is read safely (:func:`load_yaml`: no aliases, no repeated
+    keys), must be UTF-8 and at most :data:`MAX_CONFIG_BYTES` long.
+
+    Parameters
+    ----------
+    path : str or Path
+        The YAML file.
+
+    Returns
+    -------
+    Any
+        The parsed data (a mapping for a configuration).
+
+    Raises
+    ------
+    ConfigError
+        If the file is missing, unreadable, too large, not UTF-8 or not YAML.
+    """
     p = Path(path)
+    where = shown(str(p))
     try:
-        text = p.read_text()
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
-        raise ConfigError(f"configuration file not found: {p}") from None
+        raise ConfigError(f"configuration file not found: {where}") from None
+    except (OSError, ValueError) as exc:  # a folder, no permission, a NUL in the name
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise ConfigError(f"cannot read configuration file {where}: {reason}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"configuration file {where} is larger than {MAX_CONFIG_BYTES} bytes; "
+            "a run configuration is a few kilobytes"
+        )
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p} is not valid YAML: {exc}") from None
-    return config_from_dict(data, overrides)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"configuration file {where} is not UTF-8 text (byte {exc.start})"
+        ) from None
+    return load_yaml(text, where)

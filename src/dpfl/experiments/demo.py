@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from dpfl._validate import check_count
+from dpfl._validate import check_count, shown
+from dpfl.errors import InvalidParameterError
 from dpfl.experiments.config import RunConfig, config_from_dict
 from dpfl.experiments.runner import CONFIG, read_metrics, run
 
@@ -139,8 +141,9 @@ def demo_config(
 def _variant(base: RunConfig, name: str) -> RunConfig:
     tree = base.to_dict()
     tree["name"] = name
-    if name == "nonprivate":
+    if name == "nonprivate":  # declared non-private: no noise and no budget
         tree["privacy"]["noise_multiplier"] = 0.0
+        tree["privacy"]["epsilon"] = math.inf
     else:
         tree["privacy"]["analysis"] = name
         tree["privacy"]["noise_multiplier"] = None
@@ -160,7 +163,9 @@ def demo(
     Parameters
     ----------
     out_dir : str or Path
-        Output folder; earlier demo runs in ``out_dir/runs`` are replaced.
+        Output folder: new, empty, or an earlier demo's (whose runs in
+        ``out_dir/runs`` are replaced); a folder holding anything else is
+        refused, so the demo never deletes what it did not write.
     rounds : int, optional
         T (default 100). Fewer rounds are quicker; the budget is unchanged.
     progress : bool
@@ -174,12 +179,14 @@ def demo(
     Raises
     ------
     dpfl.errors.DpflError
-        If a run fails (e.g. calibration finds no σ).
+        If ``out_dir`` holds files the demo did not write, or a run fails
+        (e.g. calibration finds no σ).
     """
     start = time.perf_counter()
     out = Path(out_dir)
     base = demo_config(out, rounds=rounds)
     names = [*_ANALYSES, "nonprivate"]
+    _claim(out)
     sigmas: dict[str, float] = {}
     acc: dict[str, float] = {}
     late: dict[str, float] = {}
@@ -188,7 +195,7 @@ def demo(
     for name in names:
         cfg = _variant(base, name)
         if (cfg.run_dir / CONFIG).exists():
-            shutil.rmtree(cfg.run_dir)  # an earlier demo's run: replaced
+            shutil.rmtree(cfg.run_dir)  # an earlier demo's run (_claim checked)
         t0 = time.perf_counter()
         outcome = run(cfg, progress=progress)
         timings[name] = time.perf_counter() - t0
@@ -226,6 +233,50 @@ def demo(
     )
     _write_report(out / "report.md", base, result, timings, figure.name)
     return result
+
+
+#: The file that marks a folder as the demo's own (written first, kept).
+MARKER = ".dpfl-demo"
+
+#: What the demo writes in its folder; nothing else is ever there.
+_OWN = {MARKER, "report.md", "accuracy.png", "accuracy.pdf", "accuracy.svg", "runs"}
+
+
+def _claim(out: Path) -> None:
+    """Make ``out`` the demo's folder, or refuse one that holds anything else.
+
+    The demo replaces its own earlier runs (``out/runs/wcs`` ...), so it
+    only writes into a new or empty folder, or one an earlier demo made
+    (marked by :data:`MARKER`) that holds nothing the demo did not write: a
+    user's files or runs in ``out`` are never deleted.
+    """
+    if out.exists() and not out.is_dir():
+        raise InvalidParameterError(
+            f"--out {shown(str(out))} is a file, not a folder; choose a new folder"
+        )
+    if out.is_dir() and any(out.iterdir()):
+        ours = (out / MARKER).is_file()
+        runs = out / "runs"
+        others = [p.name for p in out.iterdir() if p.name not in _OWN]
+        if runs.is_dir():
+            others += [
+                f"runs/{p.name}"
+                for p in runs.iterdir()
+                if p.name not in (*_ANALYSES, "nonprivate")
+            ]
+        if not ours or others:
+            what = (
+                f"holds {shown(', '.join(sorted(others)[:3]), 120)}"
+                if others
+                else "was not made by dpfl demo"
+            )
+            raise InvalidParameterError(
+                f"--out {shown(str(out))} is not empty and {what}: the demo "
+                "replaces its own runs there, so it writes only into a new or "
+                "empty folder or an earlier demo's; choose another --out"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("made by dpfl demo; its runs here are replaced\n")
 
 
 def _late_accuracy(run_dir: Path, rounds: int) -> float:

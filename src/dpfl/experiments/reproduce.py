@@ -616,7 +616,7 @@ def _random_participation_experiment(scale: str) -> Experiment:
             (
                 ("wcs (proven)", ("privacy.analysis=wcs",)),
                 ("ols (proven)", ("privacy.analysis=ols",)),
-                ("non-private", ("privacy.noise_multiplier=0",)),
+                ("non-private", ("privacy.noise_multiplier=0", "privacy.epsilon=.inf")),
             ),
             seeds=2,
             note="digits, 260 clients x 5 records; noise calibrated to a total "
@@ -662,7 +662,11 @@ def _random_participation_experiment(scale: str) -> Experiment:
             ),
             (
                 "non-private",
-                ("privacy.noise_multiplier=0", "algorithm.params.clip=null"),
+                (
+                    "privacy.noise_multiplier=0",
+                    "privacy.epsilon=.inf",
+                    "algorithm.params.clip=null",
+                ),
             ),
         ),
         seeds=3,
@@ -1092,7 +1096,7 @@ def _dp_fedavg_experiment(scale: str) -> Experiment:
             ("rounds=3", "eval_every=1"),
             (
                 ("DP (σ = 4)", ()),
-                ("non-private", ("privacy.noise_multiplier=0",)),
+                ("non-private", ("privacy.noise_multiplier=0", "privacy.epsilon=.inf")),
             ),
             seeds=2,
             note="digits, 100 clients with 2 label shards, logistic regression.",

@@ -38,8 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from dpfl._validate import MAX_SEED, shown
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.experiments.config import (
     ConfigError,
@@ -48,6 +47,7 @@ from dpfl.experiments.config import (
     apply_overrides,
     config_from_dict,
     parse_override,
+    read_config_file,
 )
 
 __all__ = [
@@ -60,6 +60,9 @@ __all__ = [
 
 #: Where the runs execute: worker processes on this machine, or Ray tasks.
 BACKENDS = ("process", "ray")
+
+#: The most seeds a sweep runs (each seed is one run per grid point).
+MAX_SEEDS = 1_000
 
 #: Metrics a sweep can summarise (the runner's evaluation columns).
 _METRICS = {
@@ -98,15 +101,25 @@ def parse_seeds(text: str) -> list[int]:
         except ValueError:
             raise InvalidParameterError(
                 f"seeds must be integers or ranges A-B separated by commas; "
-                f"got {text!r}"
+                f"got {shown(text)}"
             ) from None
         if a < 0 or b < a:
             raise InvalidParameterError(
-                f"seeds: a range A-B needs 0 <= A <= B; got {item!r}"
+                f"seeds: a range A-B needs 0 <= A <= B; got {shown(item)}"
+            )
+        if b > MAX_SEED:
+            raise InvalidParameterError(
+                f"seeds: a seed is at most {MAX_SEED}; got {shown(item)}"
+            )
+        if len(seeds) + b - a >= MAX_SEEDS:
+            raise InvalidParameterError(
+                f"seeds: at most {MAX_SEEDS} seeds (one run each); got {shown(text)}"
             )
         seeds.extend(s for s in range(a, b + 1) if s not in seeds)
     if not seeds:
-        raise InvalidParameterError(f"seeds must name at least one seed; got {text!r}")
+        raise InvalidParameterError(
+            f"seeds must name at least one seed; got {shown(text)}"
+        )
     return seeds
 
 
@@ -194,14 +207,11 @@ def _base_tree(config: str | Path | RunConfig | Mapping[str, Any]) -> dict[str, 
     if isinstance(config, Mapping):
         return dict(config)
     path = Path(config)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"configuration file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    data = read_config_file(path)
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{path}: a configuration must be a mapping; got {data!r}")
+        raise ConfigError(
+            f"{shown(str(path))}: a configuration must be a mapping; got {shown(data)}"
+        )
     return dict(data)
 
 
