@@ -35,6 +35,7 @@ Examples
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -64,14 +65,16 @@ __all__ = [
     "ProgressLog",
     "TensorBoard",
     "check_callbacks",
+    "load_checkpoint",
     "progress",
     "save_checkpoint",
+    "state_digest",
 ]
 
 log = logging.getLogger("dpfl.sim")
 
 #: Format number of a checkpoint file written by :func:`save_checkpoint`.
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 #: How to install what :class:`TensorBoard` needs.
 TRACK_HINT = "pip install 'dpfl[track]'"
 
@@ -313,12 +316,73 @@ class MetricsFile(Callback):
         atomic_write(self.path, lambda fh: fh.write(text), binary=False)
 
 
-def save_checkpoint(path: str | Path, trainer: Trainer) -> None:
+def state_digest(value: Any) -> str:
+    """SHA-256 (hex) of a nested state: dicts, lists, tensors, arrays, scalars.
+
+    Walks the structure in a fixed order (dict keys sorted by their text),
+    hashing each tensor's dtype, shape and bytes, so that equal states give
+    equal digests and any changed byte of a tensor or value changes it.
+
+    Parameters
+    ----------
+    value : object
+        A checkpoint's content (what :func:`torch.save` stores).
+
+    Returns
+    -------
+    str
+        64 hex digits.
+
+    Raises
+    ------
+    dpfl.errors.DpflError
+        On a value of a type a checkpoint does not hold.
+    """
+    import numpy as np
+    import torch
+
+    h = hashlib.sha256()
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            h.update(b"{%d" % len(v))
+            for k in sorted(v, key=repr):
+                walk(k)
+                walk(v[k])
+            h.update(b"}")
+        elif isinstance(v, (list, tuple)):
+            h.update(b"[%d" % len(v) if isinstance(v, list) else b"(%d" % len(v))
+            for item in v:
+                walk(item)
+            h.update(b"]")
+        elif isinstance(v, torch.Tensor):
+            t = v.detach().contiguous().reshape(-1)
+            h.update(f"T{t.dtype}{tuple(v.shape)}".encode())
+            h.update(t.view(torch.uint8).cpu().numpy().tobytes())
+        elif isinstance(v, np.ndarray):
+            h.update(f"A{v.dtype.str}{v.shape}".encode())
+            h.update(np.ascontiguousarray(v).tobytes())
+        elif v is None or isinstance(v, (bool, int, float, str, bytes, np.generic)):
+            h.update(f"{type(v).__name__}:{v!r};".encode())
+        else:
+            raise DpflError(f"cannot checksum a {type(v).__name__} in a checkpoint")
+
+    walk(value)
+    return h.hexdigest()
+
+
+def save_checkpoint(
+    path: str | Path, trainer: Trainer, *, run: str | None = None
+) -> None:
     """Save the ledger (if it has a path), then the trainer's state, atomically.
 
     The ledger goes first, so the ledger on disk never holds fewer rounds
     than the checkpoint (:meth:`~dpfl.sim.loop.Trainer.load_state_dict`
-    refuses that case). The file holds ``{"format", "round", "trainer"}``.
+    refuses that case). The file holds ``{"format", "round", "trainer",
+    "run", "sha256"}``: ``run`` is the digest of the run it belongs to (a run
+    folder's frozen configuration, :mod:`dpfl.experiments.rundir`) and
+    ``sha256`` the :func:`state_digest` of everything else, which
+    :func:`load_checkpoint` checks.
 
     Parameters
     ----------
@@ -326,17 +390,76 @@ def save_checkpoint(path: str | Path, trainer: Trainer) -> None:
         The checkpoint file.
     trainer : Trainer
         What to save.
+    run : str or None
+        Digest of the run (``None``: not tied to a run folder).
     """
     import torch
 
     if trainer.ledger.path is not None:
         trainer.ledger.save()
-    state = {
+    state: dict[str, Any] = {
         "format": CHECKPOINT_FORMAT,
         "round": trainer.round,
+        "run": run,
         "trainer": trainer.state_dict(),
     }
-    atomic_write(Path(path), lambda fh: torch.save(state, fh), binary=True)
+    state["sha256"] = state_digest(state)
+    atomic_write(
+        Path(path), lambda fh: torch.save(state, fh), binary=True, point="checkpoint"
+    )
+
+
+def load_checkpoint(path: str | Path, *, run: str | None = None) -> dict[str, Any]:
+    """Read a :func:`save_checkpoint` file and check it.
+
+    Loaded with ``weights_only=True`` (no code runs); the content must match
+    its ``sha256``, and ``run`` (when given) the run it was saved for.
+
+    Parameters
+    ----------
+    path : str or Path
+        The checkpoint file.
+    run : str or None
+        The digest of the run it must belong to (``None``: not checked).
+
+    Returns
+    -------
+    dict
+        The checkpoint (``"trainer"`` is :meth:`Trainer.state_dict`'s).
+
+    Raises
+    ------
+    dpfl.errors.DpflError
+        If the file is missing, cut short or corrupted, not a dpfl checkpoint,
+        fails its checksum, or belongs to another run.
+    """
+    import torch
+
+    p = Path(path)
+    try:
+        state = torch.load(p, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise DpflError(f"checkpoint not found: {p}") from None
+    except Exception as exc:  # torch raises many kinds on a damaged archive
+        raise DpflError(
+            f"{p} cannot be read ({type(exc).__name__}): it was cut short or "
+            "corrupted; refusing it"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise DpflError(
+            f"{p} is not a dpfl run checkpoint (format {CHECKPOINT_FORMAT})"
+        )
+    body = {k: v for k, v in state.items() if k != "sha256"}
+    if state.get("sha256") != state_digest(body):
+        raise DpflError(
+            f"{p} fails its checksum: the checkpoint was altered or corrupted; "
+            "refusing it"
+        )
+    if run is not None and state.get("run") != run:
+        raise DpflError(
+            f"{p} belongs to another run (its run digest differs from run.json's)"
+        )
+    return state
 
 
 class Checkpoint(Callback):
@@ -344,9 +467,10 @@ class Checkpoint(Callback):
 
     The end-of-fit checkpoint is written when the loop ends by itself
     (completed, budget, Ctrl-C, a callback's stop), not when an exception
-    ends it: a crashed run resumes from its last periodic checkpoint with a
-    ledger that already holds the later rounds (they are charged again,
-    which over-states the spend, never under-states it).
+    ends it (a NaN model, a crash): a crashed run resumes from its last
+    periodic checkpoint with a ledger that already holds the later rounds,
+    which are replayed and confirmed, not charged again
+    (:meth:`~dpfl.sim.loop.Trainer.load_state_dict`).
 
     Parameters
     ----------
@@ -354,11 +478,16 @@ class Checkpoint(Callback):
         The checkpoint file (:func:`save_checkpoint`).
     every : int
         Period in rounds (>= 1).
+    run : str or None
+        Digest of the run (:func:`save_checkpoint`).
     """
 
-    def __init__(self, path: str | Path, *, every: int = 50) -> None:
+    def __init__(
+        self, path: str | Path, *, every: int = 50, run: str | None = None
+    ) -> None:
         self.path = Path(path)
         self.every = check_count("every", every, minimum=1)
+        self.run = run
         self._saved = -1
 
     def on_fit_begin(self, state: FitState) -> None:
@@ -368,7 +497,7 @@ class Checkpoint(Callback):
     def on_round_end(self, state: FitState, record: dict[str, Any]) -> None:
         """Save on every ``every``-th round."""
         if record["round"] % self.every == 0:
-            save_checkpoint(self.path, state.trainer)
+            save_checkpoint(self.path, state.trainer, run=self.run)
             self._saved = record["round"]
 
     def on_fit_end(self, state: FitState) -> None:
@@ -377,7 +506,7 @@ class Checkpoint(Callback):
             return
         trainer = state.trainer
         if self._saved != trainer.round:
-            save_checkpoint(self.path, trainer)
+            save_checkpoint(self.path, trainer, run=self.run)
             self._saved = trainer.round
         elif trainer.ledger.path is not None:
             trainer.ledger.save()
