@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import math
@@ -68,7 +69,6 @@ __all__ = [
     "load_checkpoint",
     "progress",
     "save_checkpoint",
-    "state_digest",
 ]
 
 log = logging.getLogger("dpfl.sim")
@@ -316,59 +316,7 @@ class MetricsFile(Callback):
         atomic_write(self.path, lambda fh: fh.write(text), binary=False)
 
 
-def state_digest(value: Any) -> str:
-    """SHA-256 (hex) of a nested state: dicts, lists, tensors, arrays, scalars.
-
-    Walks the structure in a fixed order (dict keys sorted by their text),
-    hashing each tensor's dtype, shape and bytes, so that equal states give
-    equal digests and any changed byte of a tensor or value changes it.
-
-    Parameters
-    ----------
-    value : object
-        A checkpoint's content (what :func:`torch.save` stores).
-
-    Returns
-    -------
-    str
-        64 hex digits.
-
-    Raises
-    ------
-    dpfl.errors.DpflError
-        On a value of a type a checkpoint does not hold.
-    """
-    import numpy as np
-    import torch
-
-    h = hashlib.sha256()
-
-    def walk(v: Any) -> None:
-        if isinstance(v, dict):
-            h.update(b"{%d" % len(v))
-            for k in sorted(v, key=repr):
-                walk(k)
-                walk(v[k])
-            h.update(b"}")
-        elif isinstance(v, (list, tuple)):
-            h.update(b"[%d" % len(v) if isinstance(v, list) else b"(%d" % len(v))
-            for item in v:
-                walk(item)
-            h.update(b"]")
-        elif isinstance(v, torch.Tensor):
-            t = v.detach().contiguous().reshape(-1)
-            h.update(f"T{t.dtype}{tuple(v.shape)}".encode())
-            h.update(t.view(torch.uint8).cpu().numpy().tobytes())
-        elif isinstance(v, np.ndarray):
-            h.update(f"A{v.dtype.str}{v.shape}".encode())
-            h.update(np.ascontiguousarray(v).tobytes())
-        elif v is None or isinstance(v, (bool, int, float, str, bytes, np.generic)):
-            h.update(f"{type(v).__name__}:{v!r};".encode())
-        else:
-            raise DpflError(f"cannot checksum a {type(v).__name__} in a checkpoint")
-
-    walk(value)
-    return h.hexdigest()
+_TRAILER = b"\ndpfl-sha256:"
 
 
 def save_checkpoint(
@@ -378,11 +326,12 @@ def save_checkpoint(
 
     The ledger goes first, so the ledger on disk never holds fewer rounds
     than the checkpoint (:meth:`~dpfl.sim.loop.Trainer.load_state_dict`
-    refuses that case). The file holds ``{"format", "round", "trainer",
-    "run", "sha256"}``: ``run`` is the digest of the run it belongs to (a run
-    folder's frozen configuration, :mod:`dpfl.experiments.rundir`) and
-    ``sha256`` the :func:`state_digest` of everything else, which
-    :func:`load_checkpoint` checks.
+    refuses that case). The state, ``{"format", "round", "run", "trainer"}``
+    (``run``: the digest of the run it belongs to, a run folder's frozen
+    configuration, :mod:`dpfl.experiments.rundir`), is written by
+    :func:`torch.save` and followed by one line, ``dpfl-sha256:`` and the
+    SHA-256 of every byte before it, which :func:`load_checkpoint` checks
+    (:func:`torch.load` ignores it).
 
     Parameters
     ----------
@@ -403,17 +352,19 @@ def save_checkpoint(
         "run": run,
         "trainer": trainer.state_dict(),
     }
-    state["sha256"] = state_digest(state)
-    atomic_write(
-        Path(path), lambda fh: torch.save(state, fh), binary=True, point="checkpoint"
-    )
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    raw = buffer.getvalue()
+    data = raw + _TRAILER + hashlib.sha256(raw).hexdigest().encode() + b"\n"
+    atomic_write(Path(path), lambda fh: fh.write(data), binary=True, point="checkpoint")
 
 
 def load_checkpoint(path: str | Path, *, run: str | None = None) -> dict[str, Any]:
     """Read a :func:`save_checkpoint` file and check it.
 
-    Loaded with ``weights_only=True`` (no code runs); the content must match
-    its ``sha256``, and ``run`` (when given) the run it was saved for.
+    Every byte must match the file's SHA-256 line; the state is then loaded
+    with ``weights_only=True`` (no code runs), and ``run`` (when given) must
+    be the run it was saved for.
 
     Parameters
     ----------
@@ -430,30 +381,31 @@ def load_checkpoint(path: str | Path, *, run: str | None = None) -> dict[str, An
     Raises
     ------
     dpfl.errors.DpflError
-        If the file is missing, cut short or corrupted, not a dpfl checkpoint,
-        fails its checksum, or belongs to another run.
+        If the file is missing, cut short or corrupted (its checksum), not a
+        dpfl checkpoint, or belongs to another run.
     """
     import torch
 
     p = Path(path)
     try:
-        state = torch.load(p, map_location="cpu", weights_only=True)
+        data = p.read_bytes()
     except FileNotFoundError:
         raise DpflError(f"checkpoint not found: {p}") from None
+    raw, mark, tail = data.rpartition(_TRAILER)
+    if not mark or tail.rstrip(b"\n") != hashlib.sha256(raw).hexdigest().encode():
+        raise DpflError(
+            f"{p} fails its checksum: the checkpoint was cut short, corrupted or "
+            "altered; refusing it"
+        )
+    try:
+        state = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many kinds on a damaged archive
         raise DpflError(
-            f"{p} cannot be read ({type(exc).__name__}): it was cut short or "
-            "corrupted; refusing it"
+            f"{p} cannot be read ({type(exc).__name__}); refusing it"
         ) from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise DpflError(
             f"{p} is not a dpfl run checkpoint (format {CHECKPOINT_FORMAT})"
-        )
-    body = {k: v for k, v in state.items() if k != "sha256"}
-    if state.get("sha256") != state_digest(body):
-        raise DpflError(
-            f"{p} fails its checksum: the checkpoint was altered or corrupted; "
-            "refusing it"
         )
     if run is not None and state.get("run") != run:
         raise DpflError(
