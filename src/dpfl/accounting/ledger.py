@@ -421,8 +421,9 @@ class PrivacyLedger:
             raise LedgerMismatchError(
                 f"round {entry.round + 1} replayed differently from the ledger "
                 f"entry it must confirm ({', '.join(fields)} differ): the run "
-                "cannot resume exactly (was the code, the execution, the device "
-                "or the data changed?); the ledger keeps its "
+                "cannot resume exactly (was the code, the execution, the device, "
+                "the number of torch threads or the data changed?); the ledger "
+                "keeps its "
                 f"{self.released} charged rounds"
             )
         self._pending.pop(0)

@@ -13,36 +13,66 @@ folder ``output_dir/name/`` holding
     ``"private": false`` for a run without noise) on evaluation rounds; under
     an unproven analysis also ``epsilon_status`` and ``epsilon_proven``.
 ``ledger.json``
-    The privacy ledger, saved by the trainer after every charged round.
+    The privacy ledger, saved by the trainer after every charged round
+    (rounds since the last snapshot in ``ledger.json.journal``): each entry
+    holds the round's event, participants and a digest of the model after
+    it, linked into a hash chain.
 ``checkpoint.pt``
-    Trainer state (model, momentum, round, seed), written atomically every
-    ``checkpoint_every`` rounds, on Ctrl-C, on a budget stop and at the end.
+    Trainer state (model, momentum, round, seed, and the ledger's entry count
+    and chain hash at that point), written atomically every
+    ``checkpoint_every`` rounds, on Ctrl-C, on a budget stop and at the end;
+    its last line is a SHA-256 of the rest.
 ``guarantee.json``
     What the run's privacy amounts to at the end: ε of the worst-off privacy
     unit at the budget's δ, with the unit, neighbouring relation, adversary,
     analysis and its status; beside an unproven analysis, the proven ε; and
     every other analysis of the scheme with its status.
+``run.json``
+    The run's frozen definition (data, model, algorithm, privacy with σ as
+    calibrated, seed, rounds) and its digest, written when the run starts
+    (:mod:`dpfl.experiments.rundir`).
+``.lock``
+    The folder's lock: one ``dpfl train`` or ``dpfl resume`` at a time.
 
 The round loop is :meth:`dpfl.sim.loop.Trainer.fit`; the files above (except
-``config.yaml``), the progress display and anything a caller adds
-(``callbacks=``: TensorBoard, :class:`~dpfl.sim.callbacks.AccuracyFigure`'s
-``accuracy.png``, your own) are its callbacks (:mod:`dpfl.sim.callbacks`).
-Progress is a bar on a terminal and a plain line every few rounds otherwise
-(a log file, CI, ``nohup``).
+``config.yaml`` and ``run.json``), the progress display and anything a
+caller adds (``callbacks=``: TensorBoard,
+:class:`~dpfl.sim.callbacks.AccuracyFigure`'s ``accuracy.png``, your own) are
+its callbacks (:mod:`dpfl.sim.callbacks`). Progress is a bar on a terminal
+and a plain line every few rounds otherwise (a log file, CI, ``nohup``).
 
 The run stops cleanly when the ledger's guard refuses a round
 (:class:`~dpfl.errors.BudgetExceededError`): "budget reached at round k".
 Ctrl-C finishes the current round, saves a checkpoint and the ledger, and
-returns (a second Ctrl-C aborts at once). :func:`resume` continues a stopped
-run exactly: same final model and ledger as an uninterrupted run.
+returns (a second Ctrl-C aborts at once). A round whose model or metrics are
+NaN or Inf stops the run with an error naming the round, before anything of
+it is checkpointed.
 
-A note on the ledger and checkpoints. The trainer saves the ledger after every
-round, checkpoints are less frequent, so a run killed between two checkpoints
-resumes from the older checkpoint with a ledger that already holds the later
-rounds; those rounds are re-run and charged *again*. This over-states the
-spend (never under-states it). A clean stop (Ctrl-C,
-budget, end) always checkpoints at the ledger's round, and then the resumed
-ledger equals the uninterrupted one.
+Resuming. :func:`resume` continues a stopped or killed run exactly: the same
+final model and the same ledger as an uninterrupted run. The ledger is saved
+after every round, checkpoints are less frequent, so a run killed between
+two checkpoints holds rounds in its ledger that its checkpoint does not
+have. They are *replayed*, not charged again: the guard is not asked again
+for them (they were admitted when they first ran), each is computed from its
+own random streams (keyed by seed and round), and its ledger entry (event,
+participants, extra facts, model digest) must come out equal, or the run
+stops with :class:`~dpfl.accounting.ledger.LedgerMismatchError` naming the
+round; the ledger on disk keeps every entry throughout, so the spend is never
+under-stated. A ledger without a checkpoint (a kill before the first) is
+replayed from round 0. A round replays bit for bit on the same executor,
+device, torch build and number of torch threads (matrix products sum in an
+order that depends on the thread count); resuming elsewhere with rounds to
+replay stops at the first of them.
+
+Before resuming, the folder is checked: ``config.yaml``'s frozen keys against
+``run.json`` (``noise_multiplier: 0`` written into a stopped run's config is
+refused, and a calibrated σ is never calibrated again), the ledger's and
+checkpoint's checksums and their run digest, the checkpoint's ledger position
+against the ledger, each ledger entry against what the frozen algorithm
+charges, and a missing ledger beside a run that started. Any failure is an
+error naming the file; nothing is ever reset to zero spend. The checksums
+catch accidents and careless edits, not someone with write access who
+recomputes them.
 """
 
 from __future__ import annotations
@@ -680,8 +710,10 @@ def _loop(
 
 
 #: Keys ``dpfl resume --set`` may change: where the client steps run, which
-#: never changes the result (the same ledger, the same model to float
-#: rounding), so a run lost with its cluster continues elsewhere.
+#: never changes what is charged (the same ledger, the same model to float
+#: rounding), so a run lost with its cluster continues elsewhere. Rounds past
+#: the checkpoint that must be replayed are confirmed by a digest of the
+#: model, bit for bit: they need the executor they first ran on.
 RESUME_KEYS = ("execution", "ray")
 
 
