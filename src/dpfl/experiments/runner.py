@@ -427,11 +427,7 @@ def _run_locked(
     dataset = _build_dataset(config)
     config = _resolve(config, dataset)
     algorithm = _build_algorithm(config, dataset)
-    run_id = (
-        manifest["run"]
-        if manifest is not None
-        else _digest(rundir.frozen(config.to_dict()))
-    )
+    run_id = manifest["run"] if manifest is not None else _run_digest(config)
 
     from dpfl.sim.loop import Trainer
 
@@ -451,10 +447,8 @@ def _run_locked(
         _check_ledger(ledger, config)
         _check_entries(ledger, algorithm)
     else:
-        _write_config(run_dir, config)
         ledger = _ledger(config, run_dir, run=run_id)
-        ledger.save()
-        rundir.write_manifest(run_dir, config.to_dict())
+        _start_files(run_dir, config, ledger)
     execution = _executor(config)
     try:
         trainer = Trainer(
@@ -484,6 +478,22 @@ def _run_locked(
         close = getattr(execution, "close", None)
         if callable(close):
             close()
+
+
+def _run_digest(config: RunConfig) -> str:
+    """The digest of a resolved configuration's frozen keys (``run.json``)."""
+    return _digest(rundir.frozen(config.to_dict()))
+
+
+def _start_files(run_dir: Path, config: RunConfig, ledger: PrivacyLedger) -> None:
+    """A starting run's files, in this order: config, empty ledger, manifest.
+
+    ``run.json`` comes last: a folder that has it has the other two, so a
+    missing ledger beside it was deleted (see :func:`_check_unstarted`).
+    """
+    _write_config(run_dir, config)
+    ledger.save()
+    rundir.write_manifest(run_dir, config.to_dict())
 
 
 def _check_unstarted(run_dir: Path) -> None:
