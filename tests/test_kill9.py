@@ -258,8 +258,15 @@ def test_kill9_resumes_to_the_uninterrupted_run(
 ) -> None:
     rng = random.Random(SEED)
     kinds = list(KINDS)
-    counts = {
-        k: {"trials": 0, "killed": 0, "identical": 0, "model same, ledger differs": 0}
+    counts: dict[str, dict[str, Any]] = {
+        k: {
+            "trials": 0,
+            "killed": 0,
+            "kills": 0,
+            "identical": 0,
+            "model same, ledger differs": 0,
+            "kill points": {},
+        }
         for k in kinds
     }
     failures = []
@@ -273,6 +280,10 @@ def test_kill9_resumes_to_the_uninterrupted_run(
             failures.append((kind, i, result["error"]))
             continue
         c["killed"] += bool(result["kills"])
+        c["kills"] += result["kills"]
+        for how in result["how"]:
+            point = "timer" if how.startswith("timer") else how.split(":")[0]
+            c["kill points"][point] = c["kill points"].get(point, 0) + 1
         got = result["outcome"]
         same_model = got["round"] == ref["round"] and _same_model(
             got["algorithm"], ref["algorithm"]
