@@ -616,15 +616,15 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (for ``dpfl resume``).
 
-        Parameters
-        ----------
-        state : dict
-            A checkpoint from :meth:`state_dict`.
-
         A ledger holding *more* rounds than the checkpoint (saved after a
         later round, e.g. a crash between two checkpoints) is rewound to the
         checkpoint (:meth:`PrivacyLedger.rewind`): the later rounds are
         replayed and each confirms its entry instead of being charged again.
+
+        Parameters
+        ----------
+        state : dict
+            A checkpoint from :meth:`state_dict`.
 
         Raises
         ------
