@@ -49,11 +49,6 @@ SEED = int(os.environ.get("DPFL_KILL9_SEED", "0"))
 ROUNDS = 40
 FAULTS = ("ledger-journal", "ledger-save", "checkpoint", "round")
 
-#: The run settings every trial shares. Secure noise (a per-run secret key)
-#: would make two runs differ by design; where the configuration has the
-#: ``privacy.secure_noise`` key, the harness asks for reproducible noise.
-PRIVACY_EXTRA: dict[str, Any] = {}
-
 KINDS: dict[str, dict[str, Any]] = {
     "dp-fedavg, sigma calibrated, checkpoint every round": {
         "checkpoint_every": 1,
@@ -108,7 +103,9 @@ def _secure_noise_key() -> bool:
 
 def _tree(kind: str, name: str, out: Path) -> dict[str, Any]:
     spec = KINDS[kind]
-    privacy = {"delta": 1e-5, **spec["privacy"], **PRIVACY_EXTRA}
+    privacy = {"delta": 1e-5, **spec["privacy"]}
+    # Secure noise (a per-run secret key) makes two runs differ by design:
+    # where the configuration has the key, the trials ask for seeded noise.
     if _secure_noise_key():
         privacy["secure_noise"] = False
     return {
