@@ -266,8 +266,19 @@ def test_kill9_resumes_to_the_uninterrupted_run(
         }
         for k in kinds
     }
-    failures = []
+    failures: list[Any] = []
+    report = os.environ.get("DPFL_KILL9_REPORT")
+
+    def write_report() -> None:
+        if report:
+            Path(report).write_text(
+                json.dumps(
+                    {"seed": SEED, "counts": counts, "failures": failures}, indent=1
+                )
+            )
+
     for i in range(TRIALS):
+        write_report()  # before every trial: a long session can be cut short
         kind = kinds[i % len(kinds)]
         ref, seconds = references[kind]
         result = _trial(kind, i, rng, tmp_path, seconds)
@@ -302,11 +313,7 @@ def test_kill9_resumes_to_the_uninterrupted_run(
                     f"{same_ledger}, metrics same {got['metrics'] == ref['metrics']}",
                 )
             )
+    write_report()
     table = json.dumps(counts, indent=1)
     print(f"\nkill -9 trials (seed {SEED}):\n{table}")
-    report = os.environ.get("DPFL_KILL9_REPORT")
-    if report:
-        Path(report).write_text(
-            json.dumps({"seed": SEED, "counts": counts, "failures": failures}, indent=1)
-        )
     assert not failures, failures
