@@ -339,10 +339,24 @@ def test_client_draws_do_not_depend_on_the_executor_or_cohort_order(noise):
 
 
 def test_non_private_rounds_are_not_charged():
-    ledger = PrivacyLedger(Budget(1e-3, 1e-5))  # a budget no private round fits
+    ledger = PrivacyLedger()  # a non-private run: no budget
     trainer = Trainer(CountingAlgorithm(None), ledger=ledger, seed=0)
     reports = trainer.run(3)
     assert ledger.rounds == 0 and [r.event for r in reports] == [None] * 3
+
+
+def test_rounds_without_noise_are_refused_under_a_finite_budget():
+    # A round that adds no noise is neither checked nor chargeable: under a
+    # finite budget it would release without any guarantee, so it is refused.
+    with pytest.raises(InvalidParameterError, match="ledger.budget must be None"):
+        Trainer(CountingAlgorithm(None), ledger=PrivacyLedger(Budget(4, 1e-5)), seed=0)
+    trainer = Trainer(
+        CountingAlgorithm(EVENT), ledger=PrivacyLedger(Budget(4, 1e-5)), seed=0
+    )
+    trainer.algorithm = CountingAlgorithm(None)  # swapped after construction
+    with pytest.raises(DpflError, match="round 1 would add no noise"):
+        trainer.step()
+    assert trainer.ledger.rounds == 0 and trainer.round == 0
 
 
 def test_trainer_resume_is_exact_and_guards_the_ledger(tmp_path):

@@ -21,8 +21,28 @@ Thakurta 2022, "Fully adaptive composition for Gaussian differential
 privacy").
 
 The JSON file on disk is the truth: :meth:`PrivacyLedger.save` writes a
-temporary file and renames it over the old one (atomic on POSIX), and
+temporary file and renames it over the old one (atomic on POSIX),
+:meth:`PrivacyLedger.flush` appends the rounds since to a journal, and
 :meth:`PrivacyLedger.load` restores the exact spend of a stopped run.
+
+Checksums. Entries form a hash chain: entry ``i`` carries
+``chain_i = sha256(chain_{i-1}, entry_i)``, starting from the SHA-256 of the
+ledger's header (budget, analysis, guard, tolerance and the digest of the run
+it belongs to), and each journal line carries its own link. :meth:`load`
+recomputes the chain and refuses a file whose entries, header or count were
+changed, dropped or cut short (a torn *last* journal line, a crash
+mid-append, is the one thing skipped: that round was never checkpointed). The
+chain detects accidents and careless edits; it does not stop someone with
+write access who recomputes the hashes (dpfl holds no secret to sign with).
+
+Replay. Each entry records what its round released: the event, the
+participants, the extra facts and a ``digest`` of the model after the round.
+A run resumed from a checkpoint older than the ledger rewinds it
+(:meth:`PrivacyLedger.rewind`) to the checkpoint's entry count: the later
+entries stay on disk and in the spend written out, and each replayed round
+*confirms* its entry
+(:meth:`record` compares every field) instead of being charged again; a
+round that replays differently raises :class:`LedgerMismatchError`.
 """
 
 from __future__ import annotations
@@ -37,6 +57,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from dpfl._files import digest as _digest
+from dpfl._files import fault
 from dpfl._validate import check_delta, check_positive
 from dpfl.accounting import events as ev
 from dpfl.accounting import rdp, schemes
@@ -53,13 +75,18 @@ __all__ = [
     "GUARDS",
     "Budget",
     "LedgerEntry",
+    "LedgerMismatchError",
     "MomentsAccountantLedger",
     "PrivacyLedger",
     "RdpLedger",
     "ledger_class",
 ]
 
-_FORMAT = 1
+_FORMAT = 2
+
+
+class LedgerMismatchError(DpflError):
+    """A replayed round does not match the ledger entry it should confirm."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +107,18 @@ class LedgerEntry:
 
     ``extra`` holds scheme-specific per-round facts that per-client accounting
     needs (e.g. LOCKS' second-stage clients), as JSON-ready values.
+    ``digest`` is a SHA-256 of what the round released (the trainer records
+    the model's weights after the round), so that a replayed round can be
+    confirmed against it. It is not part of the entry's accounting content
+    (:meth:`to_json`, equality): two executors that round differently charge
+    the same entries.
     """
 
     round: int
     event: ev.Event
     participants: tuple[int, ...] | None = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    digest: str | None = dataclasses.field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -109,6 +142,17 @@ class LedgerEntry:
             participants=None if parts is None else tuple(int(k) for k in parts),
             extra=dict(data.get("extra", {})),
         )
+
+
+def _link(previous: str, entry: dict[str, Any]) -> str:
+    """The chain hash after ``entry`` (its JSON form) following ``previous``."""
+    return _digest([previous, entry])
+
+
+def _normal(entry: LedgerEntry) -> dict[str, Any]:
+    """An entry's JSON form as it reads back from a file (tuples as lists)."""
+    out: dict[str, Any] = json.loads(json.dumps(entry.to_json()))
+    return out
 
 
 def _journal(path: Path) -> Path:
@@ -198,6 +242,9 @@ class PrivacyLedger:
         Where :meth:`save` writes; ``None`` keeps the ledger in memory.
     tolerance : float
         Relative bracket width passed to the :class:`Accountant`.
+    run : str or None
+        Digest of the run the ledger belongs to (a run folder's frozen
+        configuration); part of the header the hash chain starts from.
     """
 
     #: Name of the budget guard, saved with the ledger so that
@@ -211,15 +258,21 @@ class PrivacyLedger:
         analysis: str | None = None,
         path: str | Path | None = None,
         tolerance: float = 0.02,
+        run: str | None = None,
     ) -> None:
         self.budget = budget
         self.analysis = schemes.check_analysis_name(analysis)
         self.path = None if path is None else Path(path)
         self.tolerance = tolerance
+        self.run = run
         self._entries: list[LedgerEntry] = []
+        self._chain: list[str] = []  # chain hash after each confirmed entry
+        # entries read from disk past a rewind: released, awaiting their replay
+        self._pending: list[tuple[LedgerEntry, str]] = []
         # per event: (largest count known to fit, smallest count known not to)
         self._known: dict[ev.Event, tuple[int, float]] = {}
         self._persisted = 0  # entries already on disk (snapshot + journal)
+        self._compact = False  # rewrite the snapshot at the next flush
         self._spend: dict[str | None, _Spend] = {}
         self._priced: dict[tuple[str | None, Profile, float], Bound] = {}
 
@@ -231,8 +284,81 @@ class PrivacyLedger:
 
     @property
     def rounds(self) -> int:
-        """Number of recorded rounds."""
+        """Number of recorded rounds (during a replay: confirmed so far)."""
         return len(self._entries)
+
+    @property
+    def released(self) -> int:
+        """Rounds on record, including those awaiting their replay (>= rounds)."""
+        return len(self._entries) + len(self._pending)
+
+    @property
+    def replaying(self) -> bool:
+        """Whether entries read from disk still await their replayed round."""
+        return bool(self._pending)
+
+    def _header(self) -> dict[str, Any]:
+        return {
+            "guard": self.guard,
+            "analysis": self.analysis,
+            "budget": None if self.budget is None else dataclasses.asdict(self.budget),
+            "tolerance": self.tolerance,
+            "run": self.run,
+        }
+
+    def chain_at(self, count: int) -> str:
+        """The chain hash after the first ``count`` entries (the header's at 0).
+
+        Raises
+        ------
+        DpflError
+            If the ledger holds fewer than ``count`` confirmed entries.
+        """
+        if not 0 <= count <= len(self._chain):
+            raise DpflError(
+                f"the ledger holds {len(self._chain)} entries; asked for the chain "
+                f"after {count}"
+            )
+        return self._chain[count - 1] if count else _digest(self._header())
+
+    def _append(self, entry: LedgerEntry) -> None:
+        self._chain.append(_link(self.chain_at(len(self._entries)), _normal(entry)))
+        self._entries.append(entry)
+
+    def rewind(self, count: int) -> None:
+        """Hold the entries past the first ``count`` for their rounds' replay.
+
+        For a run resumed from a checkpoint taken after ``count`` entries: the
+        later entries stay on record (and in every file :meth:`save` and
+        :meth:`flush` write, so the spend on disk never drops), and each is
+        confirmed by :meth:`record` when its round runs again, not charged
+        twice. Queries (:meth:`epsilon`, the guard) see the confirmed entries,
+        as the uninterrupted run did at that round.
+
+        Raises
+        ------
+        DpflError
+            If ``count`` is more than the entries on record (a checkpoint
+            newer than its ledger: the spend is never reset).
+        """
+        total = self.released
+        if not 0 <= count <= total:
+            raise DpflError(
+                f"the ledger holds {total} charged rounds but the checkpoint was "
+                f"taken after {count}: refusing to resume with a smaller spend"
+            )
+        every = self._entries + [e for e, _ in self._pending]
+        chains = self._chain + [c for _, c in self._pending]
+        self._entries, self._chain = every[:count], chains[:count]
+        self._pending = list(zip(every[count:], chains[count:], strict=True))
+        self._spend.clear()
+
+    def _all(self) -> tuple[list[LedgerEntry], list[str]]:
+        """Every entry on record and its chain hash (confirmed, then pending)."""
+        return (
+            self._entries + [e for e, _ in self._pending],
+            self._chain + [c for _, c in self._pending],
+        )
 
     def record(
         self,
@@ -241,8 +367,12 @@ class PrivacyLedger:
         participants: Iterable[int] | None = None,
         round: int | None = None,
         extra: dict[str, Any] | None = None,
+        digest: str | None = None,
     ) -> LedgerEntry:
         """Record one round's event (after checking the budget); returns the entry.
+
+        During a replay (:meth:`rewind`) the round is not charged again: the
+        entry is compared with the next one on record and confirmed.
 
         Parameters
         ----------
@@ -256,13 +386,16 @@ class PrivacyLedger:
             The round's index (default: the number of rounds recorded).
         extra : dict, optional
             Per-round facts (two-stage rounds: ``"second_stage"``).
+        digest : str, optional
+            SHA-256 of what the round released (the model after the round).
 
         Raises
         ------
         BudgetExceededError
             If recording ``event`` would exceed the budget; nothing is recorded.
+        LedgerMismatchError
+            During a replay, if the entry differs from the one on record.
         """
-        self.check(event)
         entry = LedgerEntry(
             round=self.rounds if round is None else int(round),
             event=event,
@@ -270,9 +403,37 @@ class PrivacyLedger:
             if participants is None
             else tuple(sorted({int(k) for k in participants})),
             extra=dict(extra or {}),
+            digest=digest,
         )
-        self._entries.append(entry)
+        if self._pending:
+            return self._confirm(entry)
+        self.check(event)
+        self._append(entry)
         return entry
+
+    def _confirm(self, entry: LedgerEntry) -> LedgerEntry:
+        """Confirm a replayed round against the next entry on record."""
+        expected, chain = self._pending[0]
+        got, want = _normal(entry), _normal(expected)
+        got["digest"], want["digest"] = entry.digest, expected.digest
+        if got != want:
+            fields = sorted(k for k in {*got, *want} if got.get(k) != want.get(k))
+            raise LedgerMismatchError(
+                f"round {entry.round + 1} replayed differently from the ledger "
+                f"entry it must confirm ({', '.join(fields)} differ): the run "
+                "cannot resume exactly (was the code, the execution, the device, "
+                "the number of torch threads or the data changed?); the ledger "
+                "keeps its "
+                f"{self.released} charged rounds"
+            )
+        self._pending.pop(0)
+        self._append(expected)
+        if self._chain[-1] != chain:  # the same entry must link the same way
+            raise LedgerMismatchError(
+                f"ledger entry {len(self._entries)} (round {entry.round + 1}) does "
+                "not link to the entries before it"
+            )
+        return expected
 
     # -- queries --------------------------------------------------------------
     def accountant(
@@ -519,16 +680,38 @@ class PrivacyLedger:
         return out
 
     # -- persistence ----------------------------------------------------------
+    def released_ledger(self) -> PrivacyLedger:
+        """The ledger as released: itself, or mid-replay a copy with every entry.
+
+        What the run has released so far (the spend a report must show), in
+        memory (no path).
+        """
+        if not self._pending:
+            return self
+        copy = type(self)(
+            self.budget, analysis=self.analysis, tolerance=self.tolerance, run=self.run
+        )
+        copy._entries, copy._chain = self._all()
+        return copy
+
     def to_json(self) -> dict[str, Any]:
-        """Return the ledger as a JSON-ready dict."""
+        """Return the ledger as a JSON-ready dict (every entry on record).
+
+        Each entry carries its ``chain`` hash; ``count`` and ``head`` (the
+        last chain hash) close the chain.
+        """
+        entries, chains = self._all()
         return {
             "format": _FORMAT,
-            "guard": self.guard,
-            "analysis": self.analysis,
-            "summary": self._saved_summary(),
-            "tolerance": self.tolerance,
-            "budget": None if self.budget is None else dataclasses.asdict(self.budget),
-            "entries": [e.to_json() for e in self._entries],
+            **self._header(),
+            "summary": self.released_ledger()._saved_summary(),
+            "count": len(entries),
+            "head": chains[-1] if chains else _digest(self._header()),
+            "entries": [
+                {**e.to_json(), "chain": c}
+                for e, c in zip(entries, chains, strict=True)
+            ],
+            "digests": [e.digest for e in entries],
         }
 
     def _saved_summary(self) -> dict[str, Any] | None:
@@ -544,7 +727,8 @@ class PrivacyLedger:
         """Write the whole ledger atomically (temporary file, fsync, rename).
 
         The snapshot holds every entry, so the journal of :meth:`flush` is
-        removed afterwards (entries it still holds are ignored on load).
+        removed afterwards (entries it still holds are checked against the
+        snapshot and skipped on load).
         """
         target = self._target(path)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -554,35 +738,51 @@ class PrivacyLedger:
                 json.dump(self.to_json(), fh, indent=1)
                 fh.flush()
                 os.fsync(fh.fileno())
+            fault("ledger-save")
             os.replace(tmp, target)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
         _journal(target).unlink(missing_ok=True)
-        self._persisted = len(self._entries)
+        self._persisted = self.released
+        self._compact = False
         return target
 
     def flush(self, path: str | Path | None = None) -> Path:
         """Persist the entries recorded since the last write, in O(new entries).
 
         Appends them to a journal beside the snapshot (``ledger.json.journal``,
-        one JSON line per entry with its sequence number, fsynced), so a long
-        run does not rewrite its whole history every round; :meth:`save`
-        compacts. A line cut short by a crash is ignored on load: that round
-        was never checkpointed either and is re-run (and charged) on resume.
+        one JSON line per entry with its sequence number and chain hash,
+        fsynced), so a long run does not rewrite its whole history every
+        round; :meth:`save` compacts. A last line cut short by a crash is
+        skipped on load: that round was never checkpointed and runs (and is
+        charged) once more on resume.
         """
         target = self._target(path)
-        if not target.exists() or self._persisted == 0:
+        if not target.exists() or self._persisted == 0 or self._compact:
             return self.save(target)
-        new = self._entries[self._persisted :]
-        if new:
+        entries, chains = self._all()
+        if len(entries) > self._persisted:
             with _journal(target).open("a") as fh:
-                for seq, entry in enumerate(new, start=self._persisted):
-                    fh.write(json.dumps({"seq": seq, **entry.to_json()}) + "\n")
+                for seq in range(self._persisted, len(entries)):
+                    entry = entries[seq]
+                    line = json.dumps(
+                        {
+                            "seq": seq,
+                            **entry.to_json(),
+                            "chain": chains[seq],
+                            "digest": entry.digest,
+                        }
+                    )
+                    half = len(line) // 2
+                    fh.write(line[:half])
+                    fh.flush()
+                    fault("ledger-journal")  # crash tests: die mid-line
+                    fh.write(line[half:] + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
-            self._persisted = len(self._entries)
+            self._persisted = len(entries)
         return target
 
     def _target(self, path: str | Path | None) -> Path:
@@ -593,53 +793,125 @@ class PrivacyLedger:
 
     @classmethod
     def load(cls, path: str | Path) -> PrivacyLedger:
-        """Read a ledger written by :meth:`save` (or :meth:`flush`).
+        """Read a ledger written by :meth:`save` (or :meth:`flush`), checking it.
 
-        The ledger comes back as the class its file names in ``"guard"``
-        (files without it: :class:`PrivacyLedger`), so a run resumed from it
-        keeps its stop rule.
+        The ledger comes back as the class its file names in ``"guard"``, so
+        a run resumed from it keeps its stop rule. The hash chain is
+        recomputed over the snapshot and the journal; the one thing forgiven
+        is a torn *last* journal line (a crash mid-append).
 
         Raises
         ------
         DpflError
-            If the file is missing or not a dpfl ledger, or names a guard that
-            is not ``cls`` or one of its subclasses.
+            If the file is missing, is not a dpfl ledger, names a guard that
+            is not ``cls`` or one of its subclasses, or fails its checksums
+            (an entry, the header or the count changed, a journal line
+            corrupted, missing or out of sequence).
         """
         p = Path(path)
         try:
             data = json.loads(p.read_text())
         except FileNotFoundError:
             raise DpflError(f"ledger file not found: {p}") from None
-        except json.JSONDecodeError as exc:
-            raise DpflError(f"ledger file {p} is not valid JSON: {exc}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DpflError(
+                f"ledger file {p} is not valid JSON ({exc}): it was cut short or "
+                "corrupted; refusing to resume without it (the spend is never reset)"
+            ) from None
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise DpflError(f"{p} is not a dpfl ledger (format {_FORMAT})")
-        budget = data.get("budget")
-        kind = ledger_class(str(data.get("guard", PrivacyLedger.guard)))
-        if not issubclass(kind, cls):
-            raise DpflError(
-                f"{p} holds a ledger with the {kind.guard!r} guard; load it with "
-                f"{kind.__name__}.load or PrivacyLedger.load"
+        try:
+            budget = data.get("budget")
+            kind = ledger_class(str(data.get("guard", PrivacyLedger.guard)))
+            if not issubclass(kind, cls):
+                raise DpflError(
+                    f"{p} holds a ledger with the {kind.guard!r} guard; load it "
+                    f"with {kind.__name__}.load or PrivacyLedger.load"
+                )
+            ledger = kind(
+                None if budget is None else Budget(**budget),
+                analysis=data.get("analysis"),
+                path=p,
+                tolerance=float(data.get("tolerance", 0.02)),
+                run=data.get("run"),
             )
-        ledger = kind(
-            None if budget is None else Budget(**budget),
-            analysis=data.get("analysis"),
-            path=p,
-            tolerance=float(data.get("tolerance", 0.02)),
-        )
-        ledger._entries = [LedgerEntry.from_json(e) for e in data.get("entries", [])]
-        ledger._persisted = len(ledger._entries)
-        journal = _journal(p)
-        if journal.exists():
-            for line in journal.read_text().splitlines():
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError:
-                    break  # a line cut short by a crash: that round is re-run
-                if int(item.pop("seq")) == len(ledger._entries):
-                    ledger._entries.append(LedgerEntry.from_json(item))
-            ledger._persisted = 0  # the next flush compacts into the snapshot
+            items = list(data.get("entries", []))
+            digests = list(data.get("digests") or [None] * len(items))
+            if len(digests) != len(items):
+                raise DpflError(
+                    f"{p} holds {len(digests)} digests for {len(items)} entries"
+                )
+            for i, (item, released) in enumerate(zip(items, digests, strict=True)):
+                ledger._read(item, f"{p} entry {i + 1}", released)
+            if data.get("count") != len(items) or data.get("head") != ledger.chain_at(
+                len(items)
+            ):
+                raise DpflError(
+                    f"{p} fails its checksum (count or head of the chain): entries "
+                    "were removed or the header was changed"
+                )
+            journal = _journal(p)
+            if journal.exists():
+                ledger._read_journal(journal, len(items))
+        except DpflError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise DpflError(f"{p} is not a valid dpfl ledger: {exc}") from None
+        ledger._persisted = ledger.released
         return ledger
+
+    def _read(self, item: Any, where: str, released: Any = None) -> None:
+        """Append one stored entry after checking its chain hash."""
+        if not isinstance(item, dict):
+            raise DpflError(f"{where} is not an entry")
+        item = dict(item)
+        chain = item.pop("chain", None)
+        released = item.pop("digest", released)
+        entry = dataclasses.replace(
+            LedgerEntry.from_json(item),
+            digest=None if released is None else str(released),
+        )
+        self._append(entry)
+        if self._chain[-1] != chain:
+            raise DpflError(
+                f"{where} (round {entry.round + 1}) fails its checksum: the ledger "
+                "was altered or corrupted; refusing it (the spend is never reset)"
+            )
+
+    def _read_journal(self, journal: Path, snapshot: int) -> None:
+        lines = journal.read_text().split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        for i, line in enumerate(lines):
+            where = f"{journal} line {i + 1}"
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:
+                    break  # the last line cut short by a crash: that round re-runs
+                raise DpflError(
+                    f"{where} is corrupted (not JSON) with lines after it; refusing "
+                    "the ledger"
+                ) from None
+            if not isinstance(item, dict) or not isinstance(item.get("seq"), int):
+                raise DpflError(f"{where} is not a journal entry")
+            seq = item.pop("seq")
+            count = len(self._entries)
+            if seq < snapshot and seq < count:
+                # left by a crash between a compaction and the journal's removal
+                if item.get("chain") != self._chain[seq]:
+                    raise DpflError(
+                        f"{where} disagrees with entry {seq + 1} of the snapshot"
+                    )
+                continue
+            if seq != count:
+                raise DpflError(
+                    f"{where} holds entry {seq + 1} where entry {count + 1} is due: "
+                    "the journal has a gap; refusing the ledger (its spend would be "
+                    "lower than what was charged)"
+                )
+            self._read(item, where)
+        self._compact = True  # the next flush rewrites the snapshot
 
 
 class MomentsAccountantLedger(PrivacyLedger):
@@ -675,6 +947,8 @@ class MomentsAccountantLedger(PrivacyLedger):
     tolerance : float
         Passed to the :class:`~dpfl.accounting.accountant.Accountant` for other
         analyses.
+    run : str or None
+        As :class:`PrivacyLedger`.
 
     References
     ----------
@@ -693,9 +967,14 @@ class MomentsAccountantLedger(PrivacyLedger):
         analysis: str | None = None,
         path: str | Path | None = None,
         tolerance: float = 0.02,
+        run: str | None = None,
     ) -> None:
         super().__init__(
-            budget, analysis=analysis or self.rule, path=path, tolerance=tolerance
+            budget,
+            analysis=analysis or self.rule,
+            path=path,
+            tolerance=tolerance,
+            run=run,
         )
 
     @staticmethod

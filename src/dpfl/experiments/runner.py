@@ -13,36 +13,66 @@ folder ``output_dir/name/`` holding
     ``"private": false`` for a run without noise) on evaluation rounds; under
     an unproven analysis also ``epsilon_status`` and ``epsilon_proven``.
 ``ledger.json``
-    The privacy ledger, saved by the trainer after every charged round.
+    The privacy ledger, saved by the trainer after every charged round
+    (rounds since the last snapshot in ``ledger.json.journal``): each entry
+    holds the round's event, participants and a digest of the model after
+    it, linked into a hash chain.
 ``checkpoint.pt``
-    Trainer state (model, momentum, round, seed), written atomically every
-    ``checkpoint_every`` rounds, on Ctrl-C, on a budget stop and at the end.
+    Trainer state (model, momentum, round, seed, and the ledger's entry count
+    and chain hash at that point), written atomically every
+    ``checkpoint_every`` rounds, on Ctrl-C, on a budget stop and at the end;
+    its last line is a SHA-256 of the rest.
 ``guarantee.json``
     What the run's privacy amounts to at the end: ε of the worst-off privacy
     unit at the budget's δ, with the unit, neighbouring relation, adversary,
     analysis and its status; beside an unproven analysis, the proven ε; and
     every other analysis of the scheme with its status.
+``run.json``
+    The run's frozen definition (data, model, algorithm, privacy with σ as
+    calibrated, seed, rounds) and its digest, written when the run starts
+    (:mod:`dpfl.experiments.rundir`).
+``.lock``
+    The folder's lock: one ``dpfl train`` or ``dpfl resume`` at a time.
 
 The round loop is :meth:`dpfl.sim.loop.Trainer.fit`; the files above (except
-``config.yaml``), the progress display and anything a caller adds
-(``callbacks=``: TensorBoard, :class:`~dpfl.sim.callbacks.AccuracyFigure`'s
-``accuracy.png``, your own) are its callbacks (:mod:`dpfl.sim.callbacks`).
-Progress is a bar on a terminal and a plain line every few rounds otherwise
-(a log file, CI, ``nohup``).
+``config.yaml`` and ``run.json``), the progress display and anything a
+caller adds (``callbacks=``: TensorBoard,
+:class:`~dpfl.sim.callbacks.AccuracyFigure`'s ``accuracy.png``, your own) are
+its callbacks (:mod:`dpfl.sim.callbacks`). Progress is a bar on a terminal
+and a plain line every few rounds otherwise (a log file, CI, ``nohup``).
 
 The run stops cleanly when the ledger's guard refuses a round
 (:class:`~dpfl.errors.BudgetExceededError`): "budget reached at round k".
 Ctrl-C finishes the current round, saves a checkpoint and the ledger, and
-returns (a second Ctrl-C aborts at once). :func:`resume` continues a stopped
-run exactly: same final model and ledger as an uninterrupted run.
+returns (a second Ctrl-C aborts at once). A round whose model or metrics are
+NaN or Inf stops the run with an error naming the round, before anything of
+it is checkpointed.
 
-A note on the ledger and checkpoints. The trainer saves the ledger after every
-round, checkpoints are less frequent, so a run killed between two checkpoints
-resumes from the older checkpoint with a ledger that already holds the later
-rounds; those rounds are re-run and charged *again*. This over-states the
-spend (never under-states it). A clean stop (Ctrl-C,
-budget, end) always checkpoints at the ledger's round, and then the resumed
-ledger equals the uninterrupted one.
+Resuming. :func:`resume` continues a stopped or killed run exactly: the same
+final model and the same ledger as an uninterrupted run. The ledger is saved
+after every round, checkpoints are less frequent, so a run killed between
+two checkpoints holds rounds in its ledger that its checkpoint does not
+have. They are *replayed*, not charged again: the guard is not asked again
+for them (they were admitted when they first ran), each is computed from its
+own random streams (keyed by seed and round), and its ledger entry (event,
+participants, extra facts, model digest) must come out equal, or the run
+stops with :class:`~dpfl.accounting.ledger.LedgerMismatchError` naming the
+round; the ledger on disk keeps every entry throughout, so the spend is never
+under-stated. A ledger without a checkpoint (a kill before the first) is
+replayed from round 0. A round replays bit for bit on the same executor,
+device, torch build and number of torch threads (matrix products sum in an
+order that depends on the thread count); resuming elsewhere with rounds to
+replay stops at the first of them.
+
+Before resuming, the folder is checked: ``config.yaml``'s frozen keys against
+``run.json`` (``noise_multiplier: 0`` written into a stopped run's config is
+refused, and a calibrated σ is never calibrated again), the ledger's and
+checkpoint's checksums and their run digest, the checkpoint's ledger position
+against the ledger, each ledger entry against what the frozen algorithm
+charges, and a missing ledger beside a run that started. Any failure is an
+error naming the file; nothing is ever reset to zero spend. The checksums
+catch accidents and careless edits, not someone with write access who
+recomputes them.
 """
 
 from __future__ import annotations
@@ -58,11 +88,13 @@ from typing import Any
 import yaml
 
 from dpfl._files import atomic_write as _atomic_write
+from dpfl._files import digest as _digest
 from dpfl._files import read_jsonl
 from dpfl.accounting import events as ev
 from dpfl.accounting import schemes
 from dpfl.accounting.ledger import Budget, PrivacyLedger, ledger_class
 from dpfl.errors import DpflError
+from dpfl.experiments import rundir
 from dpfl.experiments.config import (
     ConfigError,
     RunConfig,
@@ -70,12 +102,12 @@ from dpfl.experiments.config import (
     load_config,
 )
 from dpfl.sim.callbacks import (
-    CHECKPOINT_FORMAT,
     Callback,
     Checkpoint,
     FitState,
     MetricsFile,
     check_callbacks,
+    load_checkpoint,
 )
 from dpfl.sim.callbacks import progress as progress_callback
 
@@ -293,7 +325,7 @@ def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
     return config_from_dict(tree)
 
 
-def _ledger(config: RunConfig, run_dir: Path) -> PrivacyLedger:
+def _ledger(config: RunConfig, run_dir: Path, run: str | None = None) -> PrivacyLedger:
     priv = config.privacy
     private = bool(priv.noise_multiplier)
     budget = (
@@ -302,7 +334,7 @@ def _ledger(config: RunConfig, run_dir: Path) -> PrivacyLedger:
         else Budget(priv.epsilon, priv.delta)
     )
     return ledger_class(priv.guard)(
-        budget, analysis=priv.analysis, path=run_dir / LEDGER
+        budget, analysis=priv.analysis, path=run_dir / LEDGER, run=run
     )
 
 
@@ -355,65 +387,99 @@ def run(
 
     extra = check_callbacks(callbacks)
     run_dir = config.run_dir
+    with rundir.run_lock(run_dir) as orphans:
+        if orphans:
+            log.info(
+                "removed %d temporary file(s) left by an interrupted write: %s",
+                len(orphans),
+                ", ".join(o.name for o in orphans),
+            )
+        return _run_locked(config, run_dir, progress, resume, extra)
+
+
+def _run_locked(
+    config: RunConfig,
+    run_dir: Path,
+    progress: bool,
+    resume: bool,
+    extra: list[Callback],
+) -> RunResult:
+    """:func:`run` with the folder's lock held."""
     ckpt_path = run_dir / CHECKPOINT
     ledger_path = run_dir / LEDGER
-    if not resume and (ckpt_path.exists() or ledger_path.exists()):
+    manifest_path = run_dir / rundir.MANIFEST
+    if not resume and (
+        ckpt_path.exists() or ledger_path.exists() or manifest_path.exists()
+    ):
         raise DpflError(
             f"{run_dir} already holds a run; continue it with `dpfl resume "
             f"{run_dir}` or choose another name (--set name=...)"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
+    manifest = rundir.read_manifest(run_dir) if resume else None
+    if manifest is not None:
+        # before any calibration: a changed σ, budget or sampling is refused,
+        # never re-derived
+        rundir.check_frozen(manifest, config.to_dict())
+    started = manifest is not None
+    if resume and not started:
+        _check_unstarted(run_dir)
 
     dataset = _build_dataset(config)
     config = _resolve(config, dataset)
     algorithm = _build_algorithm(config, dataset)
+    run_id = manifest["run"] if manifest is not None else _run_digest(config)
 
     from dpfl.sim.loop import Trainer
 
-    if resume and ledger_path.exists():
+    if started:
+        if not ledger_path.exists():
+            raise DpflError(
+                f"{ledger_path} is missing but {rundir.MANIFEST} says the run "
+                "started: refusing to resume without its ledger (the spend is "
+                "never reset)"
+            )
         ledger = PrivacyLedger.load(ledger_path)
+        if ledger.run != run_id:
+            raise DpflError(
+                f"{ledger_path} belongs to another run (its run digest differs "
+                f"from {rundir.MANIFEST}'s)"
+            )
         _check_ledger(ledger, config)
-    else:
-        ledger = _ledger(config, run_dir)
+        _check_entries(ledger, algorithm)
+    # the key file before run.json: a started secure run always has its key
+    noise = _noise(config, run_dir, started=started)
+    if not started:
+        ledger = _ledger(config, run_dir, run=run_id)
+        _start_files(run_dir, config, ledger)
     execution = _executor(config)
     try:
-        started = resume and (ckpt_path.exists() or ledger_path.exists())
         trainer = Trainer(
             algorithm,
             ledger=ledger,
             seed=config.seed,
             execution=execution,
-            **_noise(config, run_dir, started=started),
+            **noise,
         )
-        if resume and ckpt_path.exists():
-            import torch
-
-            state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-            if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-                raise DpflError(f"{ckpt_path} is not a dpfl run checkpoint")
+        if started and ckpt_path.exists():
+            state = load_checkpoint(ckpt_path, run=run_id)
             trainer.load_state_dict(state["trainer"])
-            if ledger.rounds > trainer.round:
-                log.warning(
-                    "the ledger holds %d charged rounds, the checkpoint %d: rounds "
-                    "%d..%d are re-run and charged again (the spend is over-stated, "
-                    "never reset)",
-                    ledger.rounds,
-                    trainer.round,
-                    trainer.round + 1,
-                    ledger.rounds,
-                )
             log.info("resuming %s at round %d", run_dir, trainer.round)
-        elif resume and ledger.rounds:
-            log.warning(
-                "no checkpoint but the ledger holds %d rounds: starting again at round "
-                "0 with that spend kept",
-                ledger.rounds,
+        elif started and ledger.released:
+            ledger.rewind(0)  # no checkpoint: every charged round is replayed
+        if ledger.replaying:
+            log.info(
+                "the ledger holds %d rounds past the checkpoint: they are "
+                "replayed and confirmed against it, not charged again",
+                ledger.released - ledger.rounds,
             )
-        _write_config(run_dir, config)
+        if started:
+            _write_config(run_dir, config)  # execution and ray may have changed
         start = getattr(execution, "start", None)
         if callable(start):  # a distributed executor: its workers, before round 1
             start(algorithm)
-        return _loop(config, run_dir, trainer, progress=progress, callbacks=extra)
+        return _loop(
+            config, run_dir, trainer, progress=progress, callbacks=extra, run=run_id
+        )
     finally:
         close = getattr(execution, "close", None)
         if callable(close):
@@ -431,6 +497,85 @@ def _noise(config: RunConfig, run_dir: Path, *, started: bool) -> dict[str, Any]
     if not config.privacy.secure_noise:
         return {"secure_noise": False}
     return {"noise_key": load_or_create_key(run_dir, started=started)}
+
+
+def _run_digest(config: RunConfig) -> str:
+    """The digest of a resolved configuration's frozen keys (``run.json``)."""
+    return _digest(rundir.frozen(config.to_dict()))
+
+
+def _start_files(run_dir: Path, config: RunConfig, ledger: PrivacyLedger) -> None:
+    """A starting run's files, in this order: config, empty ledger, manifest.
+
+    ``run.json`` comes last: a folder that has it has the other two, so a
+    missing ledger beside it was deleted (see :func:`_check_unstarted`).
+    """
+    _write_config(run_dir, config)
+    ledger.save()
+    rundir.write_manifest(run_dir, config.to_dict())
+
+
+def _check_unstarted(run_dir: Path) -> None:
+    """Resuming a folder without ``run.json``: only a run that never began.
+
+    A run writes ``config.yaml``, then an empty ledger, then ``run.json``
+    before its first round; a kill between them leaves at most an empty
+    ledger, and the run starts afresh. Anything more without ``run.json`` is
+    refused.
+    """
+    if (run_dir / CHECKPOINT).exists():
+        raise DpflError(
+            f"{run_dir} has a checkpoint but no {rundir.MANIFEST}: it was deleted "
+            "or the run was written by an older dpfl; refusing to resume it"
+        )
+    if (run_dir / LEDGER).exists():
+        ledger = PrivacyLedger.load(run_dir / LEDGER)
+        if ledger.released:
+            raise DpflError(
+                f"{run_dir} has a ledger with {ledger.released} charged rounds but "
+                f"no {rundir.MANIFEST}: it was deleted or the run was written by "
+                "an older dpfl; refusing to resume it"
+            )
+
+
+def _check_entries(ledger: PrivacyLedger, algorithm: Any) -> None:
+    """Each entry must be what the frozen configuration's algorithm charges.
+
+    An entry whose event differs (e.g. a raised σ) is refused. Where the
+    algorithm realises its event during the round (LOCKS), the noise
+    multipliers must match.
+    """
+    from dpfl.sim.algorithms.base import FederatedAlgorithm
+
+    realised = type(algorithm).realised_event is not FederatedAlgorithm.realised_event
+    entries = ledger.released_ledger().entries
+    for i, entry in enumerate(entries):
+        want = algorithm.event(entry.round)
+        have, expect = (
+            ev.event_to_dict(entry.event),
+            (None if want is None else ev.event_to_dict(want)),
+        )
+        same = (
+            _noise_levels(have) == _noise_levels(expect)
+            if realised and expect is not None
+            else have == expect
+        )
+        if not same:
+            raise DpflError(
+                f"ledger entry {i + 1} (round {entry.round + 1}) charges {have}, "
+                f"not what the run's algorithm charges ({expect}): the ledger was "
+                "altered or belongs to another configuration; refusing it"
+            )
+
+
+def _noise_levels(tree: Any) -> list[float]:
+    """Every noise multiplier in an event's dict form."""
+    if isinstance(tree, dict):
+        out = [float(v) for k, v in tree.items() if k == "noise_multiplier"]
+        for v in tree.values():
+            out += _noise_levels(v)
+        return sorted(out)
+    return []
 
 
 def _check_ledger(ledger: PrivacyLedger, config: RunConfig) -> None:
@@ -541,7 +686,7 @@ class _GuaranteeFile(Callback):
             return
         trainer = state.trainer
         self.guarantee = _guarantee(
-            trainer.ledger,
+            trainer.ledger.released_ledger(),
             trainer.algorithm.event(),
             self.config.privacy.delta,
             self.config,
@@ -560,6 +705,7 @@ def _loop(
     progress: bool,
     callbacks: Sequence[Callback] = (),
     step: Callable[[], Any] | None = None,
+    run: str | None = None,
 ) -> RunResult:
     """The round loop (:meth:`Trainer.fit`) with the run folder's callbacks.
 
@@ -569,7 +715,7 @@ def _loop(
     guarantee = _GuaranteeFile(config)
     own: list[Callback] = [
         MetricsFile(run_dir / METRICS),
-        Checkpoint(run_dir / CHECKPOINT, every=config.checkpoint_every),
+        Checkpoint(run_dir / CHECKPOINT, every=config.checkpoint_every, run=run),
         guarantee,
     ]
     if progress:
@@ -596,8 +742,10 @@ def _loop(
 
 
 #: Keys ``dpfl resume --set`` may change: where the client steps run, which
-#: never changes the result (the same ledger, the same model to float
-#: rounding), so a run lost with its cluster continues elsewhere.
+#: never changes what is charged (the same ledger, the same model to float
+#: rounding), so a run lost with its cluster continues elsewhere. Rounds past
+#: the checkpoint that must be replayed are confirmed by a digest of the
+#: model, bit for bit: they need the executor they first ran on.
 RESUME_KEYS = ("execution", "ray")
 
 

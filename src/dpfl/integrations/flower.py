@@ -187,7 +187,7 @@ def build_trainer(
     config = runner._resolve(config, dataset)
     algorithm = runner._build_algorithm(config, dataset)
     if ledger_path:
-        ledger = runner._ledger(config, config.run_dir)
+        ledger = runner._ledger(config, config.run_dir, run=runner._run_digest(config))
     else:
         ledger = runner._ledger(config, Path("."))
         ledger.path = None
@@ -401,7 +401,8 @@ class DpflStrategy(Strategy):
         self._plan: RoundPlan | None = None
         self._sent: dict[int, list[int]] = {}  # node id -> task positions
         self._missing: list[int] = []
-        runner._write_config(run_dir, self.config)
+        # config, empty ledger and run.json: `dpfl resume` can continue the folder
+        runner._start_files(run_dir, self.config, self.trainer.ledger)
 
     # -- nodes --------------------------------------------------------------------
     def discover(self, grid: Grid) -> dict[int, int]:
@@ -695,6 +696,7 @@ class DpflStrategy(Strategy):
             progress=False,
             callbacks=[_FlowerResult(result, self._arrays, evaluate_fn)],
             step=flower_round,
+            run=self.trainer.ledger.run,
         )
         self.stopped = run.stopped
         if not result.arrays:

@@ -11,9 +11,24 @@ Each :meth:`Trainer.step`
    runs the client steps through the executor, each client with its own
    generators (:mod:`dpfl.sim.randomness`), and lets the server step
    aggregate, privatize and update;
-3. records the event in the ledger (with the participants when the
-   algorithm's guarantee is per client), and saves the ledger if it has a
-   path.
+3. checks that the model is finite, records the event in the ledger (with
+   the participants when the algorithm's guarantee is per client, and a
+   SHA-256 digest of the model after the round), and saves the ledger if it
+   has a path.
+
+A ledger with a finite budget never records a round without noise: such a
+round is refused before it runs (a non-private run is declared as one: its
+ledger has no budget).
+
+Resuming. :meth:`Trainer.load_state_dict` ties a checkpoint to its ledger
+(the entry count and chain hash it was taken at) and rewinds a ledger that
+holds later rounds (:meth:`~dpfl.accounting.ledger.PrivacyLedger.rewind`):
+those rounds are *replayed*, not charged again. The guard is not asked again
+for them (they were admitted when they first ran); each replayed round's
+entry, digest included, must equal the one on record, or the run stops with
+:class:`~dpfl.accounting.ledger.LedgerMismatchError` naming the round. A
+round replays bit for bit on the same executor, device and torch build, with
+the same number of threads.
 
 :meth:`Trainer.fit` runs rounds to a target, evaluates the model every few
 rounds with the ε spent so far, stops cleanly on the budget, Ctrl-C or a
@@ -33,7 +48,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
+import math
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -42,22 +59,59 @@ from typing import Any
 
 import numpy as np
 
+from dpfl._files import fault
 from dpfl._validate import check_count, check_delta
 from dpfl.accounting import schemes
 from dpfl.accounting.events import Event
 from dpfl.accounting.ledger import PrivacyLedger
-from dpfl.errors import BudgetExceededError, DpflError, InvalidParameterError
+from dpfl.errors import (
+    BudgetExceededError,
+    DpflError,
+    InvalidParameterError,
+    NonFiniteUpdateError,
+)
 from dpfl.sim import secure_noise as _keys
 from dpfl.sim.algorithms.base import Cohort, FederatedAlgorithm, Messages
 from dpfl.sim.callbacks import Callback, FitResult, FitState, check_callbacks
 from dpfl.sim.executors import Executor, executor
 from dpfl.sim.randomness import CohortStreams, Streams, server_streams
 
-__all__ = ["RoundPlan", "RoundReport", "Trainer", "deferred_interrupt"]
+__all__ = [
+    "RoundPlan",
+    "RoundReport",
+    "Trainer",
+    "deferred_interrupt",
+    "weights_digest",
+]
 
 _log = logging.getLogger("dpfl.sim")
 
-_STATE_FORMAT = 2
+_STATE_FORMAT = 3
+
+
+def weights_digest(weights: Any) -> str:
+    """SHA-256 (hex) of a weight tensor: dtype, shape and bytes.
+
+    Parameters
+    ----------
+    weights : torch.Tensor
+        The tensor (any device and dtype).
+
+    Returns
+    -------
+    str
+        64 hex digits; equal tensors (bit for bit) give equal digests.
+    """
+    import torch
+
+    flat = weights.detach().contiguous().reshape(-1)
+    raw = flat.view(torch.uint8).cpu().numpy().tobytes()
+    head = f"{flat.dtype}:{tuple(weights.shape)}:".encode()
+    return hashlib.sha256(head + raw).hexdigest()
+
+
+def _finite_budget(ledger: PrivacyLedger) -> bool:
+    return ledger.budget is not None and not math.isinf(ledger.budget.epsilon)
 
 
 @dataclasses.dataclass
@@ -170,6 +224,11 @@ class Trainer:
                 f"ledger.analysis must be one of {list(valid)} for this "
                 f"{type(algorithm).__name__} setting; got {ledger.analysis!r}"
             )
+        if algorithm.event() is None and _finite_budget(ledger):
+            raise InvalidParameterError(
+                f"ledger.budget must be None for an algorithm that adds no noise "
+                f"(a non-private run has no budget to guard); got {ledger.budget}"
+            )
         self.algorithm = algorithm
         self.ledger = ledger
         self.seed = check_count("seed", seed, minimum=0)
@@ -226,7 +285,13 @@ class Trainer:
         alg = self.algorithm
         index = self.round
         event = alg.event(index)
-        if event is not None:
+        if event is None and _finite_budget(self.ledger):
+            raise DpflError(
+                f"round {index + 1} would add no noise under a finite budget "
+                f"({self.ledger.budget}): refused (a non-private run has no budget)"
+            )
+        if event is not None and not self.ledger.replaying:
+            # a replayed round was admitted (and charged) when it first ran
             self.ledger.check(event)
         key = self.noise_key
         server = server_streams(self.seed, index, alg.device, key=key)
@@ -243,12 +308,22 @@ class Trainer:
         dpfl.errors.DpflError
             If ``plan`` is not the round this trainer is in.
         dpfl.errors.NonFiniteUpdateError
-            If the update is not finite (nothing changes, nothing charged).
+            If the update is not finite (nothing changes, nothing charged),
+            or the model is not finite after it (nothing charged; the
+            trainer must not be used further).
+        dpfl.accounting.ledger.LedgerMismatchError
+            In a replayed round, if it differs from the ledger's entry.
         """
         self._check_plan(plan)
         alg = self.algorithm
         cohort, event = plan.cohort, plan.event
         metrics = alg.server_step(cohort, messages, plan.server)
+        if not bool(alg.weights.isfinite().all()):
+            raise NonFiniteUpdateError(
+                "the model holds NaN or Inf after the server step (the update "
+                "was finite; the weights overflowed); nothing was charged"
+            )
+        fault("round")
         if event is not None:
             # Some schemes learn facts only during the round (LOCKS: the largest
             # second-stage probability, who was in the second stage); their
@@ -330,6 +405,7 @@ class Trainer:
             else None,
             round=plan.round,
             extra=extra,
+            digest=weights_digest(alg.weights),
         )
         if self.ledger.path is not None:
             self.ledger.flush()
@@ -492,11 +568,17 @@ class Trainer:
                             "budget reached at round %d: %s", self.round + 1, exc
                         )
                         break
+                    except NonFiniteUpdateError as exc:
+                        raise NonFiniteUpdateError(
+                            f"round {self.round + 1}: {exc}; the run stops (the "
+                            "last checkpoint is kept)"
+                        ) from None
                     done = report.round + 1
                     record: dict[str, Any] = {"round": done}
                     record.update({k: float(v) for k, v in report.metrics.items()})
                     if done % eval_every == 0 or done == rounds:
                         record.update(evaluate(done))
+                    _check_record(record)
                     state.history.append(record)
                     for cb in items:
                         cb.on_round_end(state, record)
@@ -543,8 +625,8 @@ class Trainer:
         No generator state is stored: round ``t``'s generators are derived
         from ``(key or seed, t[, client])`` alone; the secret noise key is
         never stored here (a checkpoint is what gets shared). The number of
-        rounds the ledger has charged is stored to detect a checkpoint loaded
-        against the wrong ledger. The ledger itself is persisted by
+        rounds the ledger has charged and its chain hash there tie the
+        checkpoint to its ledger. The ledger itself is persisted by
         :meth:`PrivacyLedger.save`.
 
         Returns
@@ -557,11 +639,17 @@ class Trainer:
             "round": self.round,
             "seed": self.seed,
             "ledger_rounds": self.ledger.rounds,
+            "ledger_chain": self.ledger.chain_at(self.ledger.rounds),
             "algorithm": self.algorithm.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (for ``dpfl resume``).
+
+        A ledger holding *more* rounds than the checkpoint (saved after a
+        later round, e.g. a crash between two checkpoints) is rewound to the
+        checkpoint (:meth:`PrivacyLedger.rewind`): the later rounds are
+        replayed and each confirms its entry instead of being charged again.
 
         Parameters
         ----------
@@ -572,12 +660,10 @@ class Trainer:
         ------
         dpfl.errors.DpflError
             If the checkpoint is not a trainer checkpoint, was taken with
-            another seed, or the ledger holds fewer rounds than were charged
-            when the checkpoint was taken (the spend is never silently reset).
-            A ledger holding *more* rounds (saved after a later round than the
-            checkpoint, e.g. a crash between the two writes) is accepted: the
-            rounds re-run are charged again, which over-states, never
-            under-states, the spend.
+            another seed, the ledger holds fewer rounds than were charged
+            when the checkpoint was taken (the spend is never silently reset),
+            or its entries up to the checkpoint are not the ones the
+            checkpoint was taken with (chain hash).
         """
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
             raise DpflError(
@@ -588,15 +674,42 @@ class Trainer:
                 f"checkpoint was taken with seed {state['seed']!r}; this trainer "
                 f"has seed {self.seed!r}"
             )
-        if self.ledger.rounds < state["ledger_rounds"]:
+        count = int(state["ledger_rounds"])
+        if self.ledger.released < count:
             raise DpflError(
-                f"the ledger holds {self.ledger.rounds} charged rounds but the "
-                f"checkpoint was taken after {state['ledger_rounds']}; load the "
-                "ledger saved with the checkpoint (a resumed run never resets "
-                "its spend)"
+                f"the ledger holds {self.ledger.released} charged rounds but the "
+                f"checkpoint was taken after {count}; load the ledger saved with "
+                "the checkpoint (a resumed run never resets its spend)"
+            )
+        self.ledger.rewind(count)
+        if self.ledger.chain_at(count) != state["ledger_chain"]:
+            raise DpflError(
+                f"the ledger's first {count} entries are not those the checkpoint "
+                "was taken with (chain hash differs): a ledger of another run, or "
+                "an altered one"
             )
         self.algorithm.load_state_dict(state["algorithm"])
         self.round = int(state["round"])
+
+
+def _check_record(record: dict[str, Any]) -> None:
+    """Refuse a round whose metrics are NaN or Inf (before any callback sees it).
+
+    Raises
+    ------
+    dpfl.errors.NonFiniteUpdateError
+        Naming the round and the metric; the round is neither written to the
+        metrics file nor checkpointed.
+    """
+    for key, value in record.items():
+        if key.startswith("epsilon") or not isinstance(value, float):
+            continue
+        if not math.isfinite(value):
+            raise NonFiniteUpdateError(
+                f"round {record['round']}: {key} is {value} (the model or its "
+                "metrics are not finite); the run stops and the last checkpoint "
+                "is kept"
+            )
 
 
 @contextlib.contextmanager

@@ -1,0 +1,184 @@
+"""Resume that reconciles: replayed rounds confirm their ledger entries.
+
+The ledger level (rewind, confirm, mismatch, what is on disk meanwhile) and
+the runner level: a crash before the first checkpoint, and a calibrated σ
+(the issue's case: extra charges exhausted the budget early and the model
+differed), both resume to the uninterrupted run, σ never calibrated again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpfl.accounting import events as ev
+from dpfl.accounting.ledger import Budget, LedgerMismatchError, PrivacyLedger
+
+EVENT = ev.PoissonSampled(0.1, ev.Gaussian(1.0))
+
+
+def _ledger(path: Path, n: int = 5) -> PrivacyLedger:
+    ledger = PrivacyLedger(Budget(20.0, 1e-5), path=path, run="r")
+    for r in range(n):
+        ledger.record(EVENT, round=r, digest=f"d{r}")
+        ledger.flush()
+    return ledger
+
+
+def test_rewind_keeps_every_entry_on_disk_and_confirms_replays(tmp_path):
+    path = tmp_path / "ledger.json"
+    full = _ledger(path).to_json()
+    ledger = PrivacyLedger.load(path)
+    ledger.rewind(2)
+    assert (ledger.rounds, ledger.released, ledger.replaying) == (2, 5, True)
+    # the spend reported is the uninterrupted run's at round 2 ...
+    two = PrivacyLedger(Budget(20.0, 1e-5))
+    for r in range(2):
+        two.record(EVENT, round=r)
+    assert ledger.epsilon() == two.epsilon()
+    assert ledger.epsilon().upper < ledger.released_ledger().epsilon().upper
+    # ... while every file written keeps all five entries
+    ledger.save()
+    assert json.loads(path.read_text())["count"] == 5
+    assert ledger.released_ledger().rounds == 5
+    ledger.record(EVENT, round=2, digest="d2")  # confirmed, not charged again
+    ledger.flush()
+    assert (ledger.rounds, ledger.released) == (3, 5)
+    assert PrivacyLedger.load(path).released == 5
+    for r in (3, 4):
+        ledger.record(EVENT, round=r, digest=f"d{r}")
+    assert not ledger.replaying
+    ledger.record(EVENT, round=5, digest="d5")  # a new round: charged
+    assert ledger.rounds == 6
+    assert ledger.to_json()["entries"][:5] == full["entries"]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"digest": "other"}, "digest"),
+        ({"round": 7}, "round"),
+        ({"participants": [1, 2]}, "participants"),
+        ({"extra": {"abandoned": True}}, "extra"),
+        ({"event": ev.PoissonSampled(0.1, ev.Gaussian(2.0))}, "event"),
+    ],
+)
+def test_a_replay_that_differs_is_refused(tmp_path, change: dict[str, Any], field):
+    path = tmp_path / "ledger.json"
+    _ledger(path)
+    ledger = PrivacyLedger.load(path)
+    ledger.rewind(2)
+    kwargs: dict[str, Any] = {"round": 2, "digest": "d2", **change}
+    event = kwargs.pop("event", EVENT)
+    with pytest.raises(
+        LedgerMismatchError, match=f"round {kwargs['round'] + 1} .*{field}"
+    ):
+        ledger.record(event, **kwargs)
+    assert (ledger.rounds, ledger.released) == (2, 5)
+    assert PrivacyLedger.load(path).released == 5
+
+
+def test_rewind_past_the_ledger_is_refused(tmp_path):
+    _ledger(tmp_path / "ledger.json", 3)
+    ledger = PrivacyLedger.load(tmp_path / "ledger.json")
+    with pytest.raises(Exception, match="holds 3 charged rounds but the checkpoint"):
+        ledger.rewind(4)
+
+
+# -- through the runner ---------------------------------------------------------
+torch = pytest.importorskip("torch")
+
+from dpfl.experiments import config_from_dict, resume, run  # noqa: E402
+from dpfl.experiments.runner import read_metrics  # noqa: E402
+from dpfl.sim.callbacks import load_checkpoint  # noqa: E402
+from dpfl.sim.loop import Trainer  # noqa: E402
+
+
+def tiny(tmp_path: Path, name: str, **top: Any) -> Any:
+    privacy = top.pop("privacy", {})
+    tree = {
+        "name": name,
+        "seed": 3,
+        "rounds": 8,
+        "output_dir": str(tmp_path / "runs"),
+        "eval_every": 2,
+        "checkpoint_every": 3,
+        "data": {"num_clients": 20, "records_per_client": 10},
+        "model": {"options": {"hidden": 8}},
+        "algorithm": {
+            "participation_probability": 0.5,
+            "record_probability": 0.5,
+            "learning_rate": 0.5,
+            "momentum": 0.5,
+        },
+        "privacy": {"epsilon": math.inf, "delta": 1e-5, "noise_multiplier": 1.0},
+        **top,
+    }
+    tree["privacy"].update(privacy)
+    return config_from_dict(tree)
+
+
+def crash_in(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
+    step = Trainer.step
+
+    def crashing(self: Trainer) -> Any:
+        if self.round == k - 1:
+            raise RuntimeError("killed")
+        return step(self)
+
+    monkeypatch.setattr(Trainer, "step", crashing)
+
+
+def _same(a: Path, b: Path) -> None:
+    sa, sb = load_checkpoint(a / "checkpoint.pt"), load_checkpoint(b / "checkpoint.pt")
+    assert sa["round"] == sb["round"]
+    ma, mb = sa["trainer"]["algorithm"]["model"], sb["trainer"]["algorithm"]["model"]
+    assert all(torch.equal(ma[k], mb[k]) for k in mb)
+    la = PrivacyLedger.load(a / "ledger.json").to_json()
+    lb = PrivacyLedger.load(b / "ledger.json").to_json()
+    assert (la["entries"], la["digests"]) == (lb["entries"], lb["digests"])
+    assert read_metrics(a) == read_metrics(b)
+
+
+def test_a_crash_before_the_first_checkpoint_replays_from_round_zero(
+    tmp_path, monkeypatch
+):
+    full = run(tiny(tmp_path, "full"), progress=False)
+    cfg = tiny(tmp_path, "early")
+    crash_in(monkeypatch, 3)  # rounds 1-2 charged, no checkpoint yet
+    with pytest.raises(RuntimeError):
+        run(cfg, progress=False)
+    monkeypatch.undo()
+    assert not (cfg.run_dir / "checkpoint.pt").exists()
+    assert PrivacyLedger.load(cfg.run_dir / "ledger.json").released == 2
+    resume(cfg.run_dir, progress=False)
+    _same(cfg.run_dir, full.run_dir)
+
+
+def test_a_calibrated_run_resumes_exactly_without_calibrating_again(
+    tmp_path, monkeypatch
+):
+    # The issue: extra charges exhausted a calibrated budget early (round 36
+    # of 40) and the model differed. Crash in round 6 (checkpoint at 3).
+    privacy = {"epsilon": 3.0, "noise_multiplier": None}
+    full = run(tiny(tmp_path, "full", privacy=privacy), progress=False)
+    assert full.stopped == "completed" and full.rounds_completed == 8
+    cfg = tiny(tmp_path, "cal", privacy=privacy)
+    crash_in(monkeypatch, 6)
+    with pytest.raises(RuntimeError):
+        run(cfg, progress=False)
+    monkeypatch.undo()
+    from dpfl.sim import plan
+
+    def no_calibration(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("resume calibrated sigma again")
+
+    monkeypatch.setattr(plan, "calibrate_noise_multiplier", no_calibration)
+    done = resume(cfg.run_dir, progress=False)
+    assert done.stopped == "completed" and done.rounds_completed == 8
+    assert done.epsilon == full.epsilon
+    _same(cfg.run_dir, full.run_dir)
