@@ -17,6 +17,7 @@ import pytest
 
 from dpfl.accounting import events as ev
 from dpfl.accounting.ledger import Budget, LedgerMismatchError, PrivacyLedger
+from dpfl.sim.secure_noise import KEY_FILE, write_key_file
 
 EVENT = ev.PoissonSampled(0.1, ev.Gaussian(1.0))
 
@@ -119,7 +120,13 @@ def tiny(tmp_path: Path, name: str, **top: Any) -> Any:
         **top,
     }
     tree["privacy"].update(privacy)
-    return config_from_dict(tree)
+    cfg = config_from_dict(tree)
+    # Secure noise (the default) with one key for every run of a test: the
+    # runs compared draw the same secret noise, and replays exercise the
+    # keyed sampler.
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    write_key_file(cfg.run_dir / KEY_FILE, bytes(range(32)))
+    return cfg
 
 
 def crash_in(monkeypatch: pytest.MonkeyPatch, k: int) -> None:

@@ -198,6 +198,33 @@ def _calls(tree: ast.AST):
                 yield base.id, node.func.attr, node
 
 
+def _safe_loaders(tree: ast.AST) -> set[str]:
+    """Classes of the module that subclass ``yaml.SafeLoader`` (or each other)."""
+    safe = {"SafeLoader", "CSafeLoader"}
+    grew = True
+    while grew:
+        grew = False
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name not in safe:
+                bases = {
+                    b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")
+                    for b in node.bases
+                }
+                if bases & safe:
+                    safe.add(node.name)
+                    grew = True
+    return safe
+
+
+def _loader_is_safe(node: ast.Call, safe: set[str]) -> bool:
+    for kw in node.keywords:
+        if kw.arg == "Loader":
+            v = kw.value
+            name = v.attr if isinstance(v, ast.Attribute) else getattr(v, "id", "")
+            return name in safe
+    return False
+
+
 def _keyword(node: ast.Call, name: str):
     for kw in node.keywords:
         if kw.arg == name and isinstance(kw.value, ast.Constant):
@@ -206,21 +233,22 @@ def _keyword(node: ast.Call, name: str):
 
 
 def test_no_unsafe_deserialisation_in_the_package():
-    # yaml: safe_load only; torch.load: weights_only=True; np.load:
-    # allow_pickle=False; no pickle/marshal/shelve loads (the CIFAR reader's
+    # yaml: safe_load, or load with a SafeLoader subclass; torch.load:
+    # weights_only=True; np.load: allow_pickle=False; no pickle/marshal/shelve loads (the CIFAR reader's
     # restricted Unpickler subclass is the one unpickler, and is not a call).
     bad = []
     checked = 0
     for path in sorted((ROOT / "src" / "dpfl").rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
+        safe = _safe_loaders(tree)
         for base, attr, node in _calls(tree):
             where = f"{path.relative_to(ROOT)}:{node.lineno}"
-            if base == "yaml" and attr in (
-                "load",
-                "load_all",
-                "unsafe_load",
-                "full_load",
-            ):
+            if base == "yaml" and attr in ("load", "load_all"):
+                # only with a SafeLoader (or a subclass defined beside it)
+                checked += 1
+                if not _loader_is_safe(node, safe):
+                    bad.append(f"{where} yaml.{attr} without a SafeLoader")
+            elif base == "yaml" and attr in ("unsafe_load", "full_load"):
                 bad.append(f"{where} yaml.{attr}")
             elif base == "torch" and attr == "load":
                 checked += 1

@@ -27,6 +27,7 @@ from dpfl.experiments import config_from_dict, resume, run  # noqa: E402
 from dpfl.experiments.runner import read_metrics  # noqa: E402
 from dpfl.sim.callbacks import load_checkpoint  # noqa: E402
 from dpfl.sim.loop import Trainer  # noqa: E402
+from dpfl.sim.secure_noise import KEY_FILE, write_key_file  # noqa: E402
 
 
 def tiny(tmp_path: Path, name: str = "t", **privacy: Any) -> Any:
@@ -47,7 +48,11 @@ def tiny(tmp_path: Path, name: str = "t", **privacy: Any) -> Any:
         },
         "privacy": {"epsilon": 50.0, "delta": 1e-5, "noise_multiplier": 1.0, **privacy},
     }
-    return config_from_dict(tree)
+    cfg = config_from_dict(tree)
+    # secure noise (the default), one key for the runs compared
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    write_key_file(cfg.run_dir / KEY_FILE, bytes(range(32)))
+    return cfg
 
 
 def stop_after(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
@@ -218,7 +223,9 @@ def test_a_changed_config_is_refused(copy: Path, key: str, value: Any, named: st
     section = tree["privacy"] if key in tree["privacy"] else tree["algorithm"]["params"]
     section[key] = value
     (copy / "config.yaml").write_text(yaml.safe_dump(tree))
-    with pytest.raises(DpflError, match=f"no longer matches.*{named}"):
+    # (σ = 0 under a finite budget is refused by the configuration itself)
+    refused = rf"no longer matches.*{named}|{named} 0 adds no noise"
+    with pytest.raises(DpflError, match=refused):
         resume(copy, progress=False)
     assert PrivacyLedger.load(copy / "ledger.json").released == 5
 
