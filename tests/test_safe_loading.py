@@ -234,8 +234,9 @@ def _keyword(node: ast.Call, name: str):
 
 def test_no_unsafe_deserialisation_in_the_package():
     # yaml: safe_load, or load with a SafeLoader subclass; torch.load:
-    # weights_only=True; np.load: allow_pickle=False; no pickle/marshal/shelve loads (the CIFAR reader's
-    # restricted Unpickler subclass is the one unpickler, and is not a call).
+    # weights_only=True; np.load: allow_pickle=False; no pickle/marshal/shelve
+    # loads (the CIFAR reader's restricted Unpickler subclass is the one
+    # unpickler, and is not a call).
     bad = []
     checked = 0
     for path in sorted((ROOT / "src" / "dpfl").rglob("*.py")):
