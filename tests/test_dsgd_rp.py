@@ -130,9 +130,13 @@ def test_event_and_non_private_baseline():
     assert DsgdRandomParticipation.round_event(params, DataStats.of(ds), 1.0) == want
     base = _build(ds, sigma=0.0)
     assert base.event() is None
-    ledger = PrivacyLedger(Budget(1e-6, 1e-6))  # no private round would fit
+    # A non-private run has no budget: its rounds are not charged ...
+    ledger = PrivacyLedger()
     Trainer(base, ledger=ledger, seed=0).run(2)
     assert ledger.rounds == 0
+    # ... and a noiseless algorithm under a finite budget is refused.
+    with pytest.raises(InvalidParameterError, match="ledger.budget must be None"):
+        Trainer(base, ledger=PrivacyLedger(Budget(1e-6, 1e-6)), seed=0)
 
 
 @pytest.mark.parametrize("max_batch", [None, 4])

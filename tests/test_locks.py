@@ -239,6 +239,7 @@ def _fixed_updates(alg, num_clients, seed=0):
     return g * torch.linspace(0.05, 1.0, num_clients, dtype=torch.float64)[:, None]
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 @pytest.mark.parametrize("second_stage_size", [3, 12])
 def test_unbiased_estimator_monte_carlo(second_stage_size):
     # E[ĝ_A] = (1/K) Σ_k ḡ_k over S1, the noisy norms, S2 and the noise
@@ -311,6 +312,7 @@ def test_variance_schedule_step_size():
 
 
 # ------------------------------------------------------------------- training
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_training_on_digits_improves_accuracy_and_is_seeded():
     # (loop = batched is the contract suite's; the batched executor here.)
     ds = _digits(20)

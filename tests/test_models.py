@@ -65,6 +65,7 @@ def test_no_batchnorm_anywhere():
         )
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_mlp_fits_8x8_digits():
     # The MLP must be able to fit scikit-learn's 1,797 digits: full-batch Adam,
     # 150 steps, seeded. Non-private training accuracy of such a network is

@@ -348,6 +348,7 @@ def test_local_batches_touch_a_record_with_the_subsampling_ratio():
 
 
 # ----------------------------------------------------------------- training, state
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_training_improves_personalised_accuracy_and_resumes_exactly():
     ds = _tabular(num_clients=30)
     alg = _algorithm(ds, sigma=1.0, learning_rate=0.5)

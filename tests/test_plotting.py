@@ -105,6 +105,7 @@ def test_non_private_run_has_no_empty_epsilon_panel(tmp_path: Path, figures: lis
     assert "not private" in fig["suptitle"]
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_epsilon_curves_log_axes_and_dashed_invalid(tmp_path: Path, figures: list):
     deltas = [1e-8, 1e-6, 1e-4]
     plot_epsilon_curves(
@@ -161,6 +162,7 @@ def test_sweep_figure_bands_and_errorbars(tmp_path: Path, figures: list) -> None
     assert len(figures[-1]["axes"]) == 1 and figures[-1]["axes"][0]["bands"] == 0
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_personalised_accuracy_is_labelled(tmp_path: Path, figures: list) -> None:
     run = _run(tmp_path, "pfs", [0.5, 2.0, 8.0], TERMS)
     (run / "config.yaml").write_text("algorithm:\n  name: prifedsync\n")

@@ -88,6 +88,7 @@ ADULT_ROW = (
 )
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_ms_pafl_adult_runs_on_files_in_adults_format(tmp_path, monkeypatch):
     # 300 training rows (3 per client) and 20 test rows, written as adult.data
     # and adult.test are (comma-separated, test labels end with ".").

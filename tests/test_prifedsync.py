@@ -111,6 +111,7 @@ def test_round_event_is_pure_and_sigma_is_the_papers():
     ).event(1.4)
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_same_seed_same_models_and_different_seed_differs():
     a, b, c = _algorithm(), _algorithm(), _algorithm()
     _run(a, 3, seed=7)

@@ -34,6 +34,7 @@ def test_ms_pafl_report_reproduces_the_reference_example(tmp_path):
         assert f"![{stem}]({stem}.png)" in report
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_fdp_tables_1_to_3_reproduce_the_printed_mu():
     t1, t2, t3 = rep._federated_fdp()
     for table, count in ((t1, 12), (t3, 6)):

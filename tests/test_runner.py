@@ -271,6 +271,7 @@ def test_calibrated_run_meets_budget_tightly(tmp_path):
     assert b.upper == pytest.approx(2.0, rel=0.03)
 
 
+@pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 def test_plots(tmp_path):
     cfg = tiny(tmp_path, rounds=2, eval_every=1)
     run(cfg, progress=False)

@@ -80,7 +80,9 @@ def one_line(message: str, limit: int = ERROR_LIMIT) -> str:
     """``message`` on one line of at most ``limit`` characters.
 
     Control characters (a newline in a value a user passed) are escaped, and
-    a message longer than ``limit`` (one that quotes a long value) is cut.
+    a message longer than ``limit`` (one that quotes a long value) is cut in
+    the middle, keeping its start and, where the whole message was read, its
+    end (where dpfl's messages say what to do).
 
     Parameters
     ----------
@@ -101,8 +103,11 @@ def one_line(message: str, limit: int = ERROR_LIMIT) -> str:
         for c in message[: 2 * limit]
     )
     if len(text) > limit or total > 2 * limit:
+        # keep the start (what failed) and the end (what to do about it)
         total = max(total, len(text))
-        text = f"{text[: limit - 40]}... ({total} characters in all)"
+        tail = text[-(limit // 3) :] if total <= 2 * limit else ""
+        note = f" ... ({total} characters in all) ... "
+        text = f"{text[: limit - len(tail) - len(note)]}{note}{tail}"
     return text
 
 
