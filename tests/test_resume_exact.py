@@ -9,7 +9,6 @@ differed), both resume to the uninterrupted run, σ never calibrated again.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 
 from dpfl.accounting import events as ev
 from dpfl.accounting.ledger import Budget, LedgerMismatchError, PrivacyLedger
-from dpfl.sim.secure_noise import KEY_FILE, write_key_file
+from tiny_runs import SHARED_KEY, tiny_config
 
 EVENT = ev.PoissonSampled(0.1, ev.Gaussian(1.0))
 
@@ -93,40 +92,24 @@ def test_rewind_past_the_ledger_is_refused(tmp_path):
 # -- through the runner ---------------------------------------------------------
 torch = pytest.importorskip("torch")
 
-from dpfl.experiments import config_from_dict, resume, run  # noqa: E402
+from dpfl.experiments import resume, run  # noqa: E402
 from dpfl.experiments.runner import read_metrics  # noqa: E402
 from dpfl.sim.callbacks import load_checkpoint  # noqa: E402
 from dpfl.sim.loop import Trainer  # noqa: E402
 
 
 def tiny(tmp_path: Path, name: str, **top: Any) -> Any:
-    privacy = top.pop("privacy", {})
-    tree = {
-        "name": name,
-        "seed": 3,
-        "rounds": 8,
-        "output_dir": str(tmp_path / "runs"),
-        "eval_every": 2,
-        "checkpoint_every": 3,
-        "data": {"num_clients": 20, "records_per_client": 10},
-        "model": {"options": {"hidden": 8}},
-        "algorithm": {
-            "participation_probability": 0.5,
-            "record_probability": 0.5,
-            "learning_rate": 0.5,
-            "momentum": 0.5,
-        },
-        "privacy": {"epsilon": math.inf, "delta": 1e-5, "noise_multiplier": 1.0},
+    # 8 rounds, checkpoint every 3; secure noise with one key for every run of
+    # a test: the runs compared draw the same noise, replays use the sampler
+    return tiny_config(
+        tmp_path,
+        name,
+        rounds=8,
+        eval_every=2,
+        checkpoint_every=3,
+        key=SHARED_KEY,
         **top,
-    }
-    tree["privacy"].update(privacy)
-    cfg = config_from_dict(tree)
-    # Secure noise (the default) with one key for every run of a test: the
-    # runs compared draw the same secret noise, and replays exercise the
-    # keyed sampler.
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    write_key_file(cfg.run_dir / KEY_FILE, bytes(range(32)))
-    return cfg
+    )
 
 
 def crash_in(monkeypatch: pytest.MonkeyPatch, k: int) -> None:

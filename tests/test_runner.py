@@ -21,6 +21,7 @@ from dpfl.errors import DpflError  # noqa: E402
 from dpfl.experiments import config_from_dict, resume, run  # noqa: E402
 from dpfl.experiments.runner import read_metrics  # noqa: E402
 from dpfl.plotting import plot_epsilon_curves, plot_runs  # noqa: E402
+from tiny_runs import tiny_config  # noqa: E402
 
 # A tiny task: 20 clients x 10 digits, p = q = 0.5, an MLP with 8 hidden units.
 SIGMA = 1.0
@@ -33,28 +34,7 @@ def run_event(sigma):
 
 
 def tiny(tmp_path, name="tiny", **top):
-    tree = {
-        "name": name,
-        "seed": 3,
-        "rounds": 6,
-        "output_dir": str(tmp_path / "runs"),
-        "eval_every": 3,
-        "checkpoint_every": 2,
-        "data": {"num_clients": 20, "records_per_client": D},
-        "model": {"options": {"hidden": 8}},
-        "algorithm": {
-            "participation_probability": P,
-            "record_probability": Q,
-            "learning_rate": 0.5,
-            "momentum": 0.5,
-        },
-        "privacy": {"epsilon": math.inf, "delta": 1e-5, "noise_multiplier": SIGMA},
-    }
-    privacy = top.pop("privacy", None)
-    if privacy:
-        tree["privacy"] = {**tree["privacy"], **privacy}
-    tree.update(top)
-    return config_from_dict(tree)
+    return tiny_config(tmp_path, name, **top)
 
 
 def same_key(source_dir, config):

@@ -31,6 +31,7 @@ from dpfl.sim.randomness import (  # noqa: E402
     client_streams,
     server_streams,
 )
+from tiny_runs import tiny_config  # noqa: E402
 
 Z = 4.42  # two-sided normal quantile for a false-alarm rate of 1e-5
 KEY = bytes(range(32))
@@ -173,32 +174,15 @@ def test_reproducible_mode_is_unchanged_seeded_generators():
 
 # ------------------------------------------------------------- runs and keys
 def tiny(tmp_path, name, *, secure, sigma=1.0, rounds=2):
-    """20 clients x 10 digits, DP-DSGD with random participation, an 8-unit MLP."""
-    from dpfl.experiments import config_from_dict
-
-    return config_from_dict(
-        {
-            "name": name,
-            "seed": 0,
-            "rounds": rounds,
-            "output_dir": str(tmp_path / "runs"),
-            "eval_every": rounds,
-            "checkpoint_every": 1,
-            "data": {"num_clients": 20, "records_per_client": 10},
-            "model": {"options": {"hidden": 8}},
-            "algorithm": {
-                "participation_probability": 0.5,
-                "record_probability": 0.5,
-                "learning_rate": 0.5,
-                "momentum": 0.5,
-            },
-            "privacy": {
-                "epsilon": math.inf,
-                "delta": 1e-5,
-                "noise_multiplier": sigma,
-                "secure_noise": secure,
-            },
-        }
+    """The tiny run (tests/tiny_runs.py), seed 0, checkpointed every round."""
+    return tiny_config(
+        tmp_path,
+        name,
+        seed=0,
+        rounds=rounds,
+        eval_every=rounds,
+        checkpoint_every=1,
+        privacy={"noise_multiplier": sigma, "secure_noise": secure},
     )
 
 

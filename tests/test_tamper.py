@@ -23,36 +23,17 @@ yaml = pytest.importorskip("yaml")
 from dpfl._files import digest  # noqa: E402
 from dpfl.accounting.ledger import LedgerMismatchError, PrivacyLedger  # noqa: E402
 from dpfl.errors import DpflError, NonFiniteUpdateError  # noqa: E402
-from dpfl.experiments import config_from_dict, resume, run  # noqa: E402
+from dpfl.experiments import resume, run  # noqa: E402
 from dpfl.experiments.runner import read_metrics  # noqa: E402
 from dpfl.sim.callbacks import load_checkpoint  # noqa: E402
 from dpfl.sim.loop import Trainer  # noqa: E402
-from dpfl.sim.secure_noise import KEY_FILE, write_key_file  # noqa: E402
+from tiny_runs import SHARED_KEY, tiny_config  # noqa: E402
 
 
 def tiny(tmp_path: Path, name: str = "t", **privacy: Any) -> Any:
-    tree = {
-        "name": name,
-        "seed": 3,
-        "rounds": 6,
-        "output_dir": str(tmp_path / "runs"),
-        "eval_every": 3,
-        "checkpoint_every": 2,
-        "data": {"num_clients": 20, "records_per_client": 10},
-        "model": {"options": {"hidden": 8}},
-        "algorithm": {
-            "participation_probability": 0.5,
-            "record_probability": 0.5,
-            "learning_rate": 0.5,
-            "momentum": 0.5,
-        },
-        "privacy": {"epsilon": 50.0, "delta": 1e-5, "noise_multiplier": 1.0, **privacy},
-    }
-    cfg = config_from_dict(tree)
-    # secure noise (the default), one key for the runs compared
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    write_key_file(cfg.run_dir / KEY_FILE, bytes(range(32)))
-    return cfg
+    # a budget of 50 (the ledger has one to check); one secure key for all runs
+    privacy = {"epsilon": 50.0, **privacy}
+    return tiny_config(tmp_path, name, privacy=privacy, key=SHARED_KEY)
 
 
 def stop_after(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
