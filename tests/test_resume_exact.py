@@ -172,3 +172,38 @@ def test_a_calibrated_run_resumes_exactly_without_calibrating_again(
     assert done.stopped == "completed" and done.rounds_completed == 8
     assert done.epsilon == full.epsilon
     _same(cfg.run_dir, full.run_dir)
+
+
+@pytest.mark.slow  # a wider model (6 s); .ci/run runs it
+def test_a_replay_uses_the_thread_count_the_run_started_with(
+    tmp_path, monkeypatch, caplog
+):
+    # Matrix products sum in an order that depends on torch's thread count,
+    # so a replay under another count (OMP_NUM_THREADS, a job scheduler) could
+    # miss its digests; run.json records the count and the replay uses it,
+    # then the process's own count comes back.
+    started_with = torch.get_num_threads()
+    other = 2 if started_with == 1 else 1
+    # wide enough for torch to split its products across threads (with the
+    # 8-unit model a replay under another count happens to match anyway)
+    wide = {
+        "model": {"options": {"hidden": 256}},
+        "data": {"num_clients": 20, "records_per_client": 40},
+    }
+    full = run(tiny(tmp_path, "full", **wide), progress=False)
+    cfg = tiny(tmp_path, "threads", **wide)
+    crash_in(monkeypatch, 6)  # checkpoint at 3, rounds 4-5 in the journal
+    with pytest.raises(RuntimeError):
+        run(cfg, progress=False)
+    monkeypatch.undo()
+    manifest = json.loads((cfg.run_dir / "run.json").read_text())
+    assert manifest["torch_threads"] == started_with
+    try:
+        torch.set_num_threads(other)
+        with caplog.at_level("INFO", logger="dpfl.experiments"):
+            resume(cfg.run_dir, progress=False)
+        assert f"replaying with {started_with} torch thread(s)" in caplog.text
+        assert torch.get_num_threads() == other
+    finally:
+        torch.set_num_threads(started_with)
+    _same(cfg.run_dir, full.run_dir)

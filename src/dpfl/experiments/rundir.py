@@ -190,7 +190,9 @@ def frozen(tree: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def write_manifest(run_dir: str | Path, tree: dict[str, Any]) -> str:
+def write_manifest(
+    run_dir: str | Path, tree: dict[str, Any], *, torch_threads: int | None = None
+) -> str:
     """Write ``run.json`` for a starting run; returns the run digest.
 
     Parameters
@@ -199,12 +201,18 @@ def write_manifest(run_dir: str | Path, tree: dict[str, Any]) -> str:
         The run folder.
     tree : dict
         The resolved configuration (``RunConfig.to_dict()``, σ filled in).
+    torch_threads : int or None
+        The torch thread count the run computes with (outside the frozen
+        part: it does not define the run, but a resumed run replays its
+        rounds bit for bit only with it, since matrix products sum in an
+        order that depends on it).
     """
     fixed = frozen(tree)
     run = digest(fixed)
-    text = json.dumps(
-        {"format": _MANIFEST_FORMAT, "run": run, "frozen": fixed}, indent=1
-    )
+    manifest: dict[str, Any] = {"format": _MANIFEST_FORMAT, "run": run, "frozen": fixed}
+    if torch_threads is not None:
+        manifest["torch_threads"] = int(torch_threads)
+    text = json.dumps(manifest, indent=1)
     atomic_write(Path(run_dir) / MANIFEST, lambda fh: fh.write(text), binary=False)
     return run
 

@@ -452,6 +452,7 @@ def _run_locked(
         ledger = _ledger(config, run_dir, run=run_id)
         _start_files(run_dir, config, ledger)
     execution = _executor(config)
+    threads_before: int | None = None
     try:
         trainer = Trainer(
             algorithm,
@@ -466,6 +467,8 @@ def _run_locked(
             log.info("resuming %s at round %d", run_dir, trainer.round)
         elif started and ledger.released:
             ledger.rewind(0)  # no checkpoint: every charged round is replayed
+        if ledger.replaying and manifest is not None:
+            threads_before = _replay_threads(manifest, config)
         if ledger.replaying:
             log.info(
                 "the ledger holds %d rounds past the checkpoint: they are "
@@ -484,6 +487,10 @@ def _run_locked(
         close = getattr(execution, "close", None)
         if callable(close):
             close()
+        if threads_before is not None:
+            import torch
+
+            torch.set_num_threads(threads_before)
 
 
 def _noise(config: RunConfig, run_dir: Path, *, started: bool) -> dict[str, Any]:
@@ -499,6 +506,32 @@ def _noise(config: RunConfig, run_dir: Path, *, started: bool) -> dict[str, Any]
     return {"noise_key": load_or_create_key(run_dir, started=started)}
 
 
+def _replay_threads(manifest: dict[str, Any], config: RunConfig) -> int | None:
+    """Compute with the torch thread count the run started with; the old count.
+
+    A replayed round must reproduce the model it released bit for bit, and a
+    matrix product's sum order depends on the thread count; a resume under
+    another count (``OMP_NUM_THREADS``, another machine of the same kind)
+    would stop at the first replayed round. In-process executions only (a
+    distributed executor's workers set their own).
+    """
+    import torch
+
+    threads = manifest.get("torch_threads")
+    if config.execution == "ray" or not isinstance(threads, int) or threads < 1:
+        return None
+    before = torch.get_num_threads()
+    if before != threads:
+        log.info(
+            "replaying with %d torch thread(s), as the run started (this process "
+            "had %d)",
+            threads,
+            before,
+        )
+        torch.set_num_threads(threads)
+    return before
+
+
 def _run_digest(config: RunConfig) -> str:
     """The digest of a resolved configuration's frozen keys (``run.json``)."""
     return _digest(rundir.frozen(config.to_dict()))
@@ -510,9 +543,13 @@ def _start_files(run_dir: Path, config: RunConfig, ledger: PrivacyLedger) -> Non
     ``run.json`` comes last: a folder that has it has the other two, so a
     missing ledger beside it was deleted (see :func:`_check_unstarted`).
     """
+    import torch
+
     _write_config(run_dir, config)
     ledger.save()
-    rundir.write_manifest(run_dir, config.to_dict())
+    rundir.write_manifest(
+        run_dir, config.to_dict(), torch_threads=torch.get_num_threads()
+    )
 
 
 def _check_unstarted(run_dir: Path) -> None:
