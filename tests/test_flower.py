@@ -292,8 +292,10 @@ def _replay(config, abandoned, rounds, key, sent=True):
 def test_a_failed_node_abandons_the_round_per_the_rule(
     algorithm, fault, tmp_path, task_identity
 ):
-    # partition 1's node fails in round 1; rounds 0 and 2 complete
-    strategy, _ = _flower_in_process(tmp_path, algorithm, fail={(1, 1): fault})
+    # every node fails in round 1 (so the round has participants on a failed
+    # node whatever the secret sampling drew); rounds 0 and 2 complete
+    fail = {(1, partition): fault for partition in range(3)}
+    strategy, _ = _flower_in_process(tmp_path, algorithm, fail=fail)
     summary = json.loads((strategy.run_dir / "flower.json").read_text())
     assert summary["abandoned"] == [1] and summary["rounds"] == 3
     entries = _entries(strategy.run_dir)
