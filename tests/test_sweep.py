@@ -158,7 +158,8 @@ def test_sweep_cli_in_processes(
 def test_ray_backend_gives_the_in_process_results(tmp_path: Path) -> None:
     """Ray tasks run the same configurations: the same table as one process."""
     pytest.importorskip("ray")
-    over = [*TINY, "privacy.noise_multiplier=[1.0, 4.0]"]
+    # seeded noise: with secret noise every run (in any process) draws its own
+    over = [*TINY, "privacy.noise_multiplier=[1.0, 4.0]", "privacy.secure_noise=false"]
     local = run_sweep(PRESET, [0, 1], overrides=over, out=tmp_path / "a", jobs=1)
     ray = run_sweep(
         PRESET, [0, 1], overrides=over, out=tmp_path / "b", jobs=2, backend="ray"
