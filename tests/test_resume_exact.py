@@ -175,9 +175,7 @@ def test_a_calibrated_run_resumes_exactly_without_calibrating_again(
 
 
 @pytest.mark.slow  # a wider model (6 s); .ci/run runs it
-def test_a_replay_uses_the_thread_count_the_run_started_with(
-    tmp_path, monkeypatch, caplog
-):
+def test_a_replay_uses_the_thread_count_the_run_started_with(tmp_path, monkeypatch):
     # Matrix products sum in an order that depends on torch's thread count,
     # so a replay under another count (OMP_NUM_THREADS, a job scheduler) could
     # miss its digests; run.json records the count and the replay uses it,
@@ -200,9 +198,7 @@ def test_a_replay_uses_the_thread_count_the_run_started_with(
     assert manifest["torch_threads"] == started_with
     try:
         torch.set_num_threads(other)
-        with caplog.at_level("INFO", logger="dpfl.experiments"):
-            resume(cfg.run_dir, progress=False)
-        assert f"replaying with {started_with} torch thread(s)" in caplog.text
+        resume(cfg.run_dir, progress=False)  # stops at round 4 without the fix
         assert torch.get_num_threads() == other
     finally:
         torch.set_num_threads(started_with)
