@@ -347,8 +347,7 @@ class PrivacyLedger:
                 f"the ledger holds {total} charged rounds but the checkpoint was "
                 f"taken after {count}: refusing to resume with a smaller spend"
             )
-        every = self._entries + [e for e, _ in self._pending]
-        chains = self._chain + [c for _, c in self._pending]
+        every, chains = self._all()
         self._entries, self._chain = every[:count], chains[:count]
         self._pending = list(zip(every[count:], chains[count:], strict=True))
         self._spend.clear()
