@@ -54,15 +54,17 @@ after every round, checkpoints are less frequent, so a run killed between
 two checkpoints holds rounds in its ledger that its checkpoint does not
 have. They are *replayed*, not charged again: the guard is not asked again
 for them (they were admitted when they first ran), each is computed from its
-own random streams (keyed by seed and round), and its ledger entry (event,
+own random streams (keyed by the run's secret key, or its seed, and the
+round), and its ledger entry (event,
 participants, extra facts, model digest) must come out equal, or the run
 stops with :class:`~dpfl.accounting.ledger.LedgerMismatchError` naming the
 round; the ledger on disk keeps every entry throughout, so the spend is never
 under-stated. A ledger without a checkpoint (a kill before the first) is
 replayed from round 0. A round replays bit for bit on the same executor,
 device, torch build and number of torch threads (matrix products sum in an
-order that depends on the thread count); resuming elsewhere with rounds to
-replay stops at the first of them.
+order that depends on the thread count): ``run.json`` records the count the
+run started with and an in-process replay uses it; resuming on another kind
+of machine or executor with rounds to replay stops at the first of them.
 
 Before resuming, the folder is checked: ``config.yaml``'s frozen keys against
 ``run.json`` (``noise_multiplier: 0`` written into a stopped run's config is
