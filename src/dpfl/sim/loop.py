@@ -218,7 +218,7 @@ class Trainer:
                 f"{type(algorithm).__name__}"
             )
         valid = algorithm.valid_analyses(algorithm.params)
-        if valid is not None and ledger.analysis not in (None, *valid):
+        if valid is not None and ledger.analysis not in valid:
             # the ledger would price a mechanism other than the one run
             raise InvalidParameterError(
                 f"ledger.analysis must be one of {list(valid)} for this "
