@@ -523,12 +523,14 @@ def _fill_chacha20(
     std: float,
     *,
     openssl: bool | None = None,
+    compiled: bool = True,
 ) -> None:
     """Fill the flat, contiguous ``target`` with draw ``draw`` of a chacha20-v2 stream.
 
     Computed on ``target``'s device (on the CPU, on the calling thread
     alone); ``openssl`` (default: on the CPU when available) takes the
-    keystream from OpenSSL, else from :func:`_words`.
+    keystream from OpenSSL, else from :func:`_words` (``compiled``: by
+    :func:`_words_kernel`, else eager).
     """
     n = target.numel()
     if n > MAX_DRAW:
@@ -538,13 +540,13 @@ def _fill_chacha20(
         )
     scale = 0.5 * std  # the guard's halving and the std: one exact product
     if target.device.type != "cpu":
-        _fill_torch(key, draw, target, scale)
+        _fill_torch(key, draw, target, scale, compiled)
         return
     with _one_thread():
         if _OPENSSL if openssl is None else openssl:
             _fill_openssl(key, draw, target, scale)
         else:
-            _fill_torch(key, draw, target, scale)
+            _fill_torch(key, draw, target, scale, compiled)
 
 
 def _fill_openssl(key: bytes, draw: int, target: torch.Tensor, scale: float) -> None:
@@ -565,12 +567,14 @@ def _fill_openssl(key: bytes, draw: int, target: torch.Tensor, scale: float) -> 
         torch.mul(buf.o[:k].view(-1)[:m], scale, out=target[start : start + m])
 
 
-def _fill_torch(key: bytes, draw: int, target: torch.Tensor, scale: float) -> None:
+def _fill_torch(
+    key: bytes, draw: int, target: torch.Tensor, scale: float, compiled: bool = True
+) -> None:
     """Draw ``draw`` on ``target``'s device from :func:`_words` (torch operations)."""
     n = target.numel()
     device = target.device
     groups = -(-n // GROUP)
-    kernel = _words_kernel(device)
+    kernel = _words_kernel(device) if compiled else _words
     state = _initial_state(key, _nonce(draw), 0)
     per_piece = _CPU_GROUPS if device.type == "cpu" else _DEVICE_GROUPS
     for g0 in range(0, groups, per_piece):
