@@ -24,7 +24,7 @@ Prints, for the device given (``--device cpu`` or ``cuda``):
    of every client draws 1.2 million normals.
 
 Run: python benchmarks/secure_noise.py [--device cpu|cuda] [--millions 1]
-     [--repeats 15] [--rounds 5] [--no-rounds]
+     [--repeats 15] [--rounds 5] [--local-steps K] [--no-rounds | --no-draws]
 """
 
 from __future__ import annotations
@@ -192,6 +192,7 @@ def main() -> None:
         help="override the CUDA run's local steps (the preset's 38 by default)",
     )
     ap.add_argument("--no-rounds", action="store_true", help="only the draws")
+    ap.add_argument("--no-draws", action="store_true", help="only the rounds")
     a = ap.parse_args()
     logging.disable(logging.WARNING)
     device = torch.device(a.device)
@@ -208,7 +209,8 @@ def main() -> None:
         f"{'yes' if sn._OPENSSL else 'no (torch operations)'}, load average "
         f"{os.getloadavg()[0]:.1f}"
     )
-    per_million(device, a.millions, a.repeats)
+    if not a.no_draws:
+        per_million(device, a.millions, a.repeats)
     if a.no_rounds:
         return
     runs = CUDA_RUNS if device.type == "cuda" else CPU_RUNS

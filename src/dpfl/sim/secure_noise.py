@@ -477,7 +477,7 @@ class _CpuBuffers(threading.local):
         k = _CPU_GROUPS
         self.zeros = bytes(32 * GROUP * k)
         self.words = torch.empty(k, 4, GROUP, dtype=torch.int64)
-        self.raw = memoryview(self.words.numpy()).cast("B")
+        self.raw = self.words.numpy().data.cast("B")
         f64 = torch.float64
         self.r = torch.empty(k, 2, GROUP, dtype=f64)
         self.t = torch.empty(k, 2, GROUP, dtype=f64)
@@ -498,8 +498,7 @@ def _one_thread() -> contextlib.AbstractContextManager[Any]:
     step computes on those threads, and a second team of OpenMP threads on
     the same cores stalls both; so a CPU draw sets the OpenMP thread count of
     its own thread to 1 (the count is per thread: other threads keep theirs)
-    and restores it after, through ``threadpoolctl`` (installed with
-    scikit-learn) when it is there.
+    and restores it after, through ``threadpoolctl`` when it is there.
     """
     global _OPENMP
     if _OPENMP is None:
