@@ -64,4 +64,4 @@ step 200 python -m pytest -q -m gpu -rs -s -p no:cacheprovider \
     tests/test_secure_noise.py tests/test_gradients.py tests/test_contract.py
 step 60 python benchmarks/secure_noise.py --device cuda --no-rounds --repeats 15
 step 120 python benchmarks/secure_noise.py --device cuda --no-draws --rounds 3
-step 90 python benchmarks/engine.py --device cuda --rounds 20 --repeats 1 --warmup 2
+step 90 python benchmarks/engine.py --device cuda --rounds 15 --repeats 1 --warmup 2
