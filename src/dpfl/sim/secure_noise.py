@@ -162,9 +162,12 @@ _CHUNK = 1 << 13  # outputs per SHAKE-256 call (256 KiB of stream: stays in cach
 _TWO_PI = 2.0 * np.pi
 _U53 = 2.0**-53
 
-# chacha20-v2: u = (s + 2^52 + 1)·2^-53 and θ = s·π/2^52, as float64 scalars
-_U_OFFSET = torch.tensor(0.5 + _U53, dtype=torch.float64)
-_ANGLE = torch.tensor(math.pi * 2.0**-52, dtype=torch.float64)
+# chacha20-v2: u = (s + 2^52 + 1)·2^-53 and θ = s·π/2^52
+_U_OFFSET = 0.5 + _U53
+_ANGLE = math.pi * 2.0**-52
+#: Those two as float64 scalar tensors, per device (an int64 tensor and a
+#: float64 scalar tensor give float64; a Python float would give float32).
+_SCALARS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _SIGMA = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)  # "expand 32-byte k"
 _M32 = 0xFFFFFFFF
 
@@ -462,9 +465,15 @@ def _transform(
     float64 buffers on ``s``'s device; ``o`` receives
     ``r₀(cos θ₀ + sin θ₀) + r₁(cos θ₁ + sin θ₁)`` per output.
     """
-    torch.add(_U_OFFSET, s[:, :2], alpha=_U53, out=r)  # u ∈ (0, 1], exact
+    scalars = _SCALARS.get(s.device)
+    if scalars is None:
+        f64 = dict(dtype=torch.float64, device=s.device)
+        scalars = (torch.tensor(_U_OFFSET, **f64), torch.tensor(_ANGLE, **f64))
+        _SCALARS[s.device] = scalars
+    offset, angle = scalars
+    torch.add(offset, s[:, :2], alpha=_U53, out=r)  # u ∈ (0, 1], exact
     r.log_().mul_(-2.0).sqrt_()
-    torch.mul(s[:, 2:], _ANGLE, out=t)  # θ ∈ [-π, π)
+    torch.mul(s[:, 2:], angle, out=t)  # θ ∈ [-π, π)
     torch.cos(t, out=c)
     c.add_(t.sin_()).mul_(r)
     torch.add(c[:, 0], c[:, 1], out=o)

@@ -249,4 +249,10 @@ def accumulate(
             sums[name].view(-1).addmv_(flat.T, factor)
     else:
         flat.mul_(factor[:, None])
-        sums[name].view(sums[name].shape[0], -1).index_add_(0, seg, flat)
+        rows = sums[name].view(sums[name].shape[0], -1)
+        if rows.device.type == "cpu":
+            rows.index_add_(0, seg, flat)
+        else:  # CUDA's index_add_ adds floats atomically, in no fixed order;
+            # the sort-based accumulating index_put_ sums in a fixed order, so
+            # a round (and its replay on resume) gives the same bits
+            rows.index_put_((seg,), flat, accumulate=True)
