@@ -75,10 +75,12 @@ c)`` read as 64-bit words, the first half giving the ``u₁ ∈ (0, 1]``, the
 second half the ``u₂ ∈ [0, 1)`` of the Box–Muller pairs (a pure function of
 the draw's length within a chunk), computed on the CPU with numpy.
 
-Cost (``benchmarks/secure_noise.py`` prints it beside torch's own generator):
-about 20 ms per million float32 normals on one core of a 2-core Xeon
-(about 8 times ``Tensor.normal_``), of which the cipher is a quarter; a few
-milliseconds per million on a GPU.
+Cost (``benchmarks/secure_noise.py [--device cuda]`` prints it beside torch's
+own generator): 19 ms per million float32 normals on one core of a shared
+2-core Xeon, 7.6 times ``Tensor.normal_`` in the same run; the cipher is a
+quarter of it, the float64 transform the rest. On CUDA the first draw of a
+process compiles the keystream kernel (about a minute; torch caches it on
+disk for later processes).
 """
 
 from __future__ import annotations
