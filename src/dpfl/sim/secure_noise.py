@@ -469,8 +469,10 @@ def _transform(
     """
     scalars = _SCALARS.get(s.device)
     if scalars is None:
-        f64 = dict(dtype=torch.float64, device=s.device)
-        scalars = (torch.tensor(_U_OFFSET, **f64), torch.tensor(_ANGLE, **f64))
+        scalars = (
+            torch.tensor(_U_OFFSET, dtype=torch.float64, device=s.device),
+            torch.tensor(_ANGLE, dtype=torch.float64, device=s.device),
+        )
         _SCALARS[s.device] = scalars
     offset, angle = scalars
     torch.add(offset, s[:, :2], alpha=_U53, out=r)  # u ∈ (0, 1], exact
@@ -591,7 +593,18 @@ def _fill_torch(
         k = min(per_piece, groups - g0)
         state[12] = g0 * _GROUP_BLOCKS
         init = torch.tensor(state, dtype=torch.int64, device=device)
-        s = kernel(init, k * _GROUP_BLOCKS).view(k, 4, GROUP)
+        try:
+            s = kernel(init, k * _GROUP_BLOCKS).view(k, 4, GROUP)
+        except Exception as exc:  # noqa: BLE001 - a compiled kernel failing later
+            if kernel is _words:
+                raise
+            log.warning(
+                "secure noise: the compiled ChaCha20 kernel failed (%s); using "
+                "eager torch operations from now on",
+                type(exc).__name__,
+            )
+            kernel = _COMPILED[device.type] = _words
+            s = kernel(init, k * _GROUP_BLOCKS).view(k, 4, GROUP)
         r, t, c = (
             torch.empty(k, 2, GROUP, dtype=torch.float64, device=device) for _ in "rtc"
         )
