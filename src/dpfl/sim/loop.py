@@ -200,6 +200,8 @@ class Trainer:
     ----------
     round : int
         Rounds completed.
+    stream_version : str
+        The secure noise stream drawn from (as given).
 
     Examples
     --------

@@ -61,7 +61,8 @@ reused buffers, on the calling thread alone (:func:`_one_thread`: a draw
 made in the background does not compete with the training threads). On CUDA
 the keystream is computed by torch integer operations (32-bit words held in
 int64), compiled with ``torch.compile`` when that works (checked against the
-eager operations once per process; otherwise eager). Both give the same
+eager operations once per process; otherwise eager, with a warning;
+``DPFL_NOISE_COMPILE=0`` in the environment skips the compile). Both give the same
 keystream bit for bit, and so the same uniforms; the float64 transcendental
 functions of two devices may differ in the last bit or so, which the cast to
 float32 almost always hides. Without ``cryptography`` the CPU uses the torch
