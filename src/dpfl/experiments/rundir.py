@@ -191,7 +191,11 @@ def frozen(tree: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_manifest(
-    run_dir: str | Path, tree: dict[str, Any], *, torch_threads: int | None = None
+    run_dir: str | Path,
+    tree: dict[str, Any],
+    *,
+    torch_threads: int | None = None,
+    stream_version: str | None = None,
 ) -> str:
     """Write ``run.json`` for a starting run; returns the run digest.
 
@@ -206,12 +210,18 @@ def write_manifest(
         part: it does not define the run, but a resumed run replays its
         rounds bit for bit only with it, since matrix products sum in an
         order that depends on it).
+    stream_version : str or None
+        The secure noise stream the run draws from
+        (:data:`dpfl.sim.secure_noise.STREAM_VERSION`; outside the frozen
+        part too: a resumed run draws from it).
     """
     fixed = frozen(tree)
     run = digest(fixed)
     manifest: dict[str, Any] = {"format": _MANIFEST_FORMAT, "run": run, "frozen": fixed}
     if torch_threads is not None:
         manifest["torch_threads"] = int(torch_threads)
+    if stream_version is not None:
+        manifest["stream_version"] = str(stream_version)
     text = json.dumps(manifest, indent=1)
     atomic_write(Path(run_dir) / MANIFEST, lambda fh: fh.write(text), binary=False)
     return run

@@ -449,7 +449,7 @@ def _run_locked(
         _check_ledger(ledger, config)
         _check_entries(ledger, algorithm)
     # the key file before run.json: a started secure run always has its key
-    noise = _noise(config, run_dir, started=started)
+    noise = _noise(config, run_dir, started=started, manifest=manifest)
     if not started:
         ledger = _ledger(config, run_dir, run=run_id)
         _start_files(run_dir, config, ledger)
@@ -495,17 +495,45 @@ def _run_locked(
             torch.set_num_threads(threads_before)
 
 
-def _noise(config: RunConfig, run_dir: Path, *, started: bool) -> dict[str, Any]:
-    """The Trainer's noise arguments: the run's secret key from its key file.
+def _noise(
+    config: RunConfig,
+    run_dir: Path,
+    *,
+    started: bool,
+    manifest: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The Trainer's noise arguments: the run's secret key and stream version.
 
     A new secure run makes its key (:data:`~dpfl.sim.secure_noise.KEY_FILE`,
-    never in the config or the checkpoint); a started one must have it.
+    never in the config or the checkpoint); a started one must have it. A
+    new run draws from :data:`~dpfl.sim.secure_noise.STREAM_VERSION`; a
+    resumed one from the version its ``run.json`` records (``"shake256-v1"``
+    when it records none: the run predates the record), so that it draws
+    what the uninterrupted run drew. A version this dpfl does not know is
+    refused.
     """
-    from dpfl.sim.secure_noise import load_or_create_key
+    from dpfl.sim.secure_noise import (
+        STREAM_VERSION,
+        STREAM_VERSIONS,
+        load_or_create_key,
+    )
 
     if not config.privacy.secure_noise:
         return {"secure_noise": False}
-    return {"noise_key": load_or_create_key(run_dir, started=started)}
+    version = STREAM_VERSION
+    if manifest is not None:
+        version = manifest.get("stream_version", STREAM_VERSIONS[0])
+        if version not in STREAM_VERSIONS:
+            raise DpflError(
+                f"{run_dir / rundir.MANIFEST} says the run draws secure noise from "
+                f"stream {version!r}, which this dpfl does not have (it has "
+                f"{', '.join(STREAM_VERSIONS)}): resume it with the dpfl that "
+                "started it"
+            )
+    return {
+        "noise_key": load_or_create_key(run_dir, started=started),
+        "stream_version": version,
+    }
 
 
 def _replay_threads(manifest: dict[str, Any], config: RunConfig) -> int | None:
@@ -549,8 +577,13 @@ def _start_files(run_dir: Path, config: RunConfig, ledger: PrivacyLedger) -> Non
 
     _write_config(run_dir, config)
     ledger.save()
+    from dpfl.sim.secure_noise import STREAM_VERSION
+
     rundir.write_manifest(
-        run_dir, config.to_dict(), torch_threads=torch.get_num_threads()
+        run_dir,
+        config.to_dict(),
+        torch_threads=torch.get_num_threads(),
+        stream_version=STREAM_VERSION,
     )
 
 
