@@ -44,11 +44,11 @@ Soundness of the two discretisations.
 * Lower: merging every output whose privacy loss lies in
   ``(eps_j, eps_{j+1}]`` is a post-processing, so the merged pair is dominated
   by the true one. A second, randomised post-processing then moves every
-  merged loss exactly onto a grid point (see :func:`_garbled_grid_probs`), so
-  no loss is rounded (only the last carry, downwards) and mass below the
-  lowest point is dropped. The result is a pair dominated by the true one, so
-  its composition is a lower bound; its error is second order in the gaps,
-  like the upper bound's.
+  merged loss exactly onto a grid point, from the top down (see
+  :func:`_garbled_grid_probs`), so no loss is rounded (only the last carry,
+  downwards) and mass below the lowest point is dropped. The result is a
+  pair dominated by the true one, so its composition is a lower bound; its
+  error is second order in the gaps, like the upper bound's.
 """
 
 from __future__ import annotations
@@ -685,12 +685,17 @@ def _garbled_grid_probs(
     points ``eps_j = k_j h``. Step 1 merges all outputs whose loss lies in
     ``(eps_j, eps_{j+1}]`` (loss ``l_j`` in that interval). Step 2 is a
     randomised post-processing that moves every loss exactly onto a grid
-    point: a "carry" output (loss below the next grid point ``g``) absorbs the
-    fraction of the following merged outputs (losses above ``g``) that makes
-    its likelihood ratio exactly ``e^g``; the rest of those outputs carries
-    on. Both steps are garblings, so the result is dominated by the true pair
-    (a valid lower bound that composes), with no rounding of losses except
-    the final carry, rounded down. Mass below ``eps_0`` is dropped.
+    point, from the top down: a "carry" output (loss above its grid point
+    ``g``, the support point at or below it) absorbs the fraction of the next
+    lower merged output (loss below ``g``) that makes its likelihood ratio
+    exactly ``e^g``; the rest of that output carries on. Both steps are
+    garblings, so the result is dominated by the true pair (a valid lower
+    bound that composes), with no rounding of losses except the final carry,
+    rounded down. Mass below ``eps_0`` is dropped.
+
+    Going from the top keeps the tail, which decides ``delta``: at small
+    sampling rates a bulk of mass near loss 0 outweighs the whole tail, and a
+    bottom-up carry raising it to the next grid point would absorb the tail.
 
     Returns the dense probabilities on indices ``k[0] .. k[-1]``.
     """
@@ -699,54 +704,47 @@ def _garbled_grid_probs(
     dp = np.maximum(-np.diff(p_in), 0.0)
     dq = np.maximum(-np.diff(q_in), 0.0)
     # the top output: everything above the last point, loss > eps_last
-    dp = np.append(dp, p_in[-1])
-    dq = np.append(dq, q_in[-1])
+    dp = np.append(dp, p_in[-1]).tolist()
+    dq = np.append(dq, q_in[-1]).tolist()
     probs = np.zeros(int(k[-1] - k[0]) + 1)
-    grid = k.astype(float) * h
-    ex = np.exp(grid)
+    ex = np.exp(k.astype(float) * h).tolist()
+    idx = (k - k[0]).tolist()
     cp = cq = 0.0  # carry masses
-    n = dp.size
-    j = 0  # next merged output to absorb
-    t = 1  # index of the grid target (the carry's loss is below grid[t])
-    while j < n:
+    t = 0  # support index of the carry's grid point (at or below its loss)
+    j = len(dp) - 1  # next merged output to absorb (output j: loss > eps_j)
+    while j >= 0:
         if cp <= 0.0:
             cp, cq = dp[j], dq[j]
-            t = min(j + 1, k.size - 1)
-            j += 1
+            t = j
+            j -= 1
             continue
-        # raise the carry to exactly e^{grid[t]} by absorbing output j
+        # lower the carry to exactly e^{grid[t]} by absorbing output j
         g = ex[t]
-        need = g * cq - cp  # > 0 while the carry's loss is below grid[t]
+        need = cp - g * cq  # > 0 while the carry's loss is above grid[t]
         if need <= 0.0:
-            probs[k[t] - k[0]] += cp
+            probs[idx[t]] += cp
             cp = cq = 0.0
             continue
-        gain = dp[j] - g * dq[j]  # > 0 when output j's loss exceeds grid[t]
+        gain = g * dq[j] - dp[j]  # > 0 when output j's loss is below grid[t]
         if gain <= 0.0:
-            # output j does not exceed the target: absorb it entirely
             cp += dp[j]
             cq += dq[j]
-            j += 1
+            j -= 1
             continue
         lam = need / gain
         if lam >= 1.0:
             cp += dp[j]
             cq += dq[j]
-            j += 1
+            j -= 1
             continue
-        probs[k[t] - k[0]] += cp + lam * dp[j]
+        probs[idx[t]] += cp + lam * dp[j]
         cp = (1.0 - lam) * dp[j]
         cq = (1.0 - lam) * dq[j]
-        j += 1
-        t = min(j, k.size - 1)
+        t = j
+        j -= 1
     if cp > 0.0:
-        # last carry: loss log(cp / cq) rounded down onto the grid
-        if cq > 0:
-            loss = math.log(cp / cq)
-            idx = int(np.searchsorted(grid, loss, side="right")) - 1
-        else:
-            idx = k.size - 1
-        probs[k[max(idx, 0)] - k[0]] += cp
+        # last carry: its loss is above grid[t]; rounded down onto it
+        probs[idx[t]] += cp
     return probs
 
 
@@ -1022,7 +1020,7 @@ def _fitted(
     delta: float | None = None,
     epsilon: float | None = None,
     floor: float | None = None,
-    tail: float = 1e-14,
+    tail: float = 1e-15,
 ) -> tuple[list[tuple[tilted.Dist, int]], list[tuple[tilted.Dist, int]], tilted.Plan]:
     """The PMFs ready for :func:`tilted.compose`, coarsened to the memory cap.
 
@@ -1424,6 +1422,9 @@ class BracketResult:
     coarse: bool = False
 
 
+#: Whether numpy's long double is more precise than double here (x86: 80-bit).
+_EXTENDED = bool(np.finfo(np.longdouble).eps < np.finfo(np.float64).eps)
+
 #: One distinct event of a composition: its (upper, lower) one-round PLDs on
 #: one grid and how often it is composed.
 Part = tuple[PrivacyLossDistribution, PrivacyLossDistribution, int]
@@ -1439,6 +1440,7 @@ def bracket_parts(
     *,
     delta: float | None = None,
     epsilon: float | None = None,
+    hint: float | None = None,
 ) -> tuple[Bound, float]:
     """Bracket ``epsilon(delta)`` or ``delta(epsilon)`` of a composition.
 
@@ -1453,6 +1455,12 @@ def bracket_parts(
         PLDs (all on one grid) and its count.
     delta, epsilon : float, optional
         Exactly one: the query.
+    hint : float, optional
+        For ``epsilon(delta)``: a known lower value of the answer. The tilt is
+        then chosen for that loss (the Chernoff estimate of the answer, used
+        otherwise, can be far above it when the tail is a rare event), and a
+        composition whose error bound is not small at its answer is redone
+        with the tilt for its lower value.
 
     Returns
     -------
@@ -1475,25 +1483,44 @@ def bracket_parts(
         items_up = [(_direction(u, add), n) for u, n in ups]
         items_lo = [(_direction(lo, add), n) for lo, n in lows]
         floor: float | None = None
+        level = hint if delta is not None and hint is not None and hint > 0 else None
+        extended = False
+        tries = 0
         while True:
-            du, dl, plan = _fitted(
-                items_up, items_lo, delta=delta, epsilon=epsilon, floor=floor
-            )
-            cu = tilted.compose(du, plan)
-            cl = tilted.compose(dl, plan)
+            tries += 1
+            query = {"epsilon": level} if level is not None else {"delta": delta}
+            if epsilon is not None:
+                query = {"epsilon": epsilon}
+            du, dl, plan = _fitted(items_up, items_lo, floor=floor, **query)
+            cu = tilted.compose(du, plan, extended=extended)
+            cl = tilted.compose(dl, plan, extended=extended)
             step = max(step, du[0][0].step)
-            if delta is not None:
-                hi = _certified_epsilon(cu, delta, upper=True)
-                lo = _certified_epsilon(cl, delta, upper=False)
-                # pylint: disable=protected-access
-                bottom = cu._lower_loss * cu._discretization
-                if floor is None and bottom > 0 and min(lo, hi) <= bottom + step:
-                    # the answer sits at the window's foot: widen it to 0
-                    floor = 0.0
+            if delta is None:
+                hi = cu.delta_upper(float(epsilon))  # type: ignore[arg-type]
+                lo = cl.delta_lower(float(epsilon))  # type: ignore[arg-type]
+                if not extended and _EXTENDED and cu.noise(epsilon) > 1e-3 * hi:
+                    extended = True  # the error bound matters: redo it finer
                     continue
-            else:
-                hi = _certified_delta(cu, float(epsilon), upper=True)  # type: ignore[arg-type]
-                lo = _certified_delta(cl, float(epsilon), upper=False)  # type: ignore[arg-type]
+                break
+            hi = cu.epsilon_upper(delta)
+            lo = cl.epsilon_lower(delta)
+            if tries >= 4:
+                break
+            noisy = math.isfinite(hi) and cu.noise(hi) > 1e-3 * delta
+            if noisy and not extended and _EXTENDED:
+                extended = True  # the error bound matters: redo it finer
+                continue
+            # pylint: disable=protected-access
+            bottom = cu._lower_loss * cu._discretization
+            if floor is None and bottom > 0 and min(lo, hi) <= bottom + step:
+                # the answer sits at the window's foot: widen it to 0
+                floor = 0.0
+                continue
+            if level is None and noisy:
+                # the tilt (from the Chernoff estimate) did not fit the answer:
+                # redo it for the loss of the lower value
+                level = max(lo, 0.0)
+                continue
             break
         upper, lower = max(upper, hi), max(lower, lo)
     lo_v, hi_v = min(lower, upper), max(lower, upper)
@@ -1586,7 +1613,12 @@ def refine_parts(
         token = _REBUILD_COARSER.set(not rebuilt)
         try:
             parts = build(h)
-            b, step = bracket_parts(parts, delta=delta, epsilon=epsilon)
+            b, step = bracket_parts(
+                parts,
+                delta=delta,
+                epsilon=epsilon,
+                hint=lo_v if math.isfinite(lo_v) and lo_v > 0 else None,
+            )
         except _CoarserGridNeeded as need:
             h, rebuilt = need.step, True
             continue
