@@ -239,7 +239,8 @@ class Accountant:
                 epsilon=epsilon,
                 tolerance=self.tolerance,
                 initial_discretization=(
-                    self.discretization or _default_discretization(self._events)
+                    self.discretization
+                    or _default_discretization(self._events, self.tolerance)
                 ),
                 max_grid_points=self.max_support,
             )
@@ -301,8 +302,15 @@ def gaussian_pld_pair(
             noise_std=noise_multiplier,
             value_discretization=discretization,
             relative_spacing=min(0.05, 100.0 * discretization),
+            tail_mass=_ROUND_TAIL,
         )
     return up, lo
+
+
+#: Mass of one round's loss cut off at the top (it goes to +infinity in the
+#: upper PLD): 1e5 rounds then leave 1e-19 at +infinity, far below the
+#: smallest delta (1e-15) a query asks about.
+_ROUND_TAIL = 1e-24
 
 
 def _unit_gaussian(event: ev.Event) -> float | None:
@@ -492,19 +500,28 @@ def _cached_price(event: ev.Event, analysis: str, h: float) -> PldPair:
     return price(event, analysis=analysis, discretization=h)
 
 
-def _default_discretization(items: list[tuple[ev.Event, int]]) -> float:
+def _default_discretization(
+    items: list[tuple[ev.Event, int]], tolerance: float
+) -> float:
     """A starting grid: the finest any of the events asks for."""
-    total = sum(n for _, n in items)
-    return float(min(_start_grid(e, total) for e, _ in items))
+    return float(min(_start_grid(e, tolerance) for e, _ in items))
 
 
-def _start_grid(event: ev.Event, total: int) -> float:
+def _start_grid(event: ev.Event, tolerance: float) -> float:
+    """A grid whose bracket is about ``tolerance`` wide; refinement goes finer.
+
+    The one-round PLDs are second-order accurate in the step ``h``, and for
+    Poisson-subsampled Gaussians the bracket's relative width is about
+    ``2000 h^2`` whatever the number of rounds (1e2 to 1e5 measured), so the
+    first grid aims there; each refinement halves it, and refinement stops
+    once the bracket is within the tolerance.
+    """
     inner = event.event if isinstance(event, ev.SelfComposed) else event
     if isinstance(inner, (ev.WithoutReplacement, ev.FixedCohort)):
         # Symmetrised C_p(G) PLDs on a uniform grid: accurate (second order)
         # at 1e-3 already (docs/analyses.md), and their cost grows as 1/h.
         return 1e-3
-    return min(1e-4, max(1e-6, 1e-3 / math.sqrt(total)))
+    return min(1e-2, max(1e-6, 0.8 * math.sqrt(tolerance / 2000.0)))
 
 
 def _gaussian_mu(items: list[tuple[ev.Event, int]]) -> float | None:

@@ -645,12 +645,15 @@ def _find_range(curve: CurveFn, tail: float) -> tuple[float, float]:
     ``eps_hi >= 0``: the smallest candidate with ``delta(eps_hi) <= tail``.
     ``eps_lo <= 0``: the largest candidate with ``P(L <= eps_lo) <= tail``.
     """
-    cand = 1e-4 * 2.0 ** (np.arange(0, 89) / 4.0)  # 1e-4 .. ~420
+    # 1e-12 .. ~670: tiny sampling rates with large noise have losses of
+    # 1e-9 and below (e^eps stays finite up there)
+    cand = 1e-12 * 2.0 ** (np.arange(0, 198) / 4.0)
     d_hi = curve(cand)[0]
     ok = np.nonzero(d_hi <= tail)[0]
     if ok.size == 0:
         raise InvalidParameterError(
-            "privacy loss tail too heavy: delta(eps) > tail_mass up to eps = 420"
+            "privacy loss tail too heavy: delta(eps) > tail_mass up to "
+            f"eps = {cand[-1]:.3g}"
         )
     eps_hi = float(cand[ok[0]])
     p_out = curve(-cand)[3]
@@ -1019,6 +1022,7 @@ def _fitted(
     *,
     delta: float | None = None,
     epsilon: float | None = None,
+    level: float | None = None,
     floor: float | None = None,
     tail: float = 1e-15,
 ) -> tuple[list[tuple[tilted.Dist, int]], list[tuple[tilted.Dist, int]], tilted.Plan]:
@@ -1032,15 +1036,26 @@ def _fitted(
     (:class:`_CoarserGridNeeded`).
     """
     factor = 1
+    previous = math.inf
     while True:
         ups = [(tilted.Dist(_rebin(p.to_dense_pmf(), factor)), n) for p, n in items]
         los = [(tilted.Dist(_rebin(p.to_dense_pmf(), factor)), n) for p, n in partners]
-        plan = tilted.plan(ups, delta=delta, epsilon=epsilon, floor=floor, tail=tail)
+        plan = tilted.plan(
+            ups,
+            delta=delta,
+            epsilon=epsilon,
+            level=level,
+            floor=floor,
+            tail=tail,
+            partners=los,
+        )
         need = tilted.window_length(ups, plan)
         if los:
             need = max(need, tilted.window_length(los, plan))
-        if need <= MAX_COMPOSED_POINTS:
+        if need <= MAX_COMPOSED_POINTS or need >= previous:
+            # (a coarser grid that does not shrink the window cannot help)
             return ups, los, plan
+        previous = need
         more = 1 << math.ceil(math.log2(need / MAX_COMPOSED_POINTS))
         if _REBUILD_COARSER.get() and factor == 1:
             raise _CoarserGridNeeded(ups[0][0].step * more)
@@ -1422,9 +1437,6 @@ class BracketResult:
     coarse: bool = False
 
 
-#: Whether numpy's long double is more precise than double here (x86: 80-bit).
-_EXTENDED = bool(np.finfo(np.longdouble).eps < np.finfo(np.float64).eps)
-
 #: One distinct event of a composition: its (upper, lower) one-round PLDs on
 #: one grid and how often it is composed.
 Part = tuple[PrivacyLossDistribution, PrivacyLossDistribution, int]
@@ -1440,8 +1452,8 @@ def bracket_parts(
     *,
     delta: float | None = None,
     epsilon: float | None = None,
-    hint: float | None = None,
-) -> tuple[Bound, float]:
+    hint: Sequence[float] | None = None,
+) -> tuple[Bound, float, tuple[float, ...]]:
     """Bracket ``epsilon(delta)`` or ``delta(epsilon)`` of a composition.
 
     Every part is composed by one certified, tilted FFT per direction and
@@ -1455,18 +1467,20 @@ def bracket_parts(
         PLDs (all on one grid) and its count.
     delta, epsilon : float, optional
         Exactly one: the query.
-    hint : float, optional
-        For ``epsilon(delta)``: a known lower value of the answer. The tilt is
-        then chosen for that loss (the Chernoff estimate of the answer, used
-        otherwise, can be far above it when the tail is a rare event), and a
-        composition whose error bound is not small at its answer is redone
-        with the tilt for its lower value.
+    hint : sequence of float, optional
+        For ``epsilon(delta)``: known lower values of each direction's answer
+        (remove, then add; the third value returned by an earlier call). The
+        tilt is then chosen for that loss (the Chernoff estimate of the
+        answer, used otherwise, can be far above it when the tail is a rare
+        event), and a composition whose error bound is not small at its
+        answer is redone with the tilt for its lower value.
 
     Returns
     -------
-    (Bound, float)
-        The bracket and the grid step of the compositions (coarser than the
-        parts' when the memory cap moved them).
+    (Bound, float, tuple of float)
+        The bracket, the grid step of the compositions (coarser than the
+        parts' when the memory cap moved them) and each direction's lower
+        value.
     """
     if (delta is None) == (epsilon is None):
         raise InvalidParameterError("give exactly one of delta and epsilon")
@@ -1479,26 +1493,32 @@ def bracket_parts(
     )
     upper = lower = 0.0
     step = 0.0
+    lowers = []
     for add in (False,) if symmetric else (False, True):
         items_up = [(_direction(u, add), n) for u, n in ups]
         items_lo = [(_direction(lo, add), n) for lo, n in lows]
         floor: float | None = None
-        level = hint if delta is not None and hint is not None and hint > 0 else None
-        extended = False
+        known = hint[int(add)] if hint is not None and len(hint) > int(add) else 0.0
+        level = known if delta is not None and known > 0 else None
+        extended: bool | None = None  # decided by the composition
         tries = 0
         while True:
             tries += 1
-            query = {"epsilon": level} if level is not None else {"delta": delta}
-            if epsilon is not None:
-                query = {"epsilon": epsilon}
-            du, dl, plan = _fitted(items_up, items_lo, floor=floor, **query)
+            du, dl, plan = _fitted(
+                items_up,
+                items_lo,
+                delta=delta,
+                epsilon=epsilon,
+                level=level,
+                floor=floor,
+            )
             cu = tilted.compose(du, plan, extended=extended)
             cl = tilted.compose(dl, plan, extended=extended)
             step = max(step, du[0][0].step)
             if delta is None:
-                hi = cu.delta_upper(float(epsilon))  # type: ignore[arg-type]
-                lo = cl.delta_lower(float(epsilon))  # type: ignore[arg-type]
-                if not extended and _EXTENDED and cu.noise(epsilon) > 1e-3 * hi:
+                eps = float(epsilon)  # type: ignore[arg-type]
+                hi, lo = cu.delta_upper(eps), cl.delta_lower(eps)
+                if tries < 2 and tilted._EXTENDED and cu.noise(eps) > 1e-3 * hi:
                     extended = True  # the error bound matters: redo it finer
                     continue
                 break
@@ -1506,26 +1526,27 @@ def bracket_parts(
             lo = cl.epsilon_lower(delta)
             if tries >= 4:
                 break
-            noisy = math.isfinite(hi) and cu.noise(hi) > 1e-3 * delta
-            if noisy and not extended and _EXTENDED:
-                extended = True  # the error bound matters: redo it finer
-                continue
             # pylint: disable=protected-access
             bottom = cu._lower_loss * cu._discretization
             if floor is None and bottom > 0 and min(lo, hi) <= bottom + step:
                 # the answer sits at the window's foot: widen it to 0
                 floor = 0.0
                 continue
-            if level is None and noisy:
+            noisy = math.isfinite(hi) and cu.noise(hi) > 1e-3 * delta
+            if noisy and level is None:
                 # the tilt (from the Chernoff estimate) did not fit the answer:
                 # redo it for the loss of the lower value
                 level = max(lo, 0.0)
                 continue
+            if noisy and not extended and tilted._EXTENDED:
+                extended = True  # the error bound matters: redo it finer
+                continue
             break
         upper, lower = max(upper, hi), max(lower, lo)
+        lowers.append(lo)
     lo_v, hi_v = min(lower, upper), max(lower, upper)
     mid = 0.5 * (lo_v + hi_v) if math.isfinite(hi_v) else hi_v
-    return Bound(lo_v, mid, hi_v), step
+    return Bound(lo_v, mid, hi_v), step, tuple(lowers)
 
 
 def refine_bound(
@@ -1607,23 +1628,34 @@ def refine_parts(
     h = check_positive("initial_discretization", initial_discretization)
     lo_v, hi_v = -math.inf, math.inf
     rebuilt = False
+    scaled = 0
+    stalls = 0
+    prev_gap = math.inf
+    known: tuple[float, ...] | None = None
     while True:
         # Over the memory cap, the one round is rebuilt at the coarser step
         # (once; a second overflow is rebinned, see _fitted).
         token = _REBUILD_COARSER.set(not rebuilt)
         try:
             parts = build(h)
-            b, step = bracket_parts(
-                parts,
-                delta=delta,
-                epsilon=epsilon,
-                hint=lo_v if math.isfinite(lo_v) and lo_v > 0 else None,
+            scale = min(_scale(p) for u, _, _ in parts for p in _pmfs_of(u))
+            if 0 < scale < h / 2 and scaled < 4 and not rebuilt:
+                # the grid is coarse against one round's losses (tiny
+                # sampling rates: losses of the order of the rate): rebuild
+                # on their scale
+                h, scaled = scale, scaled + 1
+                continue
+            b, step, lowers = bracket_parts(
+                parts, delta=delta, epsilon=epsilon, hint=known
             )
         except _CoarserGridNeeded as need:
             h, rebuilt = need.step, True
             continue
         finally:
             _REBUILD_COARSER.reset(token)
+        if delta is not None:
+            known = lowers if known is None else tuple(map(max, known, lowers))
+        own_gap = b.gap if b.upper > 0 else 0.0
         # Every bracket holds the truth, so their intersection does too; an
         # empty intersection (impossible for certified brackets) keeps the hull.
         new_lo, new_hi = max(lo_v, b.lower), min(hi_v, b.upper)
@@ -1644,6 +1676,34 @@ def refine_parts(
         size = max(p.size for u, _, _ in parts for p in _pmfs_of(u))
         # A finer step cannot help once compositions are coarsened to fit the
         # memory cap, and the next step doubles the grid (the time model).
-        if best.converged or coarse or 2 * size > max_grid_points:
+        # Two finer grids in a row that did not narrow their own bracket while
+        # its lower value was informative (the error bound, not the grid,
+        # limits it): a third will not either.
+        stalled = b.lower > 0 and own_gap > 0.95 * prev_gap
+        stalls = stalls + 1 if stalled else 0
+        prev_gap = own_gap
+        if best.converged or coarse or stalls >= 2 or 2 * size > max_grid_points:
             return best
         h /= 2.0
+
+
+#: A grid step should resolve one round's losses: at most their standard
+#: deviation over this, and their span over 4 times this.
+_STEPS_PER_SCALE = 8
+
+
+def _scale(pmf: pld_pmf.PLDPmf) -> float:
+    """The largest grid step that resolves one PMF's losses (0 if a point)."""
+    # pylint: disable=protected-access
+    dense = pmf.to_dense_pmf()
+    probs = np.maximum(np.asarray(dense._probs, dtype=float), 0.0)
+    nz = np.flatnonzero(probs)
+    if nz.size < 2:
+        return 0.0
+    h = dense._discretization
+    w = probs[nz] / np.sum(probs[nz])
+    loss = (nz - nz[0]) * h
+    mean = float(np.sum(w * loss))
+    std = math.sqrt(float(np.sum(w * (loss - mean) ** 2)))
+    span = float(loss[-1])
+    return min(std, span / 4.0) / _STEPS_PER_SCALE

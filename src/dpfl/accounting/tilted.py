@@ -353,11 +353,18 @@ class Plan:
     low, high : float
         The output window's lowest and highest loss (the grid points within
         are kept).
+    decided : float or None
+        The loss where the query is decided (estimate), if there is a query.
+    log_delta : float or None
+        Log of the delta the query compares with (an estimate for a
+        ``delta(epsilon)`` query).
     """
 
     tilt: float
     low: float
     high: float
+    decided: float | None = None
+    log_delta: float | None = None
 
 
 def _scale(parts: Parts, t: float) -> float:
@@ -392,8 +399,10 @@ def plan(
     *,
     delta: float | None = None,
     epsilon: float | None = None,
+    level: float | None = None,
     floor: float | None = None,
     tail: float = _WINDOW_TAIL,
+    partners: Parts = (),
 ) -> Plan:
     """Tilt and window for a query ``epsilon(delta)`` or ``delta(epsilon)``.
 
@@ -407,50 +416,67 @@ def plan(
         the composition's moment generating function).
     delta, epsilon : float, optional
         At most one: the query the composition answers.
+    level : float, optional
+        For ``epsilon(delta)``: tilt for this loss (a known lower value of the
+        answer) instead of for the Chernoff estimate of the answer.
     floor : float, optional
         A loss the window must reach down to (a known lower value of the
         answer).
     tail : float, optional
         Tilted mass left outside the window on each side.
+    partners : sequence of (Dist, int), optional
+        The other side's PMFs (optimistic), composed on the same plan: the
+        window also holds all but ``tail`` of their tilted composition.
 
     Returns
     -------
     Plan
-        The tilt and the window.
+        The tilt, the window, and where (and against which delta) the query
+        is decided.
     """
     lo_support = sum(n * d.min_loss for d, n in parts)
     hi_support = sum(n * d.max_loss for d, n in parts)
     tilt = 0.0
-    if delta is not None or epsilon is not None:
-        s0 = _scale(parts, 0.0)
-        if delta is not None:
-            rest = delta - _composed_infinity(parts, upward=True)
-            if rest > 0:
-                log_rest = math.log(rest)
+    decided: float | None = None
+    log_delta: float | None = None
+    s0 = _scale(parts, 0.0) if (delta, epsilon, level) != (None, None, None) else 1.0
+    at = level if level is not None else epsilon
+    if at is not None:
+        eps = float(at)
 
-                def estimate(lam: np.ndarray) -> np.ndarray:
-                    return np.asarray(
-                        (_log_mgf_total(parts, lam) + _log_c(lam) - log_rest) / lam
-                    )
+        def exponent(lam: np.ndarray) -> np.ndarray:
+            return np.asarray(_log_mgf_total(parts, lam) - lam * eps + _log_c(lam))
 
-                tilt = _minimise(estimate, s0, 1.0)[0]
-        else:
-            eps = float(epsilon)  # type: ignore[arg-type]
+        lam, value = _minimise(exponent, s0, 1.0)
+        base = float(_log_mgf_total(parts, np.array([0.0]))[0])
+        tilt = lam if value < base else 0.0
+        decided, log_delta = eps, min(value, base)
+    elif delta is not None:
+        rest = delta - _composed_infinity(parts, upward=True)
+        if rest > 0:
+            log_rest = math.log(rest)
 
-            def exponent(lam: np.ndarray) -> np.ndarray:
-                return np.asarray(_log_mgf_total(parts, lam) - lam * eps + _log_c(lam))
+            def estimate(lam: np.ndarray) -> np.ndarray:
+                return np.asarray(
+                    (_log_mgf_total(parts, lam) + _log_c(lam) - log_rest) / lam
+                )
 
-            lam, value = _minimise(exponent, s0, 1.0)
-            base = float(_log_mgf_total(parts, np.array([0.0]))[0])
-            tilt = lam if value < base else 0.0
+            tilt, decided = _minimise(estimate, s0, 1.0)
+    if delta is not None:
+        log_delta = math.log(delta)
     lo, hi = _tail_quantiles(parts, tilt, tail)
+    if partners:
+        plo, phi = _tail_quantiles(partners, tilt, tail)
+        lo, hi = min(lo, plo), max(hi, phi)
+        lo_support = min(lo_support, sum(n * d.min_loss for d, n in partners))
+        hi_support = max(hi_support, sum(n * d.max_loss for d, n in partners))
     if floor is not None:
         lo = min(lo, floor)
-    if epsilon is not None:
-        lo = min(lo, float(epsilon))
+    if at is not None:
+        lo = min(lo, float(at))
     lo = max(lo, lo_support)
     hi = min(max(hi, lo), hi_support)
-    return Plan(tilt, lo, hi)
+    return Plan(tilt, lo, hi, decided, log_delta)
 
 
 def _index_window(parts: Parts, p: Plan) -> tuple[int, int, int, int]:
@@ -488,7 +514,7 @@ def _chernoff_log(
     return _minimise(f, scale, sign)[1]
 
 
-def compose(parts: Parts, p: Plan, *, extended: bool = False) -> CertifiedPmf:
+def compose(parts: Parts, p: Plan, *, extended: bool | None = None) -> CertifiedPmf:
     """The composition of ``parts`` on ``p``'s window, as a certified envelope.
 
     Parameters
@@ -497,13 +523,15 @@ def compose(parts: Parts, p: Plan, *, extended: bool = False) -> CertifiedPmf:
         PMFs on one grid, all pessimistic or all optimistic, and their counts.
     p : Plan
         Tilt and window (:func:`plan`).
-    extended : bool, optional
+    extended : bool or None, optional
         Compute the forward transforms and their powers in numpy's long
         double (80-bit on x86: unit roundoff ``2^-64``), the inverse in
         double. Slower (about five times for those steps), but the error
         bound then falls from about ``sum_i n_i eta_L ||x~_i||_2`` to about
         ``eta_L ||y~||_2``, far smaller when a concentrated one-round PMF is
         composed many times. Where long double is double, nothing changes.
+        None (default): long double when the double-precision bound,
+        predicted at the plan's deciding loss, exceeds ``1e-3`` of its delta.
 
     Returns
     -------
@@ -522,18 +550,13 @@ def compose(parts: Parts, p: Plan, *, extended: bool = False) -> CertifiedPmf:
     last = sum(n * (d.size - 1) for d, n in parts)
     lam = p.tilt
     eta = fft_error_factor(length)
-    work = np.longdouble if extended else np.float64
-    u_work = float(np.finfo(work).eps) / 2.0
-    eta_work = FFT_CONSTANT * u_work * max(1.0, math.log2(max(length, 2)))
     sq = math.sqrt(length)
-    spectrum: np.ndarray | None = None
+    tilted_inputs = []
     kappa_total = 0.0
-    log_pm = 0.0  # log prod M_i^{n_i}
-    fwd = 0.0
-    power_ops = 0.0
     tau = 0.0
     log_cap = 0.0
     entries = 0
+    stats = []  # per part: (count, tilted mass, 2-norm)
     for d, n in parts:
         loss = (d.offset + np.arange(d.size)) * h
         with np.errstate(divide="ignore"):
@@ -551,13 +574,25 @@ def compose(parts: Parts, p: Plan, *, extended: bool = False) -> CertifiedPmf:
         tau += n * 2.0 * UNIT_ROUNDOFF * (mag + abs(kappa) + 2.0)
         m_i = float(np.sum(xt)) * (1.0 + (d.size + 1) * UNIT_ROUNDOFF)
         n2 = math.sqrt(float(np.sum(xt * xt))) * (1.0 + (d.size + 1) * UNIT_ROUNDOFF)
+        stats.append((n, m_i, n2))
+        kappa_total += n * kappa
+        log_cap += n * math.log(d.mass) if d.mass > 0 else -math.inf
+        entries += d.size
+        tilted_inputs.append(xt)
+    if extended is None:
+        extended = _EXTENDED and _worth_extending(stats, p, h, eta, kappa_total)
+    work = np.longdouble if extended else np.float64
+    u_work = float(np.finfo(work).eps) / 2.0
+    eta_work = FFT_CONSTANT * u_work * max(1.0, math.log2(max(length, 2)))
+    spectrum: np.ndarray | None = None
+    log_pm = 0.0  # log prod M_i^{n_i}
+    fwd = 0.0
+    power_ops = 0.0
+    for (n, m_i, n2), xt in zip(stats, tilted_inputs):
         big_m = m_i + eta_work * sq * n2
         log_pm += n * math.log(big_m)
         fwd += n * n2 / big_m
         power_ops += (12.0 * n + 8.0) if n > 1 else 0.0
-        kappa_total += n * kappa
-        log_cap += n * math.log(d.mass) if d.mass > 0 else -math.inf
-        entries += d.size
         f = sp_fft.rfft(xt.astype(work), length)
         if n > 1:
             # f**n in polar form (about twice as fast as numpy's complex power)
@@ -565,6 +600,7 @@ def compose(parts: Parts, p: Plan, *, extended: bool = False) -> CertifiedPmf:
                 f = np.exp(n * np.log(np.abs(f))) * np.exp(1j * (n * np.angle(f)))
         spectrum = f if spectrum is None else spectrum * f
         del f
+    del tilted_inputs
     assert spectrum is not None
     power_ops += 3.0 * (len(parts) - 1)
     conv = sp_fft.irfft(spectrum.astype(np.complex128), length)
@@ -621,6 +657,31 @@ def compose(parts: Parts, p: Plan, *, extended: bool = False) -> CertifiedPmf:
         cap=cap,
         lump=lump,
     )
+
+
+#: Whether numpy's long double is more precise than double here (x86: 80-bit).
+_EXTENDED = bool(np.finfo(np.longdouble).eps < np.finfo(np.float64).eps)
+
+
+def _worth_extending(
+    stats: list[tuple[int, float, float]], p: Plan, h: float, eta: float, kappa: float
+) -> bool:
+    """Whether the double-precision error bound would matter for the query.
+
+    The dominant term of the bound, ``eta sum_i n_i ||x~_i||_2``, returns
+    as ``U_j`` times itself at each loss; summed over the tail above the
+    deciding loss (Cauchy-Schwarz) it is compared with ``1e-3`` of the
+    query's delta. Only a prediction: the readings use the bound itself.
+    """
+    if p.decided is None or p.log_delta is None:
+        return False
+    err = eta * sum(n * n2 / m for n, m, n2 in stats)
+    log_u = kappa - p.tilt * p.decided
+    if p.tilt > 0:
+        spread = 1.0 / math.sqrt(-math.expm1(-2.0 * p.tilt * h))
+    else:
+        spread = math.sqrt(max(p.high - p.decided, h) / h)
+    return math.log(err * spread) + log_u > p.log_delta + math.log(1e-3)
 
 
 def _tail(c: np.ndarray, h: float) -> tuple[np.ndarray, np.ndarray]:
@@ -846,19 +907,57 @@ class CertifiedPmf(pld_pmf.DensePLDPmf):  # type: ignore[misc]
         """A lower bound on the true composition's delta(eps >= 0)."""
         return self._at(max(epsilon, 0.0), upper=False)
 
-    def _grid_values(self, *, upper: bool) -> np.ndarray:
-        """Certified delta at every grid loss from ``start`` (points above it)."""
+    def _grid_values(self, rows: np.ndarray, *, upper: bool) -> np.ndarray:
+        """Certified delta at the grid losses ``rows`` (>= start; points above)."""
         g, _ = self._pos()
-        nxt = np.arange(self._start, self.raw.size) + 1
+        nxt = rows + 1
         nu = self._noise(nxt)
         s = self._margin
+        gi = g[rows - self._start]
         if upper:
-            vals = (g * (1 + s) + nu) * (1 + 2 * self.rho) + self._trivial(nxt)
+            vals = (gi * (1 + s) + nu) * (1 + 2 * self.rho) + self._trivial(nxt)
             return np.asarray(np.minimum(1.0, self._infinity_mass + vals))
-        vals = g * (1 - s) - 2.0 * nu
+        vals = gi * (1 - s) - 2.0 * nu
         return np.asarray(
             np.maximum(0.0, self._infinity_mass + vals * (1 - 2 * self.rho))
         )
+
+    def _first_at_most(self, delta: float) -> int:
+        """First grid index from ``start`` whose upper value is <= delta.
+
+        The upper value is non-increasing in the loss: bisection. Returns the
+        window's size when there is none.
+        """
+        lo, hi = self._start, self.raw.size  # answer in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._grid_values(np.array([mid]), upper=True)[0] <= delta:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def _last_above(self, delta: float) -> int:
+        """Last grid index from ``start`` whose lower value is > delta (or -1).
+
+        The lower value is at most the mass sum's, which is non-increasing:
+        past the first index where that sum is <= delta nothing is above, so
+        the search goes backwards from there in blocks.
+        """
+        g, _ = self._pos()
+        inf, s = self._infinity_mass, self._margin
+        bound = inf + g * (1 - s)
+        below = np.nonzero(bound <= delta)[0]
+        end = int(below[0]) + self._start if below.size else self.raw.size
+        block = 4096
+        while end > self._start:
+            rows = np.arange(max(self._start, end - block), end)
+            hits = np.nonzero(self._grid_values(rows, upper=False) > delta)[0]
+            if hits.size:
+                return int(rows[hits[-1]])
+            end -= block
+            block *= 4
+        return -1
 
     def _solve(
         self, i: int, lo_x: float, hi_x: float, delta: float, upper: bool
@@ -890,11 +989,9 @@ class CertifiedPmf(pld_pmf.DensePLDPmf):  # type: ignore[misc]
             return math.inf
         if self.delta_upper(0.0) <= delta:
             return 0.0
-        vals = self._grid_values(upper=True)
-        ok = np.nonzero(vals <= delta)[0]
-        if ok.size == 0:
+        k = self._first_at_most(delta)
+        if k >= self.raw.size:
             return math.inf
-        k = int(ok[0]) + self._start
         lk = self._loss(k)
         left = max(self._loss(k - 1) if k > 0 else 0.0, 0.0)
         # on (left, l_k]: x = 1 - e^{eps - l_k} in [0, 1 - e^{left - l_k})
@@ -904,9 +1001,8 @@ class CertifiedPmf(pld_pmf.DensePLDPmf):  # type: ignore[misc]
 
     def epsilon_lower(self, delta: float) -> float:
         """A value below the true composition's eps(delta) (optimistic side)."""
-        vals = self._grid_values(upper=False)
-        above = np.nonzero(vals > delta)[0]
-        if above.size == 0:
+        last = self._last_above(delta)
+        if last < 0:
             if self.delta_lower(0.0) <= delta:
                 return 0.0
             # certified: delta(0) > delta; search (0, first loss above 0]
@@ -917,7 +1013,7 @@ class CertifiedPmf(pld_pmf.DensePLDPmf):  # type: ignore[misc]
                 return 0.0
             left = 0.0
         else:
-            k = int(above[-1]) + self._start + 1
+            k = last + 1
             if k >= self.raw.size:
                 return self._loss(self.raw.size - 1) * (1 - 8 * UNIT_ROUNDOFF)
             left = self._loss(k - 1)
