@@ -16,7 +16,7 @@ with ``m`` the role counts (multinomial per event type, independent across
 types) and ``mu2(m) = sum_r m_r mu_r^2`` plus the ``mu^2`` of plain Gaussian
 rounds. :class:`GdpMixture` sums it exactly: the multinomial is enumerated as
 a chain of binomials, ``m_r ~ Binom(n - m_1 - ... - m_{r-1}, w_r / (1 - w_1 -
-... - w_{r-1}))``, each over the counts between its ``1e-40`` quantiles, and
+... - w_{r-1}))``, each over the counts of probability at least ``1e-40``, and
 the probability of the counts left out is computed from binomial tails (not
 as ``1 - sum``) and added to the upper ``delta`` as if those counts leaked
 everything. Weights are ``scipy.stats.binom.logpmf`` (relative error below
@@ -83,11 +83,25 @@ def log_gdp_delta(epsilon: float, mu: np.ndarray) -> np.ndarray:
 
 
 def _binomial_window(n: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    lo = stats.binom.ppf(_TAIL, n, p)
-    hi = stats.binom.isf(_TAIL, n, p)
-    lo = np.where(np.isfinite(lo), lo, 0)
-    hi = np.where(np.isfinite(hi), hi, n)
-    return np.maximum(lo, 0).astype(np.int64), np.minimum(hi, n).astype(np.int64)
+    """Counts ``[lo, hi]`` of ``Binom(n, p)`` outside which lies less than ``1e-40``.
+
+    Sixteen standard deviations plus 60 on each side (a Chernoff bound puts
+    less than ``1e-40`` beyond), then trimmed to the counts whose probability
+    is at least ``1e-40`` by the log-pmf (scipy's quantiles do not reach
+    such tails). What is left out is summed from the tails, not assumed.
+    """
+    sd = np.sqrt(n * p * (1.0 - p))
+    mean = n * p
+    lo = np.maximum(np.floor(mean - 16.0 * sd - 60.0), 0.0)
+    hi = np.minimum(np.ceil(mean + 16.0 * sd + 60.0), n)
+    log_tail = math.log(_TAIL)
+    lo_i, hi_i = lo.astype(np.int64), hi.astype(np.int64)
+    for r in range(n.size):
+        k = np.arange(lo_i[r], hi_i[r] + 1)
+        keep = np.nonzero(stats.binom.logpmf(k, n[r], p[r]) >= log_tail)[0]
+        if keep.size:
+            lo_i[r], hi_i[r] = k[keep[0]], k[keep[-1]]
+    return lo_i, hi_i
 
 
 @dataclasses.dataclass(frozen=True)

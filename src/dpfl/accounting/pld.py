@@ -44,11 +44,13 @@ Soundness of the two discretisations.
 * Lower: merging every output whose privacy loss lies in
   ``(eps_j, eps_{j+1}]`` is a post-processing, so the merged pair is dominated
   by the true one. A second, randomised post-processing then moves every
-  merged loss exactly onto a grid point, from the top down (see
-  :func:`_garbled_grid_probs`), so no loss is rounded (only the last carry,
-  downwards) and mass below the lowest point is dropped. The result is a
-  pair dominated by the true one, so its composition is a lower bound; its
-  error is second order in the gaps, like the upper bound's.
+  merged loss exactly onto a grid point (see :func:`_garbled_grid_probs`),
+  and a merged output that the outputs just above it cannot lift to the next
+  grid point is rounded down; mass below the lowest point is dropped. Every
+  loss ends at most where it was, and ``delta(eps)`` of one round and of any
+  composition is non-decreasing in every loss, so the composition's delta is
+  a lower bound; its error is second order in the gaps, like the upper
+  bound's, except for the outputs rounded down.
 """
 
 from __future__ import annotations
@@ -679,75 +681,97 @@ def _connect_dots_probs(
     return np.maximum(0.0, v1 + v2), float(deltas[-1])
 
 
+#: How many merged outputs above it a carry of :func:`_garbled_grid_probs`
+#: may draw on before it is rounded down instead.
+_CARRY_REACH = 16
+
+
 def _garbled_grid_probs(
     h: float, k: np.ndarray, p_in: np.ndarray, q_in: np.ndarray
 ) -> np.ndarray:
-    """Optimistic masses on the grid from a post-processing of the true pair.
+    """Optimistic masses on the grid from the true pair, every loss moved down.
 
     ``p_in[j], q_in[j]`` are ``P(L > eps_j)``, ``Q(L > eps_j)`` at the support
     points ``eps_j = k_j h``. Step 1 merges all outputs whose loss lies in
-    ``(eps_j, eps_{j+1}]`` (loss ``l_j`` in that interval). Step 2 is a
-    randomised post-processing that moves every loss exactly onto a grid
-    point, from the top down: a "carry" output (loss above its grid point
-    ``g``, the support point at or below it) absorbs the fraction of the next
-    lower merged output (loss below ``g``) that makes its likelihood ratio
-    exactly ``e^g``; the rest of that output carries on. Both steps are
-    garblings, so the result is dominated by the true pair (a valid lower
-    bound that composes), with no rounding of losses except the final carry,
-    rounded down. Mass below ``eps_0`` is dropped.
+    ``(eps_j, eps_{j+1}]`` (loss ``l_j`` in that interval): a post-processing.
+    Step 2 moves every merged loss onto a grid point, from the bottom up: a
+    "carry" output (loss below the next grid point ``g``) absorbs the
+    fraction of the following merged outputs (losses above ``g``) that makes
+    its likelihood ratio exactly ``e^g`` (a randomised post-processing); the
+    rest of those outputs carries on. When the next ``16`` outputs cannot
+    lift a carry to ``g`` (at small sampling rates, a bulk of mass near loss 0
+    outweighs the whole tail), the carry is rounded down to the grid point
+    below it instead, so the tail, which decides ``delta``, is never used up
+    for the bulk. Mass below ``eps_0`` is dropped.
 
-    Going from the top keeps the tail, which decides ``delta``: at small
-    sampling rates a bulk of mass near loss 0 outweighs the whole tail, and a
-    bottom-up carry raising it to the next grid point would absorb the tail.
+    Every output ends at a loss at most its own, so ``delta(eps) = sum_l p_l
+    (1 - e^{eps - l})_+``, non-decreasing in every loss of every round, is a
+    lower bound for one round and for any composition; the error is second
+    order in the gaps except for carries rounded down.
 
     Returns the dense probabilities on indices ``k[0] .. k[-1]``.
     """
     p_in = np.minimum.accumulate(np.clip(p_in, 0.0, 1.0))
     q_in = np.minimum.accumulate(np.clip(q_in, 0.0, 1.0))
-    dp = np.maximum(-np.diff(p_in), 0.0)
-    dq = np.maximum(-np.diff(q_in), 0.0)
+    dp_a = np.maximum(-np.diff(p_in), 0.0)
+    dq_a = np.maximum(-np.diff(q_in), 0.0)
     # the top output: everything above the last point, loss > eps_last
-    dp = np.append(dp, p_in[-1]).tolist()
-    dq = np.append(dq, q_in[-1]).tolist()
+    dp = np.append(dp_a, p_in[-1]).tolist()
+    dq = np.append(dq_a, q_in[-1]).tolist()
     probs = np.zeros(int(k[-1] - k[0]) + 1)
     ex = np.exp(k.astype(float) * h).tolist()
     idx = (k - k[0]).tolist()
+    last = k.size - 1
+    n = len(dp)
     cp = cq = 0.0  # carry masses
-    t = 0  # support index of the carry's grid point (at or below its loss)
-    j = len(dp) - 1  # next merged output to absorb (output j: loss > eps_j)
-    while j >= 0:
+    j = 0  # next merged output to absorb
+    t = 1  # index of the grid target (the carry's loss is below grid[t])
+    while j < n:
         if cp <= 0.0:
             cp, cq = dp[j], dq[j]
-            t = j
-            j -= 1
+            t = min(j + 1, last)
+            j += 1
             continue
-        # lower the carry to exactly e^{grid[t]} by absorbing output j
+        # raise the carry to exactly e^{grid[t]} by absorbing output j
         g = ex[t]
-        need = cp - g * cq  # > 0 while the carry's loss is above grid[t]
+        need = g * cq - cp  # > 0 while the carry's loss is below grid[t]
         if need <= 0.0:
             probs[idx[t]] += cp
             cp = cq = 0.0
             continue
-        gain = g * dq[j] - dp[j]  # > 0 when output j's loss is below grid[t]
+        reach = sum(dp[i] - g * dq[i] for i in range(j, min(n, j + _CARRY_REACH)))
+        if reach < need and j + _CARRY_REACH < n:
+            # the outputs within reach cannot lift it: round it down
+            probs[idx[t - 1]] += cp
+            cp = cq = 0.0
+            continue
+        gain = dp[j] - g * dq[j]  # > 0 when output j's loss exceeds grid[t]
         if gain <= 0.0:
+            # output j does not exceed the target: absorb it entirely
             cp += dp[j]
             cq += dq[j]
-            j -= 1
+            j += 1
             continue
         lam = need / gain
         if lam >= 1.0:
             cp += dp[j]
             cq += dq[j]
-            j -= 1
+            j += 1
             continue
         probs[idx[t]] += cp + lam * dp[j]
         cp = (1.0 - lam) * dp[j]
         cq = (1.0 - lam) * dq[j]
-        t = j
-        j -= 1
+        j += 1
+        t = min(j, last)
     if cp > 0.0:
-        # last carry: its loss is above grid[t]; rounded down onto it
-        probs[idx[t]] += cp
+        # last carry: loss log(cp / cq) rounded down onto the grid
+        if cq > 0:
+            loss = math.log(cp / cq)
+            grid = k.astype(float) * h
+            at = int(np.searchsorted(grid, loss, side="right")) - 1
+        else:
+            at = last
+        probs[idx[max(at, 0)]] += cp
     return probs
 
 
