@@ -17,8 +17,9 @@ def test_record_and_spend_matches_accountant():
     ledger = PrivacyLedger()
     for _ in range(20):
         ledger.record(EVENT)
-    # The ledger prices exactly the composed events (same code path, same bound).
-    direct = Accountant().compose(EVENT, 20).epsilon(1e-5)
+    # The ledger prices exactly the composed events (same code path, same bound,
+    # at the ledger's tolerance).
+    direct = Accountant(tolerance=ledger.tolerance).compose(EVENT, 20).epsilon(1e-5)
     assert ledger.epsilon(1e-5) == direct
 
 
@@ -96,15 +97,17 @@ def test_per_client_spend_counts_the_worst_clients_rounds():
         ledger.record(release, participants=parts)
     assert ledger.epsilon(1e-5).upper == pytest.approx(joined(2), rel=1e-12)
     # Under the paper's reading every round is amplified and counts for all.
-    assert ledger.epsilon(1e-5, analysis="paper") == Accountant("paper").compose(
-        release, 2
-    ).epsilon(1e-5)
+    assert ledger.epsilon(1e-5, analysis="paper") == Accountant(
+        "paper", tolerance=ledger.tolerance
+    ).compose(release, 2).epsilon(1e-5)
     # An event that already prices client sampling holds for everyone every round.
     sampled = ClientPoisson(0.5, Gaussian(4.0))
     ledger = PrivacyLedger()
     for parts in ([1], [2], [3]):
         ledger.record(sampled, participants=parts)
-    assert ledger.epsilon(1e-5) == Accountant().compose(sampled, 3).epsilon(1e-5)
+    assert ledger.epsilon(1e-5) == Accountant(tolerance=ledger.tolerance).compose(
+        sampled, 3
+    ).epsilon(1e-5)
 
 
 def test_flush_appends_a_journal_and_load_replays_it(tmp_path):
