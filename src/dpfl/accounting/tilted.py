@@ -98,7 +98,7 @@ estimate of the deciding loss; for ``delta(epsilon)``, it minimises
 deviations around the deciding loss) and, for ``delta(epsilon)``, ``eps``
 itself. Any ``lam >= 0`` and any window give valid bounds; the choice only
 makes them tight. The cumulant generating functions are bounded from above
-exactly for PMFs of at most 16384 non-zero masses, and otherwise from
+exactly for PMFs of at most 2048 non-zero masses, and otherwise from
 above on at most that many bins (:meth:`Dist.log_mgf`), so every Chernoff
 bound used is valid.
 """
@@ -134,7 +134,7 @@ FFT_CONSTANT = 16.0
 _WINDOW_TAIL = 1e-15
 
 #: At most this many bins bound a PMF's moment generating function.
-_MGF_BINS = 16384
+_MGF_BINS = 2048
 
 #: Smallest positive double's order: underflowed tilted entries are each
 #: below it (an absolute error, counted in ``B``).
@@ -240,7 +240,7 @@ class Dist:
     def log_mgf(self, t: np.ndarray) -> np.ndarray:
         """Upper bound on ``log sum_l p_l e^{t l}`` for each ``t`` (vectorised).
 
-        Exact (to rounding) when the PMF has at most 4096 non-zero masses.
+        Exact (to rounding) when the PMF has at most 2048 non-zero masses.
         Otherwise each bin of consecutive masses, of mass ``m``, centre ``c``
         (its mean loss), first and second central moments ``m1``, ``m2`` and
         width ``w``, contributes the smaller of ``m e^{t l_max}`` (``l_min``
@@ -315,7 +315,7 @@ def _minimise(
     search only makes them tight.
     """
     base = 1.0 / max(scale, 1e-300)
-    grid = sign * base * np.geomspace(1e-4, 1e4, 65)
+    grid = sign * base * np.geomspace(1e-4, 1e4, 33)
     vals = f(grid)
     for _ in range(3):
         vals = np.where(np.isfinite(vals), vals, np.inf)
