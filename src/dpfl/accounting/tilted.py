@@ -94,13 +94,14 @@ generating function of the composed loss and ``c(lam) = lam^lam /
 (1 + lam)^(1 + lam)`` (``(1 - e^{-x})_+ <= c(lam) e^{lam x}``): the Chernoff
 estimate of the deciding loss; for ``delta(epsilon)``, it minimises
 ``K(lam) - lam eps + log c(lam)``. The window is the range holding all but
-``1e-15`` of the *tilted* composition on each side (a few of its standard
-deviations around the deciding loss) and, for ``delta(epsilon)``, ``eps``
-itself. Any ``lam >= 0`` and any window give valid bounds; the choice only
-makes them tight. The cumulant generating functions are bounded from above
-exactly for PMFs of at most 2048 non-zero masses, and otherwise from
-above on at most that many bins (:meth:`Dist.log_mgf`), so every Chernoff
-bound used is valid.
+``A`` of the *tilted* composition on each side (a few of its standard
+deviations around the deciding loss), with ``A U`` at the deciding loss
+``1e-4`` of the query's delta (``A`` within ``[1e-30, 1e-10]``), and, for
+``delta(epsilon)``, ``eps`` itself. Any ``lam >= 0`` and any window give
+valid bounds; the choice only makes them tight. The cumulant generating
+functions are bounded from above: exactly for PMFs of at most 2048 non-zero
+masses, otherwise on at most that many bins (:meth:`Dist.log_mgf`), so every
+Chernoff bound used is valid.
 """
 
 from __future__ import annotations
@@ -315,7 +316,7 @@ def _minimise(
     search only makes them tight.
     """
     base = 1.0 / max(scale, 1e-300)
-    grid = sign * base * np.geomspace(1e-4, 1e4, 33)
+    grid = sign * base * np.geomspace(1e-4, 1e4, 25)
     vals = f(grid)
     for _ in range(3):
         vals = np.where(np.isfinite(vals), vals, np.inf)
@@ -324,7 +325,7 @@ def _minimise(
         hi = abs(grid[min(i + 1, grid.size - 1)])
         if not (hi > lo > 0):
             break
-        grid = sign * np.geomspace(lo, hi, 17)
+        grid = sign * np.geomspace(lo, hi, 11)
         vals = f(grid)
     vals = np.where(np.isfinite(vals), vals, np.inf)
     i = int(np.argmin(vals))
@@ -358,6 +359,10 @@ class Plan:
     log_delta : float or None
         Log of the delta the query compares with (an estimate for a
         ``delta(epsilon)`` query).
+    theta_low, theta_high : float or None
+        Chernoff orders (relative to the tilt) that placed the window's edges;
+        the composition's bounds at those edges use them (any order gives a
+        valid bound).
     """
 
     tilt: float
@@ -365,6 +370,8 @@ class Plan:
     high: float
     decided: float | None = None
     log_delta: float | None = None
+    theta_low: float | None = None
+    theta_high: float | None = None
 
 
 def _scale(parts: Parts, t: float) -> float:
@@ -373,8 +380,15 @@ def _scale(parts: Parts, t: float) -> float:
     return max(math.sqrt(var), step)
 
 
-def _tail_quantiles(parts: Parts, tilt: float, tail: float) -> tuple[float, float]:
-    """Losses outside which the tilted composition has at most ``tail`` per side."""
+def _tail_quantiles(
+    parts: Parts, tilt: float, tail: float
+) -> tuple[float, float, float, float]:
+    """Losses outside which the tilted composition has at most ``tail`` per side.
+
+    Returns ``(low, high, theta_low, theta_high)``: the quantiles and the
+    Chernoff orders that gave them (kept for the composition's own bounds at
+    the window's edges).
+    """
     base = _log_mgf_total(parts, np.array([tilt]))[0]
     scale = _scale(parts, tilt)
     log_inv = math.log(1.0 / tail)
@@ -389,9 +403,9 @@ def _tail_quantiles(parts: Parts, tilt: float, tail: float) -> tuple[float, floa
             -(_log_mgf_total(parts, tilt + theta) - base + log_inv) / theta
         )
 
-    hi = _minimise(upper, scale, 1.0)[1]
-    lo = -_minimise(lower_neg, scale, -1.0)[1]
-    return lo, hi
+    th_hi, hi = _minimise(upper, scale, 1.0)
+    th_lo, lo = _minimise(lower_neg, scale, -1.0)
+    return -lo, hi, th_lo, th_hi
 
 
 def plan(
@@ -423,7 +437,9 @@ def plan(
         A loss the window must reach down to (a known lower value of the
         answer).
     tail : float, optional
-        Tilted mass left outside the window on each side.
+        Tilted mass left outside the window on each side, without a query;
+        with one, ``1e-4`` of the query's delta against the untilt factor at
+        the deciding loss (within ``[1e-30, 1e-10]``).
     partners : sequence of (Dist, int), optional
         The other side's PMFs (optimistic), composed on the same plan: the
         window also holds all but ``tail`` of their tilted composition.
@@ -464,9 +480,15 @@ def plan(
             tilt, decided = _minimise(estimate, s0, 1.0)
     if delta is not None:
         log_delta = math.log(delta)
-    lo, hi = _tail_quantiles(parts, tilt, tail)
+    if decided is not None and log_delta is not None:
+        # Aliased and truncated tilted mass A returns as A U_j: against the
+        # query's delta at the deciding loss, 1e-4 of it is ample (within
+        # [1e-30, 1e-10]); a narrower window is a faster one.
+        log_u = float(_log_mgf_total(parts, np.array([tilt]))[0]) - tilt * decided
+        tail = min(max(math.exp(min(log_delta - log_u, 0.0)) * 1e-4, 1e-30), 1e-10)
+    lo, hi, th_lo, th_hi = _tail_quantiles(parts, tilt, tail)
     if partners:
-        plo, phi = _tail_quantiles(partners, tilt, tail)
+        plo, phi, _, _ = _tail_quantiles(partners, tilt, tail)
         lo, hi = min(lo, plo), max(hi, phi)
         lo_support = min(lo_support, sum(n * d.min_loss for d, n in partners))
         hi_support = max(hi_support, sum(n * d.max_loss for d, n in partners))
@@ -476,7 +498,7 @@ def plan(
         lo = min(lo, float(at))
     lo = max(lo, lo_support)
     hi = min(max(hi, lo), hi_support)
-    return Plan(tilt, lo, hi, decided, log_delta)
+    return Plan(tilt, lo, hi, decided, log_delta, th_lo, th_hi)
 
 
 def _index_window(parts: Parts, p: Plan) -> tuple[int, int, int, int]:
@@ -512,6 +534,25 @@ def _chernoff_log(
         return _log_mgf_total(parts, shift + theta) - base - theta * at
 
     return _minimise(f, scale, sign)[1]
+
+
+def _edge_log(
+    parts: Parts,
+    shift: float,
+    base: float,
+    at: float,
+    theta: float | None,
+    sign: float,
+) -> float:
+    """Chernoff bound (log) at one window edge: at ``theta`` if it has the sign.
+
+    The order that placed the edge is close to optimal there; any order of
+    the right sign gives a valid bound. Without one, it is searched.
+    """
+    if theta is not None and theta * sign > 0:
+        value = float(_log_mgf_total(parts, np.array([shift + theta]))[0])
+        return value - base - theta * at
+    return _chernoff_log(parts, shift, base, at, sign)
 
 
 def compose(parts: Parts, p: Plan, *, extended: bool | None = None) -> CertifiedPmf:
@@ -623,9 +664,9 @@ def compose(parts: Parts, p: Plan, *, extended: bool | None = None) -> Certified
     hi_loss = (offset + top) * h
     alias = 0.0
     if a > 0:
-        alias += math.exp(_chernoff_log(parts, lam, base, lo_loss - h, -1.0))
+        alias += math.exp(_edge_log(parts, lam, base, lo_loss - h, p.theta_low, -1.0))
     if top < last:
-        alias += math.exp(_chernoff_log(parts, lam, base, hi_loss + h, 1.0))
+        alias += math.exp(_edge_log(parts, lam, base, hi_loss + h, p.theta_high, 1.0))
     alias *= (1.0 + tau) * 1.01
     err += _UNDERFLOW * entries
     widest = max(abs(lo_loss), abs(hi_loss))
@@ -635,11 +676,14 @@ def compose(parts: Parts, p: Plan, *, extended: bool | None = None) -> Certified
     lump = 0.0
     if pess:
         inf_mass = _composed_infinity(parts, upward=True)
+        # untilted: the orders shifted by the tilt, where of the right sign
+        th_lo = None if p.theta_low is None else lam + p.theta_low
+        th_hi = None if p.theta_high is None else lam + p.theta_high
         if a > 0:
-            below = _chernoff_log(parts, 0.0, 0.0, lo_loss - h, -1.0)
+            below = _edge_log(parts, 0.0, 0.0, lo_loss - h, th_lo, -1.0)
             lump = min(cap, math.exp(min(below, 700.0)) * 1.01)
         if top < last:
-            above = _chernoff_log(parts, 0.0, 0.0, hi_loss + h, 1.0)
+            above = _edge_log(parts, 0.0, 0.0, hi_loss + h, th_hi, 1.0)
             inf_mass = min(1.0, inf_mass + math.exp(min(above, 0.0)) * 1.01)
     else:
         inf_mass = _composed_infinity(parts, upward=False)
@@ -974,8 +1018,8 @@ class CertifiedPmf(pld_pmf.DensePLDPmf):  # type: ignore[misc]
             lump = -math.expm1(eps - l0) if i == 0 else 0.0
             return self._value(i, x, upper=upper, with_lump=lump)
 
-        # value(lo_x) <= delta < value(hi_x) throughout
-        for _ in range(80):
+        # value(lo_x) <= delta < value(hi_x) throughout; 2^-56 of the step
+        for _ in range(56):
             mid = 0.5 * (lo_x + hi_x)
             if value(mid) <= delta:
                 lo_x = mid
