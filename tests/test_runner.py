@@ -118,10 +118,16 @@ def test_tiny_run_writes_all_files(tmp_path):
     event = run_event(SIGMA)
     ledger = PrivacyLedger.load(d / "ledger.json")
     assert ledger.rounds == 6 and all(e.event == event for e in ledger.entries)
-    # epsilon reported = the accountant's upper bound for 6 such rounds
-    # (same code path; the independent check of the value is the accounting
-    # tests' job). Tolerance: exact equality of the same computation.
-    expected = Accountant("wcs").compose(event, 6).epsilon(1e-5).upper
+    # epsilon reported = the accountant's upper bound for 6 such rounds at the
+    # ledger's tolerance (same code path; the independent check of the value
+    # is the accounting tests' job). Tolerance: exact equality of the same
+    # computation.
+    expected = (
+        Accountant("wcs", tolerance=ledger.tolerance)
+        .compose(event, 6)
+        .epsilon(1e-5)
+        .upper
+    )
     assert res.epsilon == pytest.approx(expected, rel=1e-12)
     assert rows[-1]["epsilon"] == pytest.approx(expected, rel=1e-12)
     # a second fresh run in the same folder is refused (would lose the spend)
