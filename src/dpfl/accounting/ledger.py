@@ -61,8 +61,9 @@ from dpfl._files import digest as _digest
 from dpfl._files import fault
 from dpfl._validate import check_delta, check_positive
 from dpfl.accounting import events as ev
-from dpfl.accounting import rdp, schemes
+from dpfl.accounting import gaussian, rdp, schemes
 from dpfl.accounting.accountant import Accountant, canonical
+from dpfl.accounting.accountant import _gaussian_mu2 as _accountant_mu2
 from dpfl.accounting.bounds import Bound
 from dpfl.errors import (
     BudgetExceededError,
@@ -167,9 +168,20 @@ def _key(counts: Counter[ev.Event]) -> Profile:
     return tuple(sorted(counts.items(), key=lambda item: repr(item[0])))
 
 
+def _gaussian_mu2(charges: Counter[ev.Event]) -> float | None:
+    """Total ``mu^2`` of charges that are all (self-composed) Gaussians, or None."""
+    total = 0.0
+    for event, count in charges.items():
+        mu2 = _accountant_mu2(event)
+        if mu2 is None:
+            return None
+        total += count * mu2
+    return total
+
+
 def _dominated(a: Counter[Any], b: Counter[Any]) -> bool:
     """Whether ``a`` charges no event more often than ``b``."""
-    return all(b[e] >= n for e, n in a.items())
+    return all(b.get(e, 0) >= n for e, n in a.items())
 
 
 _Profile = frozenset[tuple[int, int]]
@@ -200,6 +212,7 @@ class _Spend:
     # interned events; per unit, the interned events charged to it alone
     _ids: dict[ev.Event, int] = dataclasses.field(default_factory=dict)
     _events: list[ev.Event] = dataclasses.field(default_factory=list)
+    _mu2: list[float | None] = dataclasses.field(default_factory=list)
     _units: dict[int, Counter[int]] = dataclasses.field(default_factory=dict)
     # each unit's profile, the units holding each profile, each profile's
     # counts, and the non-dominated profiles
@@ -232,12 +245,15 @@ class _Spend:
         if key is None:
             key = self._ids[event] = len(self._events)
             self._events.append(event)
+            self._mu2.append(_accountant_mu2(event))
         return key
 
     def _charge(self, unit: int, cost: int) -> None:
-        own = self._units.setdefault(unit, Counter())
+        own = self._units.get(unit)
+        if own is None:
+            own = self._units[unit] = Counter()
         old = self._profile.get(unit)
-        own[cost] += 1
+        own[cost] = own.get(cost, 0) + 1
         new = frozenset(own.items())
         self._profile[unit] = new
         if old is not None:
@@ -269,9 +285,18 @@ class _Spend:
         return self._named(self._units.get(unit, Counter()))
 
     def front(self) -> list[Counter[ev.Event]]:
-        """The non-dominated profiles' charges (without their units)."""
+        """The non-dominated profiles' charges (without their units).
+
+        When every charge is a Gaussian, only the profile of largest total
+        ``mu^2`` (the most exposed: its composition is mu-GDP and epsilon
+        grows with mu) is returned.
+        """
         if not self._units:
             return [Counter()]
+        mu2 = [0.0 if m is None else m for m in self._mu2]
+        if all(m is not None for m in self._mu2):
+            worst = max(self._front, key=lambda f: sum(n * mu2[k] for k, n in f))
+            return [self._named(self._counts[worst])]
         return [self._named(self._counts[f]) for f in self._front]
 
     def frontier(self) -> list[tuple[int | None, Counter[ev.Event]]]:
@@ -334,6 +359,7 @@ class PrivacyLedger:
         self._compact = False  # rewrite the snapshot at the next flush
         self._spend: dict[str | None, _Spend] = {}
         self._priced: dict[tuple[str | None, Profile, float], Bound] = {}
+        self._mu2_cap: float | None = None  # largest Gaussian mu^2 in budget
 
     # -- recording ------------------------------------------------------------
     @property
@@ -636,8 +662,21 @@ class PrivacyLedger:
             return self._fits(event, count)
         if self.budget is None:
             return True
+        mu2 = _gaussian_mu2(charges)
+        if mu2 is not None:
+            # Gaussian charges only (per-participant schemes): the composition
+            # is mu-GDP with mu^2 their sum, within budget iff mu <= the mu of
+            # the budget's (epsilon, delta); found once, with a 1e-9 margin.
+            return mu2 <= self._mu2_budget()
         bound = self._bound(charges, self.budget.delta, self.analysis)
         return bound.upper <= self.budget.epsilon
+
+    def _mu2_budget(self) -> float:
+        if self._mu2_cap is None:
+            assert self.budget is not None
+            mu = gaussian.gdp_mu(epsilon=self.budget.epsilon, delta=self.budget.delta)
+            self._mu2_cap = (mu * (1.0 - 1e-9)) ** 2
+        return self._mu2_cap
 
     def _fits(self, event: ev.Event, count: int) -> bool:
         """Whether ``count`` rounds of ``event`` fit the budget (amortised).
