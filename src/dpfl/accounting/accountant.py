@@ -190,16 +190,27 @@ class Accountant:
         return counts
 
     def _parts(self, h: float) -> list[pld.Part]:
-        """Every distinct event's one-round (upper, lower) PLDs at step ``h``."""
-        parts = [
-            (*_cached_price(e, schemes.resolve_analysis(e, self.analysis), h), n)
-            for e, n in self._counts().items()
-        ]
-        if len(parts) > 1:
+        """Every distinct event's one-round PLDs at step ``h``, with its count.
+
+        Check-in and two-stage rounds become :class:`pld.MixturePart` (each
+        label's one-step PLDs and its number of steps), so that a round of
+        ``K`` local steps is never composed on its own before the rounds are.
+        """
+        parts: list[pld.Part] = []
+        for e, n in self._counts().items():
+            mix = _mixture_part(e, self.analysis, h, n)
+            if mix is not None:
+                parts.append(mix)
+            else:
+                up, lo = _cached_price(e, schemes.resolve_analysis(e, self.analysis), h)
+                parts.append((up, lo, n))
+        plds = [q for part in parts for q in _held(part)]
+        # pylint: disable-next=protected-access
+        if len({q._pmf_remove._discretization for q in plds}) > 1:
             # one-round PLDs may come on coarser grids: move them to one grid
-            ups = pld.common_step([u for u, _, _ in parts])
-            lows = pld.common_step([low for _, low, _ in parts])
-            parts = [(u, low, n) for u, low, (_, _, n) in zip(ups, lows, parts)]
+            ups = iter(pld.common_step([q for part in parts for q in _held(part, 0)]))
+            lows = iter(pld.common_step([q for part in parts for q in _held(part, 1)]))
+            parts = [_regridded(part, ups, lows) for part in parts]
         return parts
 
     def _bracket(
@@ -493,6 +504,61 @@ def _(event: ev.RecordPoisson, *, analysis: str, discretization: float) -> PldPa
     # Without client sampling, a record of a client is in the round's sum w.p. q:
     # the Poisson-subsampled Gaussian at rate q (OLS, Theorem 5.1).
     return _poisson_of_gaussian(event.sampling_probability, event.event, discretization)
+
+
+def _mixture_part(
+    event: ev.Event, analysis: str | None, h: float, count: int
+) -> pld.MixturePart | None:
+    """A check-in or two-stage event as a :class:`pld.MixturePart` (else None).
+
+    Each role (exclusive, as :func:`_exclusive` makes them) releases its cost:
+    ``SelfComposed(e, K)`` is ``K`` steps of ``e``, priced once. Check-in
+    under the paper's analysis is priced as Poisson sampling instead.
+    """
+    if isinstance(event, ev.CheckIn):
+        if schemes.resolve_analysis(event, analysis) == "paper":
+            return None
+    elif not isinstance(event, ev.TwoStage):
+        return None
+    weights, ups, lows, powers = [], [], [], []
+    for weight, cost in _exclusive(schemes.participant_costs(event)):
+        if weight <= 0:
+            continue
+        steps = 1
+        inner = canonical(cost)
+        while isinstance(inner, ev.SelfComposed):
+            steps *= inner.count
+            inner = canonical(inner.event)
+        up, lo = _cached_price(inner, "exact", h)
+        weights.append(weight)
+        ups.append(up)
+        lows.append(lo)
+        powers.append(steps)
+    if not weights:
+        return None
+    return pld.MixturePart(
+        tuple(weights), tuple(ups), tuple(lows), tuple(powers), count
+    )
+
+
+def _held(part: pld.Part, side: int | None = None) -> list[PLD]:
+    """The PLDs of a part: both sides, or only the upper (0) or lower (1)."""
+    if isinstance(part, pld.MixturePart):
+        sides = [part.uppers, part.lowers]
+        return [q for i, qs in enumerate(sides) if side in (None, i) for q in qs]
+    return [q for i, q in enumerate(part[:2]) if side in (None, i)]
+
+
+def _regridded(part: pld.Part, ups: Any, lows: Any) -> pld.Part:
+    """``part`` with its PLDs taken, in order, from the regridded iterators."""
+    if isinstance(part, pld.MixturePart):
+        k = len(part.weights)
+        return dataclasses.replace(
+            part,
+            uppers=tuple(next(ups) for _ in range(k)),
+            lowers=tuple(next(lows) for _ in range(k)),
+        )
+    return (next(ups), next(lows), part[2])
 
 
 @functools.lru_cache(maxsize=64)

@@ -81,6 +81,7 @@ __all__ = [
     "MAX_COMPOSED_POINTS",
     "BracketResult",
     "MixturePair",
+    "MixturePart",
     "bracket_parts",
     "common_step",
     "compose_bounds",
@@ -1041,19 +1042,21 @@ def _rebin(pmf: pld_pmf.DensePLDPmf, factor: int) -> pld_pmf.DensePLDPmf:
 
 
 def _fitted(
-    items: Sequence[tuple[pld_pmf.PLDPmf, int]],
-    partners: Sequence[tuple[pld_pmf.PLDPmf, int]] = (),
+    items: Sequence[tuple[Any, int]],
+    partners: Sequence[tuple[Any, int]] = (),
     *,
     delta: float | None = None,
     epsilon: float | None = None,
     level: float | None = None,
     floor: float | None = None,
     tail: float = 1e-15,
-) -> tuple[list[tuple[tilted.Dist, int]], list[tuple[tilted.Dist, int]], tilted.Plan]:
+) -> tuple[list[Any], list[Any], tilted.Plan]:
     """The PMFs ready for :func:`tilted.compose`, coarsened to the memory cap.
 
     ``items`` (the pessimistic side) choose the tilt and window; ``partners``
-    (the optimistic side, may be empty) are composed on the same plan. When
+    (the optimistic side, may be empty) are composed on the same plan. Each
+    item is a PMF or ``("mix", rest, [(weight, PMF, power), ...])`` (a
+    :class:`tilted.Mix`), with its count. When
     the FFT would exceed :data:`MAX_COMPOSED_POINTS` points, both sides move
     to a grid a power of two coarser (:func:`_rebin`), or, inside
     :func:`refine_bound`, the one round is rebuilt at that step
@@ -1061,9 +1064,21 @@ def _fitted(
     """
     factor = 1
     previous = math.inf
+
+    def prepared(spec: Any) -> tilted.Dist | tilted.Mix:
+        if isinstance(spec, tuple) and spec[0] == "mix":
+            return tilted.Mix(
+                [
+                    (w, tilted.Dist(_rebin(q.to_dense_pmf(), factor)), k)
+                    for w, q, k in spec[2]
+                ],
+                spec[1],
+            )
+        return tilted.Dist(_rebin(spec.to_dense_pmf(), factor))
+
     while True:
-        ups = [(tilted.Dist(_rebin(p.to_dense_pmf(), factor)), n) for p, n in items]
-        los = [(tilted.Dist(_rebin(p.to_dense_pmf(), factor)), n) for p, n in partners]
+        ups = [(prepared(spec), n) for spec, n in items]
+        los = [(prepared(spec), n) for spec, n in partners]
         plan = tilted.plan(
             ups,
             delta=delta,
@@ -1461,9 +1476,73 @@ class BracketResult:
     coarse: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class MixturePart:
+    """Rounds that draw a public label, then release a composition or nothing.
+
+    With probability ``weights[j]`` a round releases the ``powers[j]``-fold
+    composition of the mechanism whose one-step PLDs are ``uppers[j]``
+    (pessimistic) and ``lowers[j]`` (optimistic), and the adversary sees
+    which; otherwise it releases nothing. A check-in round of ``K`` local
+    steps is one such term. :func:`bracket_parts` composes it by evaluating
+    the round's transform ``rest + sum_j w_j X_j^k_j`` directly
+    (:class:`tilted.Mix`), so no inner composition is formed.
+
+    Attributes
+    ----------
+    weights : tuple of float
+        The labels' probabilities (summing to at most 1).
+    uppers, lowers : tuple of PrivacyLossDistribution
+        Each label's one-step PLDs, all on one grid.
+    powers : tuple of int
+        How many steps each label composes.
+    count : int
+        Number of rounds.
+    """
+
+    weights: tuple[float, ...]
+    uppers: tuple[PrivacyLossDistribution, ...]
+    lowers: tuple[PrivacyLossDistribution, ...]
+    powers: tuple[int, ...]
+    count: int
+
+
 #: One distinct event of a composition: its (upper, lower) one-round PLDs on
-#: one grid and how often it is composed.
-Part = tuple[PrivacyLossDistribution, PrivacyLossDistribution, int]
+#: one grid and how often it is composed, or a :class:`MixturePart`.
+Part = tuple[PrivacyLossDistribution, PrivacyLossDistribution, int] | MixturePart
+
+
+def _part_plds(part: Part) -> list[PrivacyLossDistribution]:
+    """Every PLD a part holds (upper ones first)."""
+    if isinstance(part, MixturePart):
+        return [*part.uppers, *part.lowers]
+    return [part[0], part[1]]
+
+
+def _part_uppers(part: Part) -> list[PrivacyLossDistribution]:
+    if isinstance(part, MixturePart):
+        return list(part.uppers)
+    return [part[0]]
+
+
+def _part_count(part: Part) -> int:
+    return part.count if isinstance(part, MixturePart) else part[2]
+
+
+def _side(part: Part, add: bool, pessimistic: bool) -> Any:
+    """One side and direction of a part, for :func:`_fitted`."""
+    if isinstance(part, MixturePart):
+        plds = part.uppers if pessimistic else part.lowers
+        rest = max(0.0, 1.0 - math.fsum(part.weights))
+        return (
+            "mix",
+            rest,
+            [
+                (w, _direction(q, add), k)
+                for w, q, k in zip(part.weights, plds, part.powers, strict=True)
+            ],
+        )
+    return _direction(part[0] if pessimistic else part[1], add)
 
 
 def _direction(p: PrivacyLossDistribution, add: bool) -> pld_pmf.PLDPmf:
@@ -1486,9 +1565,10 @@ def bracket_parts(
 
     Parameters
     ----------
-    parts : sequence of (PrivacyLossDistribution, PrivacyLossDistribution, int)
+    parts : sequence of (PrivacyLossDistribution, PrivacyLossDistribution, int) \
+or MixturePart
         For each distinct event: its pessimistic and optimistic one-round
-        PLDs (all on one grid) and its count.
+        PLDs (all on one grid) and its count, or a :class:`MixturePart`.
     delta, epsilon : float, optional
         Exactly one: the query.
     hint : sequence of float, optional
@@ -1508,19 +1588,18 @@ def bracket_parts(
     """
     if (delta is None) == (epsilon is None):
         raise InvalidParameterError("give exactly one of delta and epsilon")
-    ups = [(u, n) for u, _, n in parts if n > 0]
-    lows = [(lo, n) for _, lo, n in parts if n > 0]
+    used = [part for part in parts if _part_count(part) > 0]
     symmetric = all(
-        u._symmetric and lo._symmetric  # pylint: disable=protected-access
-        for u, lo, n in parts
-        if n > 0
+        q._symmetric  # pylint: disable=protected-access
+        for part in used
+        for q in _part_plds(part)
     )
     upper = lower = 0.0
     step = 0.0
     lowers = []
     for add in (False,) if symmetric else (False, True):
-        items_up = [(_direction(u, add), n) for u, n in ups]
-        items_lo = [(_direction(lo, add), n) for lo, n in lows]
+        items_up = [(_side(part, add, True), _part_count(part)) for part in used]
+        items_lo = [(_side(part, add, False), _part_count(part)) for part in used]
         floor: float | None = None
         known = hint[int(add)] if hint is not None and len(hint) > int(add) else 0.0
         level = known if delta is not None and known > 0 else None
@@ -1662,7 +1741,12 @@ def refine_parts(
         token = _REBUILD_COARSER.set(not rebuilt)
         try:
             parts = build(h)
-            scale = min(_scale(p) for u, _, _ in parts for p in _pmfs_of(u))
+            scale = min(
+                _scale(p)
+                for part in parts
+                for u in _part_uppers(part)
+                for p in _pmfs_of(u)
+            )
             if 0 < scale < h / 2 and scaled < 4 and not rebuilt:
                 # the grid is coarse against one round's losses (tiny
                 # sampling rates: losses of the order of the rate): rebuild
@@ -1692,12 +1776,15 @@ def refine_parts(
         # pylint: disable=protected-access
         own = max(
             p._discretization
-            for u, lo, _ in parts
-            for p in (*_pmfs_of(u), *_pmfs_of(lo))
+            for part in parts
+            for q in _part_plds(part)
+            for p in _pmfs_of(q)
         )
         coarse = rebuilt or step > h * (1 + 1e-9) or own > h * (1 + 1e-9)
         best = BracketResult(b, max(step, own), gap, gap <= tolerance, coarse)
-        size = max(p.size for u, _, _ in parts for p in _pmfs_of(u))
+        size = max(
+            p.size for part in parts for u in _part_uppers(part) for p in _pmfs_of(u)
+        )
         # A finer step cannot help once compositions are coarsened to fit the
         # memory cap, and the next step doubles the grid (the time model).
         # Two finer grids in a row that did not narrow their own bracket while

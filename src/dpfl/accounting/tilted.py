@@ -109,6 +109,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
@@ -286,7 +287,96 @@ class Dist:
         return mean, var
 
 
-Parts = Sequence[tuple[Dist, int]]
+class Mix:
+    """One round that draws a public label: ``w_j`` for ``x_j`` composed ``k_j`` times.
+
+    With probability ``w_j`` the round releases the ``k_j``-fold composition
+    of PMF ``x_j`` (and the adversary sees which); with the remaining
+    probability ``rest`` it releases nothing (loss 0). Its PMF is ``rest
+    delta_0 + sum_j w_j x_j^{*k_j}``, and its Fourier transform the same
+    polynomial in the transforms of the ``x_j``, which :func:`compose`
+    evaluates directly (no composed PMF is ever formed for a term). A plain
+    PMF is the one-term mix ``(1, x, 1)``.
+
+    Parameters
+    ----------
+    terms : sequence of (float, Dist, int)
+        ``(w_j, x_j, k_j)``, on one grid and of one kind.
+    rest : float, optional
+        The probability of no release.
+    """
+
+    def __init__(self, terms: Sequence[tuple[float, Dist, int]], rest: float = 0.0):
+        kept = [(float(w), d, int(k)) for w, d, k in terms if w > 0]
+        if not kept:
+            raise ValueError("a mix needs a term of positive weight")
+        self.terms = kept
+        self.rest = max(float(rest), 0.0)
+        first = kept[0][1]
+        self.step = first.step
+        self.pessimistic = first.pessimistic
+        lows = [k * d.offset for _, d, k in kept]
+        highs = [k * (d.offset + d.size - 1) for _, d, k in kept]
+        if self.rest > 0:
+            lows.append(0)
+            highs.append(0)
+        #: Index of the lowest loss and number of grid points of the support.
+        self.offset = min(lows)
+        self.size = max(highs) - self.offset + 1
+        self.infinity_mass = min(
+            1.0,
+            sum(
+                w * -math.expm1(k * math.log1p(-min(d.infinity_mass, 1.0 - 1e-300)))
+                for w, d, k in kept
+            ),
+        )
+        self.mass = self.rest + sum(w * d.mass**k for w, d, k in kept)
+        #: The longest PMF transformed (the FFT must hold each whole).
+        self.longest = max(d.size for _, d, _ in kept)
+
+    @classmethod
+    def of(cls, part: Dist | Mix) -> Mix:
+        """``part`` itself, or a plain PMF as a one-term mix."""
+        return part if isinstance(part, Mix) else cls([(1.0, part, 1)])
+
+    @property
+    def min_loss(self) -> float:
+        """Smallest loss carrying mass."""
+        return self.offset * self.step
+
+    @property
+    def max_loss(self) -> float:
+        """Largest loss carrying mass."""
+        return (self.offset + self.size - 1) * self.step
+
+    def log_mgf(self, t: np.ndarray) -> np.ndarray:
+        """Upper bound on the log moment generating function (vectorised)."""
+        t = np.atleast_1d(np.asarray(t, dtype=float))
+        logs = [np.log(w) + k * d.log_mgf(t) for w, d, k in self.terms]
+        if self.rest > 0:
+            logs.append(np.full(t.size, math.log(self.rest)))
+        return _lse_rows(np.stack(logs, axis=1))
+
+    def moments(self, t: float) -> tuple[float, float]:
+        """Mean and variance of the loss tilted by ``t`` (for scales)."""
+        logw, means, second = [], [], []
+        for w, d, k in self.terms:
+            mean, var = d.moments(t)
+            logw.append(math.log(w) + k * float(d.log_mgf(np.array([t]))[0]))
+            means.append(k * mean)
+            second.append(k * var + (k * mean) ** 2)
+        if self.rest > 0:
+            logw.append(math.log(self.rest))
+            means.append(0.0)
+            second.append(0.0)
+        lw = np.asarray(logw)
+        weights = np.exp(lw - np.max(lw))
+        weights /= np.sum(weights)
+        mean = float(np.sum(weights * np.asarray(means)))
+        return mean, max(float(np.sum(weights * np.asarray(second))) - mean**2, 0.0)
+
+
+Parts = Sequence[tuple["Dist | Mix", int]]
 
 
 def _log_mgf_total(parts: Parts, t: np.ndarray) -> np.ndarray:
@@ -501,24 +591,28 @@ def plan(
     return Plan(tilt, lo, hi, decided, log_delta, th_lo, th_hi)
 
 
-def _index_window(parts: Parts, p: Plan) -> tuple[int, int, int, int]:
-    """``(offset, a, top, L)``: composed grid offset, window and FFT length."""
+def _index_window(parts: Parts, p: Plan) -> tuple[int, int, int, int, int]:
+    """``(a, top, L, first, last)``: window, FFT length and support (grid indices).
+
+    Indices are absolute (loss / step): ``[a, top]`` is the output window,
+    ``[first, last]`` the composition's support.
+    """
     h = parts[0][0].step
-    offset = sum(n * d.offset for d, n in parts)
-    last = sum(n * (d.size - 1) for d, n in parts)
-    a = min(max(int(math.floor(p.low / h + 1e-9)) - offset, 0), last)
-    top = min(max(int(math.ceil(p.high / h - 1e-9)) - offset, a), last)
-    longest = max(d.size for d, _ in parts)
+    first = sum(n * d.offset for d, n in parts)
+    last = sum(n * (d.offset + d.size - 1) for d, n in parts)
+    a = min(max(int(math.floor(p.low / h + 1e-9)), first), last)
+    top = min(max(int(math.ceil(p.high / h - 1e-9)), a), last)
+    longest = max(Mix.of(d).longest for d, _ in parts)
     length = 1 << max(1, math.ceil(math.log2(max(top - a + 1, longest, 2))))
     if a + length - 1 > last:
-        a = max(0, last - length + 1)
+        a = max(first, last - length + 1)
     top = min(a + length - 1, last)
-    return offset, a, top, length
+    return a, top, length, first, last
 
 
 def window_length(parts: Parts, p: Plan) -> int:
     """FFT length (a power of two) that :func:`compose` will use."""
-    return _index_window(parts, p)[3]
+    return _index_window(parts, p)[2]
 
 
 def _chernoff_log(
@@ -582,68 +676,103 @@ def compose(parts: Parts, p: Plan, *, extended: bool | None = None) -> Certified
         lowest loss, mass above it at +infinity). Optimistic inputs: lower
         bounds, mass outside the window dropped. See the module docstring.
     """
+    mixes = [(Mix.of(d), n) for d, n in parts]
+    parts = mixes
     h = parts[0][0].step
     pess = parts[0][0].pessimistic
-    for d, _ in parts:
-        if not math.isclose(d.step, h, rel_tol=1e-12) or d.pessimistic != pess:
-            raise ValueError("compose needs PMFs on one grid and of one kind")
-    offset, a, top, length = _index_window(parts, p)
-    last = sum(n * (d.size - 1) for d, n in parts)
+    for mix, _ in mixes:
+        for _, d, _ in mix.terms:
+            if not math.isclose(d.step, h, rel_tol=1e-12) or d.pessimistic != pess:
+                raise ValueError("compose needs PMFs on one grid and of one kind")
+    a, top, length, first_index, last = _index_window(parts, p)
     lam = p.tilt
     eta = fft_error_factor(length)
     sq = math.sqrt(length)
-    tilted_inputs = []
     kappa_total = 0.0
     tau = 0.0
     log_cap = 0.0
     entries = 0
-    stats = []  # per part: (count, tilted mass, 2-norm)
-    for d, n in parts:
-        loss = (d.offset + np.arange(d.size)) * h
-        with np.errstate(divide="ignore"):
-            logp = np.log(d.probs)
-        w = logp + lam * loss
-        top_w = float(np.max(w))
-        with np.errstate(under="ignore"):
-            kappa = top_w + math.log(float(np.sum(np.exp(w - top_w))))
-            xt = np.exp(w - kappa)
-        finite = np.isfinite(logp)
-        if finite.any():
+    # per part: its count, rest weight and, per term, (log weight, power,
+    # tilted PMF, its offset, tilted mass, 2-norm)
+    prepared = []
+    for mix, n in mixes:
+        terms = []
+        part_tau = 0.0
+        for w, d, k in mix.terms:
+            loss = (d.offset + np.arange(d.size)) * h
+            with np.errstate(divide="ignore"):
+                logp = np.log(d.probs)
+            lw = logp + lam * loss
+            top_w = float(np.max(lw))
+            with np.errstate(under="ignore"):
+                kappa = top_w + math.log(float(np.sum(np.exp(lw - top_w))))
+                xt = np.exp(lw - kappa)
+            finite = np.isfinite(logp)
             mag = float(np.max((np.abs(logp) + np.abs(lam * loss))[finite]))
-        else:
-            mag = 0.0
-        tau += n * 2.0 * UNIT_ROUNDOFF * (mag + abs(kappa) + 2.0)
-        m_i = float(np.sum(xt)) * (1.0 + (d.size + 1) * UNIT_ROUNDOFF)
-        n2 = math.sqrt(float(np.sum(xt * xt))) * (1.0 + (d.size + 1) * UNIT_ROUNDOFF)
-        stats.append((n, m_i, n2))
-        kappa_total += n * kappa
-        log_cap += n * math.log(d.mass) if d.mass > 0 else -math.inf
-        entries += d.size
-        tilted_inputs.append(xt)
+            part_tau = max(part_tau, k * 2.0 * UNIT_ROUNDOFF * (mag + abs(kappa) + 2.0))
+            m_i = float(np.sum(xt)) * (1.0 + (d.size + 1) * UNIT_ROUNDOFF)
+            n2 = math.sqrt(float(np.sum(xt * xt))) * (
+                1.0 + (d.size + 1) * UNIT_ROUNDOFF
+            )
+            terms.append((math.log(w) + k * kappa, k, xt, d.offset, m_i, n2))
+            entries += d.size
+        # normalise the tilted round: Z = rest + sum_j w_j e^{k_j kappa_j} m_j^k_j
+        logs = [lz + k * math.log(m) for lz, k, _, _, m, _ in terms]
+        if mix.rest > 0:
+            logs.append(math.log(mix.rest))
+        top_l = max(logs)
+        log_z = top_l + math.log(sum(math.exp(v - top_l) for v in logs))
+        kappa_total += n * log_z
+        tau += n * (part_tau + 4.0 * UNIT_ROUNDOFF * (len(terms) + 1))
+        log_cap += n * math.log(mix.mass) if mix.mass > 0 else -math.inf
+        prepared.append((n, mix.rest, log_z, terms))
     if extended is None:
-        extended = _EXTENDED and _worth_extending(stats, p, h, eta, kappa_total)
+        extended = _EXTENDED and _worth_extending(prepared, p, h, eta, kappa_total)
     work = np.longdouble if extended else np.float64
     u_work = float(np.finfo(work).eps) / 2.0
     eta_work = FFT_CONSTANT * u_work * max(1.0, math.log2(max(length, 2)))
+    freq = np.arange(length // 2 + 1, dtype=np.int64)
     spectrum: np.ndarray | None = None
-    log_pm = 0.0  # log prod M_i^{n_i}
-    fwd = 0.0
-    power_ops = 0.0
-    for (n, m_i, n2), xt in zip(stats, tilted_inputs):
-        big_m = m_i + eta_work * sq * n2
-        log_pm += n * math.log(big_m)
-        fwd += n * n2 / big_m
-        power_ops += (12.0 * n + 8.0) if n > 1 else 0.0
-        f = sp_fft.rfft(xt.astype(work), length)
-        if n > 1:
-            # f**n in polar form (about twice as fast as numpy's complex power)
+    log_pr = 0.0  # log prod R_p^{n_p}
+    rel = 0.0  # sum over parts of their relative spatial error (before inverse)
+    for n, rest, log_z, terms in prepared:
+        a_rest = math.exp(math.log(rest) - log_z) if rest > 0 else 0.0
+        big_r = a_rest
+        fwd = power_err = 0.0
+        f_round: np.ndarray | None = None
+        for lz, k, xt, offset, m_i, n2 in terms:
+            a_j = math.exp(lz - log_z)
+            big_m = m_i + eta_work * sq * n2
+            big_r += a_j * big_m**k
+            fwd += a_j * k * big_m ** (k - 1) * n2
+            power_err += a_j * ((12.0 * k + 8.0 if k > 1 else 0.0) + 4.0) * big_m**k
+            f = sp_fft.rfft(xt.astype(work), length)
+            shift = (k * offset) % length
             with np.errstate(divide="ignore", under="ignore"):
-                f = np.exp(n * np.log(np.abs(f))) * np.exp(1j * (n * np.angle(f)))
-        spectrum = f if spectrum is None else spectrum * f
-        del f
-    del tilted_inputs
+                # f**k in polar form (about twice as fast as numpy's complex
+                # power), moved to the absolute grid by the phase of the shift
+                angle = k * np.angle(f) if k > 1 else np.angle(f)
+                angle = angle - (2.0 * np.pi / length) * ((freq * shift) % length)
+                mag = np.exp(k * np.log(np.abs(f))) if k > 1 else np.abs(f)
+                f = (a_j * mag) * np.exp(1j * angle)
+            f_round = f if f_round is None else f_round + f
+            del f
+        assert f_round is not None
+        if a_rest > 0:
+            f_round = f_round + a_rest
+        power_err += (len(terms) + 1) * big_r
+        if n > 1:
+            with np.errstate(divide="ignore", under="ignore"):
+                f_round = np.exp(n * np.log(np.abs(f_round))) * np.exp(
+                    1j * (n * np.angle(f_round))
+                )
+        spectrum = f_round if spectrum is None else spectrum * f_round
+        del f_round
+        log_pr += n * math.log(big_r)
+        rel += (n / big_r) * (eta_work * fwd + u_work * power_err)
+        rel += u_work * (12.0 * n + 8.0 if n > 1 else 0.0)
     assert spectrum is not None
-    power_ops += 3.0 * (len(parts) - 1)
+    rel += 3.0 * u_work * (len(prepared) - 1)
     conv = sp_fft.irfft(spectrum.astype(np.complex128), length)
     del spectrum
     # the 2-norm of the computed circular result (rounded up)
@@ -651,7 +780,7 @@ def compose(parts: Parts, p: Plan, *, extended: bool | None = None) -> Certified
     out = np.roll(conv, -(a % length))[: top - a + 1]
     del conv
     # errors before the inverse transform, in the spatial 2-norm
-    first = math.exp(log_pm) * (eta_work * fwd + u_work * power_ops)
+    first = math.exp(log_pr) * rel
     if extended:
         first += UNIT_ROUNDOFF * (norm + first)  # rounding to complex128
     # the inverse adds eta (||y~_c|| + first), ||y~_c|| <= norm + err: solved
@@ -660,10 +789,10 @@ def compose(parts: Parts, p: Plan, *, extended: bool | None = None) -> Certified
     tau *= 1.01
     # aliasing: tilted mass outside [a, top]
     base = kappa_total
-    lo_loss = (offset + a) * h
-    hi_loss = (offset + top) * h
+    lo_loss = a * h
+    hi_loss = top * h
     alias = 0.0
-    if a > 0:
+    if a > first_index:
         alias += math.exp(_edge_log(parts, lam, base, lo_loss - h, p.theta_low, -1.0))
     if top < last:
         alias += math.exp(_edge_log(parts, lam, base, hi_loss + h, p.theta_high, 1.0))
@@ -679,7 +808,7 @@ def compose(parts: Parts, p: Plan, *, extended: bool | None = None) -> Certified
         # untilted: the orders shifted by the tilt, where of the right sign
         th_lo = None if p.theta_low is None else lam + p.theta_low
         th_hi = None if p.theta_high is None else lam + p.theta_high
-        if a > 0:
+        if a > first_index:
             below = _edge_log(parts, 0.0, 0.0, lo_loss - h, th_lo, -1.0)
             lump = min(cap, math.exp(min(below, 700.0)) * 1.01)
         if top < last:
@@ -689,7 +818,7 @@ def compose(parts: Parts, p: Plan, *, extended: bool | None = None) -> Certified
         inf_mass = _composed_infinity(parts, upward=False)
     return CertifiedPmf(
         h,
-        offset + a,
+        a,
         out,
         inf_mass,
         pess,
@@ -708,18 +837,24 @@ _EXTENDED = bool(np.finfo(np.longdouble).eps < np.finfo(np.float64).eps)
 
 
 def _worth_extending(
-    stats: list[tuple[int, float, float]], p: Plan, h: float, eta: float, kappa: float
+    prepared: list[Any], p: Plan, h: float, eta: float, kappa: float
 ) -> bool:
     """Whether the double-precision error bound would matter for the query.
 
-    The dominant term of the bound, ``eta sum_i n_i ||x~_i||_2``, returns
+    The dominant term of the bound, ``eta sum n a_j k_j ||x~_j||_2``, returns
     as ``U_j`` times itself at each loss; summed over the tail above the
     deciding loss (Cauchy-Schwarz) it is compared with ``1e-3`` of the
     query's delta. Only a prediction: the readings use the bound itself.
     """
     if p.decided is None or p.log_delta is None:
         return False
-    err = eta * sum(n * n2 / m for n, m, n2 in stats)
+    err = 0.0
+    for n, _, log_z, terms in prepared:
+        for lz, k, _, _, _, n2 in terms:
+            err += n * math.exp(lz - log_z) * k * n2
+    err *= eta
+    if err <= 0:
+        return False
     log_u = kappa - p.tilt * p.decided
     if p.tilt > 0:
         spread = 1.0 / math.sqrt(-math.expm1(-2.0 * p.tilt * h))
