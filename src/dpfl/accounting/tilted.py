@@ -41,20 +41,32 @@ deciding losses a fraction ``B`` of a Chernoff tail of the same size as
 2. Forward transforms: ``||X^_i - X_i||_2 <= eta_L sqrt(L) ||x~_i||_2``, hence
    every component ``|X^_{i,k}| <= M_i = m_i + eta_L sqrt(L) ||x~_i||_2``
    (``m_i`` the tilted mass, about 1).
-3. Product of powers: with all moduli below ``M_i``,
-   ``|prod X^_i^{n_i} - prod X_i^{n_i}| <= P_M sum_i (n_i / M_i) |X^_i - X_i|``
-   component by component (``P_M = prod M_i^{n_i}``), so the 2-norm error is
-   at most ``P_M sum_i (n_i/M_i) eta_L sqrt(L) ||x~_i||_2``.
+3. The transform of the composition is a polynomial with non-negative
+   coefficients in the ``X_i``: a product over the distinct rounds ``p`` of
+   ``F_p^{n_p}``, ``F_p = a_0 + sum_j a_j X_j^{k_j}`` (a plain PMF is
+   ``F = X``; a round that releases ``k_j`` steps of ``x_j`` with probability
+   ``w_j`` and nothing otherwise is a :class:`Mix`, with ``a_j`` the tilted,
+   normalised ``w_j``). With every modulus below its bound,
+   ``|F_p| <= R_p = a_0 + sum_j a_j M_j^{k_j}``, and the perturbation of a
+   polynomial with non-negative coefficients is at most its derivative at
+   the moduli' bounds times the input perturbations: component by component
+   ``|Delta F_p^{n_p}| <= n_p R_p^{n_p - 1} sum_j a_j k_j M_j^{k_j - 1}
+   |Delta X_j|``, and the product's error is the sum of the factors' errors
+   times the other factors' bounds ``P_R / R_p^{n_p}`` (``P_R = prod R_p^{n_p}``).
+   In 2-norm that is at most ``P_R sum_p (n_p / R_p) sum_j a_j k_j
+   M_j^{k_j - 1} eta_L sqrt(L) ||x~_j||_2``.
 4. Evaluating a power in polar form (``exp(n log|z|)``, ``n arg z``) costs at
-   most ``(12 n + 8) u P_M`` per component (the log's error is multiplied by
-   ``n``, and ``|z|^n n |log |z|| <= 1/e``), each complex product ``3 u P_M``;
-   over ``L`` components that is at most ``sqrt(L)`` times as much in 2-norm.
+   most ``(12 n + 8) u |z|^n`` per component, with ``|z| <= 1`` up to the
+   bounds (the log's error is multiplied by ``n``, and ``|z|^n n |log |z||
+   <= 1/e``); moving a term to the absolute grid (a phase) ``4 u``, each sum
+   and complex product ``3 u`` of the moduli' bound; over ``L`` components
+   that is at most ``sqrt(L)`` times as much in 2-norm.
 5. The inverse transform divides the 2-norm by ``sqrt(L)`` (so 2-4 leave at
-   most ``P_M (eta_L sum_i (n_i/M_i) ||x~_i||_2 + u (sum_i (12 n_i + 8) + 3
-   (F - 1)))`` for ``F`` distinct PMFs) and adds
-   ``eta_L`` times the 2-norm of its input, which is at most
-   ``min_i ||x~_i||_2 prod_{j != i} m_j^{n_j}`` (Young's inequality) plus the
-   errors above.
+   most ``P_R (sum_p (n_p / R_p) (eta_L sum_j a_j k_j M_j^{k_j - 1}
+   ||x~_j||_2 + u ...) + ...)``, the rounding terms of 4, called ``first``)
+   and adds ``eta_L`` times the 2-norm of its input, at most the computed
+   output's 2-norm plus its own error: ``E <= (first (1 + eta_L) + eta_L
+   ||y^~||_2) / (1 - eta_L)``.
 6. Aliasing: the circular result at the window's position of ``j`` adds the
    tilted mass of every index congruent to ``j`` modulo ``L`` outside the
    window; it is at most the tilted mass outside ``[a, top]``, bounded by
@@ -63,10 +75,11 @@ deciding losses a fraction ``B`` of a Chernoff tail of the same size as
    ``2 u (|log x| + |lam l| + |kappa| + 2)`` per entry; a relative
    perturbation of non-negative inputs changes every output of the
    composition by at most the sum of the relative perturbations times the
-   counts (``tau``), and the untilt adds ``2 u (|sum n kappa| + |lam l_j| + 4)``.
+   counts and powers (``tau``), and the untilt adds ``2 u (|sum n kappa| +
+   |lam l_j| + 4)`` (``rho`` is the two together).
 
-So ``|y^~ - y~| <= B`` everywhere in the window, with ``B`` the sum of 3-6
-(times 1.01 for second-order terms), and
+So ``|y^~ - y~| <= B = E + A`` everywhere in the window (``A`` the aliasing
+of 6; every bound times 1.01 for second-order terms), and
 
     y[j] <= (max(y^~_j, 0) + B) U_j (1 + 2 rho_j),
     y[j] >= max(y^~_j - B, 0) U_j (1 - 2 rho_j).
