@@ -328,3 +328,46 @@ def test_guard_reads_each_recorded_round_once(monkeypatch):
         ledger.check(EVENT)  # as the Trainer does before each round
         ledger.record(EVENT)
     assert calls["n"] <= 4 * 2_000
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 6), st.sampled_from([0, 1, 2])), max_size=6),
+        max_size=25,
+    )
+)
+def test_incremental_front_matches_the_brute_force_rule(rounds):
+    # Random two-stage-like histories: each round charges some units one of
+    # three Gaussian costs. The incrementally kept frontier (non-dominated
+    # profiles, each named by its smallest unit, in increasing order) equals
+    # the one computed from scratch over every unit's charges; the guard's
+    # front() is the frontier's profile of largest mu^2 (all costs Gaussian).
+    from dpfl.accounting.ledger import _dominated, _Spend
+
+    costs = [Gaussian(1.0), Gaussian(2.0), Gaussian(3.0)]
+    spend = _Spend(None)
+    for charges in rounds:
+        for unit, c in charges:
+            spend._charge(unit, spend._intern(costs[c]))
+    units = spend.units
+    profiles = {}
+    for unit in sorted(units):
+        key = frozenset(units[unit].items())
+        profiles.setdefault(key, (unit, units[unit]))
+    expected = sorted(
+        (u, c)
+        for u, c in profiles.values()
+        if not any(c != d and _dominated(c, d) for _, d in profiles.values())
+    )
+    got = spend.frontier()
+    if not units:
+        assert got == [(None, {})]
+        return
+    assert [(u, dict(c)) for u, c in got] == [(u, dict(c)) for u, c in expected]
+
+    def mu2(c):
+        return sum(n / e.noise_multiplier**2 for e, n in c.items())
+
+    (worst,) = spend.front()
+    assert mu2(worst) == max(mu2(c) for _, c in expected)

@@ -220,6 +220,8 @@ class _Spend:
     _members: dict[_Profile, set[int]] = dataclasses.field(default_factory=dict)
     _counts: dict[_Profile, Counter[int]] = dataclasses.field(default_factory=dict)
     _front: set[_Profile] = dataclasses.field(default_factory=set)
+    # for a profile off the front, a front profile that dominated it
+    _witness: dict[_Profile, _Profile] = dataclasses.field(default_factory=dict)
 
     def update(self, entries: Sequence[LedgerEntry]) -> _Spend:
         if len(entries) < self.seen:  # the history was replaced: start over
@@ -230,11 +232,12 @@ class _Spend:
             ):
                 interned: dict[int, int] = {}  # id(cost) -> event id, this round
                 costs = schemes.charges(entry.event, entry.participants, entry.extra)
+                charge = self._charge
                 for unit, cost in costs.items():
                     key = interned.get(id(cost))
                     if key is None:
                         key = interned[id(cost)] = self._intern(canonical(cost))
-                    self._charge(unit, key)
+                    charge(unit, key)
             else:
                 self.common[canonical(entry.event)] += 1
         self.seen = len(entries)
@@ -249,26 +252,39 @@ class _Spend:
         return key
 
     def _charge(self, unit: int, cost: int) -> None:
-        own = self._units.get(unit)
+        units, members = self._units, self._members
+        own = units.get(unit)
         if own is None:
-            own = self._units[unit] = Counter()
-        old = self._profile.get(unit)
+            own = units[unit] = Counter()
+            old = None
+        else:
+            old = self._profile[unit]
         own[cost] = own.get(cost, 0) + 1
         new = frozenset(own.items())
         self._profile[unit] = new
+        witness = None if old is None else self._witness.get(old)
         if old is not None:
-            holders = self._members[old]
-            holders.discard(unit)
-            if not holders:
-                del self._members[old], self._counts[old]
+            leaving = members[old]
+            leaving.discard(unit)
+            if not leaving:
+                del members[old], self._counts[old]
+                self._witness.pop(old, None)
                 self._front.discard(old)
-        if new in self._members:
-            self._members[new].add(unit)
+        holders = members.get(new)
+        if holders is not None:
+            holders.add(unit)
             return
-        self._members[new] = {unit}
+        members[new] = {unit}
         counts = self._counts[new] = Counter(own)
-        if any(_dominated(counts, self._counts[f]) for f in self._front):
-            return  # another profile charges at least as much of everything
+        # another profile charging at least as much of everything? The one
+        # that dominated the old profile usually still does: tried first.
+        if witness in self._front and _dominated(counts, self._counts[witness]):
+            self._witness[new] = witness
+            return
+        for f in self._front:
+            if _dominated(counts, self._counts[f]):
+                self._witness[new] = f
+                return
         self._front -= {f for f in self._front if _dominated(self._counts[f], counts)}
         self._front.add(new)
 
