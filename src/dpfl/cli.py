@@ -593,14 +593,18 @@ def _rp_kw(a: argparse.Namespace, sigma: float, analysis: str) -> dict[str, Any]
 
 
 def _rp_epsilon(
-    a: argparse.Namespace, sigma: float, analysis: str, delta: float
+    a: argparse.Namespace,
+    sigma: float,
+    analysis: str,
+    delta: float,
+    resolution: float = 0.0,
 ) -> float:
     from dpfl.accounting import participation as rp
 
     kw = _rp_kw(a, sigma, analysis)
     if a.rounds == 1:
         return rp.round_epsilon(delta, **kw)
-    return rp.epsilon(delta, rounds=a.rounds, **kw).upper
+    return rp.epsilon(delta, rounds=a.rounds, resolution=resolution, **kw).upper
 
 
 def account_random_participation(a: argparse.Namespace) -> Report:
@@ -658,7 +662,8 @@ def calibrate_random_participation(a: argparse.Namespace) -> Report:
         a,
         title,
         rp.ANALYSES,
-        lambda name, sigma: _rp_epsilon(a, sigma, name, a.delta),
+        # only "is epsilon below the target?" matters (see Accountant.resolution)
+        lambda name, sigma: _rp_epsilon(a, sigma, name, a.delta, 1e-3 * a.epsilon),
         lambda name: _terms(event, name),
         _basis_notes(event, names),
     )
