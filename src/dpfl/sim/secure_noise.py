@@ -59,13 +59,19 @@ keystream comes from OpenSSL's ChaCha20 (through the ``cryptography``
 package) and the float64 transform runs in torch, 8,192 outputs at a time in
 reused buffers, on the calling thread alone (:func:`_one_thread`: a draw
 made in the background does not compete with the training threads). On CUDA
-the keystream is computed by torch integer operations (32-bit words held in
-int64), compiled with ``torch.compile`` when that works (checked against the
-eager operations once per process; otherwise eager, with a warning;
-``DPFL_NOISE_COMPILE=0`` in the environment skips the compile). Both give the same
-keystream bit for bit, and so the same uniforms; the float64 transcendental
-functions of two devices may differ in the last bit or so, which the cast to
-float32 almost always hides. Without ``cryptography`` the CPU uses the torch
+a float32 or float64 draw is one fused Triton kernel
+(:mod:`dpfl.sim._chacha_triton`: keystream and transform in registers) when
+Triton is installed and a probe on the device gives the torch operations'
+outputs bit for bit (once per device and process; ``DPFL_NOISE_TRITON=0`` in
+the environment skips it). Otherwise the keystream is computed by torch
+integer operations (32-bit words held in int64), compiled with
+``torch.compile`` when that works (checked against the eager operations once
+per process; otherwise eager, with a warning; ``DPFL_NOISE_COMPILE=0`` in the
+environment skips the compile), and the transform by torch operations.
+:func:`noise_kernel` says which a device uses. All give the same keystream
+bit for bit, and so the same uniforms; the float64 transcendental functions
+of two devices may differ in the last bit or so, which the cast to float32
+almost always hides. Without ``cryptography`` the CPU uses the torch
 operations too (the same keystream, much slower).
 
 **Versions.** A run records the stream version it started with (in
@@ -80,8 +86,8 @@ Cost (``benchmarks/secure_noise.py [--device cuda]`` prints it beside torch's
 own generator): 19 ms per million float32 normals on one core of a shared
 2-core Xeon, 7.6 times ``Tensor.normal_`` in the same run; the cipher is a
 quarter of it, the float64 transform the rest. On CUDA the first draw of a
-process compiles the keystream kernel (about a minute; torch caches it on
-disk for later processes).
+process compiles and probes the fused kernel (a few seconds; Triton caches
+it on disk for later processes), or compiles the keystream kernel.
 """
 
 from __future__ import annotations
@@ -128,6 +134,7 @@ __all__ = [
     "index_rng",
     "load_or_create_key",
     "new_key",
+    "noise_kernel",
     "noise_label",
     "read_key_file",
     "secure_standard_normal",
@@ -458,6 +465,116 @@ def _words_kernel(device: torch.device) -> Callable[[torch.Tensor, int], torch.T
         return _COMPILED["cuda"]
 
 
+#: The fused Triton kernel of each CUDA device, once probed: its fill
+#: function, or the reason it is not used there.
+_FUSED: dict[torch.device, Callable[..., torch.Tensor] | str] = {}
+_FUSED_LOCK = threading.Lock()
+#: The fused kernel's dtypes (others: torch operations, whose cast from float64
+#: the kernel would not reproduce for every format).
+_FUSED_DTYPES = (torch.float32, torch.float64)
+
+
+def _fused_kernel(device: torch.device) -> Callable[..., torch.Tensor] | None:
+    """The fused Triton kernel of a draw on ``device``, if it is trusted there.
+
+    The kernel (:mod:`dpfl.sim._chacha_triton`) computes the keystream and the
+    Gaussian transform in registers, in one pass; it is used on CUDA only,
+    only where Triton imports, and only after a probe on the device gave the
+    torch operations' outputs bit for bit (float32 and float64, a draw's
+    start and pieces whose block counters cross 2³¹ and end at 2³²), once
+    per device and process. Otherwise (or with ``DPFL_NOISE_TRITON=0`` in the
+    environment) the torch operations draw, with one warning saying why.
+    """
+    if device.type != "cuda" or os.environ.get("DPFL_NOISE_TRITON") == "0":
+        return None
+    with _FUSED_LOCK:
+        if device not in _FUSED:
+            fill, why = _probe_fused(device)
+            _FUSED[device] = fill if fill is not None else why
+            if fill is None:
+                log.warning(
+                    "secure noise on %s: the fused Triton kernel is not used (%s); "
+                    "drawing with torch operations (slower)",
+                    device,
+                    why,
+                )
+        found = _FUSED[device]
+    return None if isinstance(found, str) else found
+
+
+def _probe_fused(
+    device: torch.device,
+) -> tuple[Callable[..., torch.Tensor] | None, str]:
+    """The fused kernel's fill if it gives the torch operations' bits on ``device``.
+
+    Tries the float64 logarithm, sine and cosine of CUDA's libdevice (those
+    of torch's own kernels) first, then Triton's.
+    """
+    try:
+        from dpfl.sim import _chacha_triton
+    except Exception as exc:  # noqa: BLE001 - no Triton, or one that fails to load
+        return None, f"Triton is unavailable: {type(exc).__name__}: {exc}"
+    key = derive_key(bytes(range(32)), "noise")
+    state = _initial_state(key, _nonce(2**40 + 3), 0)
+    # (dtype, first group, outputs): a draw's start, then two groups whose
+    # blocks cross counter 2³¹, then the last two groups a draw can have.
+    cases = [
+        (torch.float32, 0, 2 * GROUP + 37),
+        (torch.float64, 0, 2 * GROUP + 37),
+        (torch.float32, 2**22 - 1, 2 * GROUP),
+        (torch.float64, 2**23 - 2, 2 * GROUP),
+    ]
+    scale = 0.5 * 1.3
+    failures = []
+    for libdevice in (True, False):
+        try:
+            for dtype, g0, n in cases:
+                want = torch.empty(n, dtype=dtype, device=device)
+                _fill_groups(state, g0, want, scale, _words)
+                got = torch.full((n,), math.nan, dtype=dtype, device=device)
+                _chacha_triton.fill_normals(
+                    got, state, scale, first=g0 * GROUP, libdevice=libdevice
+                )
+                if not torch.equal(got, want):
+                    wrong = int((got != want).sum())
+                    raise RuntimeError(
+                        f"{wrong} of {n} {dtype} outputs differ from the torch "
+                        "operations'"
+                    )
+        except Exception as exc:  # noqa: BLE001 - any failure: not trusted
+            failures.append(
+                f"{'libdevice' if libdevice else 'Triton math'}: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            )
+            continue
+
+        def fill(
+            out: torch.Tensor, state: list[int], scale: float, *, _lib: bool = libdevice
+        ) -> torch.Tensor:
+            with _FUSED_LOCK:  # one compile at a time (a draw in the background)
+                return _chacha_triton.fill_normals(out, state, scale, libdevice=_lib)
+
+        return fill, ""
+    return None, "; ".join(failures)
+
+
+def noise_kernel(device: str | torch.device) -> str:
+    """What computes a chacha20-v2 draw (float32) on ``device``, for reports.
+
+    ``"openssl"`` (the CPU with ``cryptography``), ``"triton"`` (the fused
+    kernel, probed), ``"torch.compile"``, or ``"torch"`` (eager operations).
+    Probes or compiles the kernels of ``device`` if not done yet.
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return "openssl" if _OPENSSL else "torch"
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if _fused_kernel(device) is not None:
+        return "triton"
+    return "torch" if _words_kernel(device) is _words else "torch.compile"
+
+
 # -- chacha20-v2: the Gaussian transform ------------------------------------------
 def _transform(
     s: torch.Tensor, r: torch.Tensor, t: torch.Tensor, c: torch.Tensor, o: torch.Tensor
@@ -553,6 +670,21 @@ def _fill_chacha20(
         )
     scale = 0.5 * std  # the guard's halving and the std: one exact product
     if target.device.type != "cpu":
+        if compiled and target.dtype in _FUSED_DTYPES:
+            fused = _fused_kernel(target.device)
+            if fused is not None:
+                try:
+                    fused(target, _initial_state(key, _nonce(draw), 0), scale)
+                    return
+                except Exception as exc:  # noqa: BLE001 - failing later: torch ops
+                    log.warning(
+                        "secure noise: the fused Triton kernel failed (%s: %s); "
+                        "using torch operations from now on",
+                        type(exc).__name__,
+                        str(exc).splitlines()[0] if str(exc) else "",
+                    )
+                    with _FUSED_LOCK:
+                        _FUSED[target.device] = f"it failed: {type(exc).__name__}"
         _fill_torch(key, draw, target, scale, compiled)
         return
     with _one_thread():
@@ -584,34 +716,52 @@ def _fill_torch(
     key: bytes, draw: int, target: torch.Tensor, scale: float, compiled: bool = True
 ) -> None:
     """Draw ``draw`` on ``target``'s device from :func:`_words` (torch operations)."""
+    device = target.device
+    kernel = _words_kernel(device) if compiled else _words
+    state = _initial_state(key, _nonce(draw), 0)
+    try:
+        _fill_groups(state, 0, target, scale, kernel)
+    except Exception as exc:  # noqa: BLE001 - a compiled kernel failing later
+        if kernel is _words:
+            raise
+        log.warning(
+            "secure noise: the compiled ChaCha20 kernel failed (%s); using "
+            "eager torch operations from now on",
+            type(exc).__name__,
+        )
+        _COMPILED[device.type] = _words
+        _fill_groups(state, 0, target, scale, _words)
+
+
+def _fill_groups(
+    state: list[int],
+    g0: int,
+    target: torch.Tensor,
+    scale: float,
+    kernel: Callable[[torch.Tensor, int], torch.Tensor],
+) -> None:
+    """Outputs ``GROUP·g0 …`` of the draw whose initial state is ``state``.
+
+    Into the flat ``target``, on its device, with the keystream ``kernel``
+    (:func:`_words` or its compiled form) and the torch transform.
+    """
     n = target.numel()
     device = target.device
     groups = -(-n // GROUP)
-    kernel = _words_kernel(device) if compiled else _words
-    state = _initial_state(key, _nonce(draw), 0)
+    state = list(state)
+    base = state[12]
     per_piece = _CPU_GROUPS if device.type == "cpu" else _DEVICE_GROUPS
-    for g0 in range(0, groups, per_piece):
-        k = min(per_piece, groups - g0)
-        state[12] = g0 * _GROUP_BLOCKS
+    for p0 in range(0, groups, per_piece):
+        k = min(per_piece, groups - p0)
+        state[12] = base + (g0 + p0) * _GROUP_BLOCKS
         init = torch.tensor(state, dtype=torch.int64, device=device)
-        try:
-            s = kernel(init, k * _GROUP_BLOCKS).view(k, 4, GROUP)
-        except Exception as exc:  # noqa: BLE001 - a compiled kernel failing later
-            if kernel is _words:
-                raise
-            log.warning(
-                "secure noise: the compiled ChaCha20 kernel failed (%s); using "
-                "eager torch operations from now on",
-                type(exc).__name__,
-            )
-            kernel = _COMPILED[device.type] = _words
-            s = kernel(init, k * _GROUP_BLOCKS).view(k, 4, GROUP)
+        s = kernel(init, k * _GROUP_BLOCKS).view(k, 4, GROUP)
         r, t, c = (
             torch.empty(k, 2, GROUP, dtype=torch.float64, device=device) for _ in "rtc"
         )
         o = torch.empty(k, GROUP, dtype=torch.float64, device=device)
         _transform(s, r, t, c, o)
-        start = g0 * GROUP
+        start = p0 * GROUP
         m = min(k * GROUP, n - start)
         torch.mul(o.view(-1)[:m], scale, out=target[start : start + m])
 
