@@ -22,8 +22,10 @@ Importing this module needs Triton; nothing else in dpfl does.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
+from typing import Any
 
 import torch
 import triton
@@ -373,19 +375,27 @@ def fill_normals(
     units = -(-n // UNIT)
     scale_bits = struct.unpack("<q", struct.pack("<d", float(scale)))[0]
     grid = (triton.cdiv(units, BLOCK_UNITS),)
-    _normals_kernel[grid](
-        out,
-        n,
-        first // UNIT,
-        *_words(state),
-        scale_bits,
-        _ANGLE_BITS,
-        BLOCK=BLOCK_UNITS,
-        LIBDEVICE=libdevice,
-        num_warps=_NUM_WARPS,
-        enable_fp_fusion=False,
-    )
+    with _on(out.device):  # Triton launches on the current CUDA device
+        _normals_kernel[grid](
+            out,
+            n,
+            first // UNIT,
+            *_words(state),
+            scale_bits,
+            _ANGLE_BITS,
+            BLOCK=BLOCK_UNITS,
+            LIBDEVICE=libdevice,
+            num_warps=_NUM_WARPS,
+            enable_fp_fusion=False,
+        )
     return out
+
+
+def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """``device`` made the current CUDA device (nothing for the interpreter's CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
 
 
 def keystream_words(
@@ -401,7 +411,8 @@ def keystream_words(
     """
     out = torch.empty(nblocks, 16, dtype=torch.int64, device=device)
     block = 64
-    _keystream_kernel[(triton.cdiv(nblocks, block),)](
-        out, nblocks, *_words(state), BLOCK=block, num_warps=2
-    )
+    with _on(out.device):
+        _keystream_kernel[(triton.cdiv(nblocks, block),)](
+            out, nblocks, *_words(state), BLOCK=block, num_warps=2
+        )
     return out
