@@ -8,10 +8,13 @@ Prints, for the device given (``--device cpu`` or ``cuda``):
    seeded generator (``Tensor.normal_``), interleaved (secure, seeded,
    secure, ...) so that a change of machine load hits both alike; the
    figure is the median of the per-repeat ratios secure / seeded, with
-   their range. On CUDA also the eager torch operations (no
-   ``torch.compile``), the first call's compile time, and the earlier
-   SHAKE-256 stream (``shake256-v1``, computed on the CPU and copied), for
-   comparison.
+   their range. The secure draw runs as dpfl runs it (on CUDA the fused
+   Triton kernel when Triton is installed and its probe passed; the line
+   ``secure noise kernel`` says which). On CUDA also the torch operations
+   with the ``torch.compile``d keystream (what runs without Triton), the
+   eager torch operations, the first call's probe and compile time, and the
+   earlier SHAKE-256 stream (``shake256-v1``, computed on the CPU and
+   copied), for comparison.
 2. The time per round of some runs with secure noise (the default) and with
    reproducible noise (``privacy.secure_noise: false``), rounds of the two
    interleaved; the figure is the median of the per-round ratios secure /
@@ -99,12 +102,20 @@ def per_million(device: torch.device, millions: float, repeats: int) -> None:
     if device.type == "cuda":
         key = sn.derive_key(sn.new_key(), "noise")
 
+        def compiled(t: torch.Tensor) -> None:
+            sn._fill_torch(key, 0, t, 0.5, compiled=True)
+
         def eager(t: torch.Tensor) -> None:
             sn._fill_chacha20(key, 0, t, 1.0, compiled=False)
 
-        variants["secure, eager (no torch.compile)"] = eager
+        variants["secure, torch ops, compiled keystream (no Triton)"] = compiled
+        variants["secure, eager torch ops"] = eager
         v1 = sn.SecureGenerator(sn.new_key(), device, version="shake256-v1")
         variants["shake256-v1 (CPU, copied)"] = lambda t: v1.normal_(t)
+        t0 = time.perf_counter()
+        compiled(out)
+        sync(device)
+        compile_s = time.perf_counter() - t0
         eager(out)
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(repeats):
@@ -115,8 +126,11 @@ def per_million(device: torch.device, millions: float, repeats: int) -> None:
     for name, ts in times.items():
         print(f"  {name}: ms {spread([t * 1e3 for t in ts])}")
     print(f"  secure / seeded: {spread(ratios)}")
-    what = "compile and first draw" if device.type == "cuda" else "first draw"
+    print(f"  secure noise kernel: {sn.noise_kernel(device)}")
+    what = "probe or compile, and first draw" if device.type == "cuda" else "first draw"
     print(f"  {what}: {first:.2f} s")
+    if device.type == "cuda":
+        print(f"  torch.compile of the keystream and first draw: {compile_s:.2f} s")
 
 
 def trainer(
