@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-__all__ = ["UNIT", "fill_normals", "keystream_words"]
+__all__ = ["UNIT", "fill_normals", "fill_rows", "keystream_words"]
 
 #: Outputs per unit (a unit reads half of each of four 64-byte blocks).
 UNIT = 8
@@ -168,28 +168,10 @@ def _store(out_ptr, j, o, scale, n):
     tl.store(out_ptr + j, (o * scale).to(out_ptr.dtype.element_ty), mask=j < n)
 
 
-@triton.jit(
-    do_not_specialize=[
-        "n",
-        "u0",
-        "k0",
-        "k1",
-        "k2",
-        "k3",
-        "k4",
-        "k5",
-        "k6",
-        "k7",
-        "w12",
-        "n0",
-        "n1",
-        "n2",
-        "scale_bits",
-        "angle_bits",
-    ]
-)
-def _normals_kernel(
+@triton.jit
+def _normals(
     out_ptr,
+    rel,
     n,
     u0,
     k0,
@@ -206,12 +188,13 @@ def _normals_kernel(
     n2,
     scale_bits,
     angle_bits,
-    BLOCK: tl.constexpr,
     LIBDEVICE: tl.constexpr,
 ):
-    """Outputs ``8·u0 + j``, ``j < n``, of a draw into ``out_ptr[j]``."""
-    pid = tl.program_id(0).to(tl.int64)
-    rel = pid * BLOCK + tl.arange(0, BLOCK).to(tl.int64)  # unit, from u0
+    """Units ``u0 + rel`` of a draw, stored from ``out_ptr``.
+
+    Output ``8·(u0 + rel) + k`` of the draw goes to ``out_ptr[8·rel + k]``
+    where that index is ``< n``.
+    """
     unit = rel + u0.to(tl.int64)
     group = unit >> 7
     column = unit & 127
@@ -265,6 +248,117 @@ def _normals_kernel(
     _store(out_ptr, j + 5, c5 + _pair(_s53(y10, y11), r5, angle, LIBDEVICE), scale, n)
     _store(out_ptr, j + 6, c6 + _pair(_s53(y12, y13), r6, angle, LIBDEVICE), scale, n)
     _store(out_ptr, j + 7, c7 + _pair(_s53(y14, y15), r7, angle, LIBDEVICE), scale, n)
+
+
+@triton.jit(
+    do_not_specialize=[
+        "n",
+        "u0",
+        "k0",
+        "k1",
+        "k2",
+        "k3",
+        "k4",
+        "k5",
+        "k6",
+        "k7",
+        "w12",
+        "n0",
+        "n1",
+        "n2",
+        "scale_bits",
+        "angle_bits",
+    ]
+)
+def _normals_kernel(
+    out_ptr,
+    n,
+    u0,
+    k0,
+    k1,
+    k2,
+    k3,
+    k4,
+    k5,
+    k6,
+    k7,
+    w12,
+    n0,
+    n1,
+    n2,
+    scale_bits,
+    angle_bits,
+    BLOCK: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+):
+    """Outputs ``8·u0 + j``, ``j < n``, of a draw into ``out_ptr[j]``."""
+    pid = tl.program_id(0).to(tl.int64)
+    rel = pid * BLOCK + tl.arange(0, BLOCK).to(tl.int64)  # unit, from u0
+    _normals(
+        out_ptr,
+        rel,
+        n,
+        u0,
+        k0,
+        k1,
+        k2,
+        k3,
+        k4,
+        k5,
+        k6,
+        k7,
+        w12,
+        n0,
+        n1,
+        n2,
+        scale_bits,
+        angle_bits,
+        LIBDEVICE,
+    )
+
+
+@triton.jit(do_not_specialize=["n", "row_stride", "scale_bits", "angle_bits"])
+def _rows_kernel(
+    out_ptr,
+    words_ptr,
+    n,
+    row_stride,
+    scale_bits,
+    angle_bits,
+    BLOCK: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+):
+    """Row ``r`` (program axis 1): outputs ``j < n`` of draw ``r``.
+
+    Into ``out_ptr[r·row_stride + j]``.
+
+    Draw ``r``'s key, counter and nonce words are ``words_ptr[12 r …]`` (as
+    :func:`_words` gives them).
+    """
+    row = tl.program_id(1).to(tl.int64)
+    rel = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    w = words_ptr + row * 12
+    _normals(
+        out_ptr + row * row_stride,
+        rel,
+        n,
+        row * 0,  # every row is a whole draw, from its first output
+        tl.load(w),
+        tl.load(w + 1),
+        tl.load(w + 2),
+        tl.load(w + 3),
+        tl.load(w + 4),
+        tl.load(w + 5),
+        tl.load(w + 6),
+        tl.load(w + 7),
+        tl.load(w + 8),
+        tl.load(w + 9),
+        tl.load(w + 10),
+        tl.load(w + 11),
+        scale_bits,
+        angle_bits,
+        LIBDEVICE,
+    )
 
 
 @triton.jit(
@@ -388,6 +482,74 @@ def fill_normals(
             num_warps=_NUM_WARPS,
             enable_fp_fusion=False,
         )
+    return out
+
+
+def fill_rows(
+    out: torch.Tensor,
+    states: list[list[int]],
+    scale: float,
+    *,
+    libdevice: bool = True,
+) -> torch.Tensor:
+    """Fill row ``r`` of the 2-D ``out`` with the draw of ``states[r]``, in one launch.
+
+    Row ``r`` gets what :func:`fill_normals` gives ``out[r]`` for
+    ``states[r]`` (outputs 0 … of that draw, times ``scale``): the same
+    operations, one program grid over every row.
+
+    Parameters
+    ----------
+    out : torch.Tensor
+        ``[rows, n]`` float32 or float64 tensor whose rows are contiguous
+        (unit stride along a row), on a CUDA device (or on the CPU under
+        Triton's interpreter).
+    states : list of list of int
+        Each row's draw's initial state (16 words below 2³²).
+    scale : float
+        The factor of every output.
+    libdevice : bool
+        As for :func:`fill_normals`.
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+    """
+    if out.dim() != 2 or len(states) != out.shape[0]:
+        raise ValueError(
+            f"out must be [rows, n] with one state a row; got shape "
+            f"{tuple(out.shape)} and {len(states)} states"
+        )
+    rows, n = out.shape
+    if rows == 0 or n == 0:
+        return out
+    if out.stride(1) != 1:
+        raise ValueError("out's rows must be contiguous")
+    words = torch.tensor([_words(s) for s in states], dtype=torch.int64)
+    if out.device.type == "cuda":
+        # pinned, so the copy is queued without waiting for the device
+        words = words.pin_memory().to(out.device, non_blocking=True)
+    else:
+        words = words.to(out.device)
+    scale_bits = struct.unpack("<q", struct.pack("<d", float(scale)))[0]
+    units = -(-n // UNIT)
+    per_launch = 65535  # CUDA's limit on the grid's second axis
+    with _on(out.device):
+        for r0 in range(0, rows, per_launch):
+            r1 = min(rows, r0 + per_launch)
+            _rows_kernel[(triton.cdiv(units, BLOCK_UNITS), r1 - r0)](
+                out[r0:r1],
+                words[r0:r1],
+                n,
+                out.stride(0),
+                scale_bits,
+                _ANGLE_BITS,
+                BLOCK=BLOCK_UNITS,
+                LIBDEVICE=libdevice,
+                num_warps=_NUM_WARPS,
+                enable_fp_fusion=False,
+            )
     return out
 
 

@@ -93,6 +93,7 @@ it on disk for later processes), or compiles the keystream kernel.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -101,9 +102,9 @@ import os
 import secrets
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -131,6 +132,7 @@ __all__ = [
     "check_stream_version",
     "derive_key",
     "fill_normal_",
+    "fill_normal_rows_",
     "index_rng",
     "load_or_create_key",
     "new_key",
@@ -465,10 +467,27 @@ def _words_kernel(device: torch.device) -> Callable[[torch.Tensor, int], torch.T
         return _COMPILED["cuda"]
 
 
-#: The fused Triton kernel of each CUDA device, once probed: its fill
-#: function, or the reason it is not used there.
-_FUSED: dict[torch.device, Callable[..., torch.Tensor] | str] = {}
+@dataclasses.dataclass(frozen=True)
+class _Fused:
+    """The fused kernel's launchers on one device, once probed.
+
+    ``fill(out, state, scale)`` fills a flat tensor with one draw;
+    ``rows(out, states, scale)`` fills each row of a 2-D tensor with its own
+    draw in one launch (``None`` where that kernel did not pass its probe:
+    ``rows_why`` says why).
+    """
+
+    fill: Callable[..., torch.Tensor]
+    rows: Callable[..., torch.Tensor] | None
+    rows_why: str = ""
+
+
+#: The fused Triton kernels of each CUDA device, once probed: their
+#: launchers, or the reason they are not used there.
+_FUSED: dict[torch.device, _Fused | str] = {}
 _FUSED_LOCK = threading.Lock()
+#: The device types where the fused kernel is tried (Triton's GPU backend).
+_FUSED_DEVICE_TYPES = ("cuda",)
 #: The fused kernel's dtypes (others: torch operations, whose cast from float64
 #: the kernel would not reproduce for every format).
 _FUSED_DTYPES = (torch.float32, torch.float64)
@@ -485,27 +504,55 @@ def _fused_kernel(device: torch.device) -> Callable[..., torch.Tensor] | None:
     per device and process. Otherwise (or with ``DPFL_NOISE_TRITON=0`` in the
     environment) the torch operations draw, with one warning saying why.
     """
-    if device.type != "cuda" or os.environ.get("DPFL_NOISE_TRITON") == "0":
+    found = _fused(device)
+    return None if found is None else found.fill
+
+
+def _fused_rows(device: torch.device) -> Callable[..., torch.Tensor] | None:
+    """The fused kernel that draws many rows at once on ``device``, if trusted.
+
+    Probed with :func:`_fused_kernel`'s kernel (rows of several keys and
+    draws, each equal bit for bit to the torch operations' draw); ``None``
+    where either is not trusted (the rows are then drawn one at a time).
+    """
+    found = _fused(device)
+    return None if found is None else found.rows
+
+
+def _fused(device: torch.device) -> _Fused | None:
+    """The probed fused kernels of ``device`` (``None``: not used there)."""
+    if (
+        device.type not in _FUSED_DEVICE_TYPES
+        or os.environ.get("DPFL_NOISE_TRITON") == "0"
+    ):
         return None
     with _FUSED_LOCK:
         if device not in _FUSED:
-            fill, why = _probe_fused(device)
-            _FUSED[device] = fill if fill is not None else why
-            if fill is None:
+            found, why = _probe_fused(device)
+            _FUSED[device] = found if found is not None else why
+            if found is None:
                 log.warning(
                     "secure noise on %s: the fused Triton kernel is not used (%s); "
                     "drawing with torch operations (slower)",
                     device,
                     why,
                 )
-        found = _FUSED[device]
-    return None if isinstance(found, str) else found
+            elif found.rows is None:
+                log.warning(
+                    "secure noise on %s: the fused Triton kernel of many rows is "
+                    "not used (%s); drawing one row at a time",
+                    device,
+                    found.rows_why,
+                )
+        entry = _FUSED[device]
+    return None if isinstance(entry, str) else entry
 
 
-def _probe_fused(
-    device: torch.device,
-) -> tuple[Callable[..., torch.Tensor] | None, str]:
-    """The fused kernel's fill if it gives the torch operations' bits on ``device``.
+def _probe_fused(device: torch.device) -> tuple[_Fused | None, str]:
+    """The fused kernels' launchers if they give the torch operations' bits.
+
+    On ``device``; ``None`` and why not where the one-draw kernel does not
+    (the many-rows kernel is probed after it: :func:`_probe_rows`).
 
     Tries the float64 logarithm, sine and cosine of CUDA's libdevice (those
     of torch's own kernels) first, then Triton's.
@@ -554,8 +601,54 @@ def _probe_fused(
             with _FUSED_LOCK:  # one compile at a time (a draw in the background)
                 return _chacha_triton.fill_normals(out, state, scale, libdevice=_lib)
 
-        return fill, ""
+        def rows(
+            out: torch.Tensor,
+            states: list[list[int]],
+            scale: float,
+            *,
+            _lib: bool = libdevice,
+        ) -> torch.Tensor:
+            with _FUSED_LOCK:
+                return _chacha_triton.fill_rows(out, states, scale, libdevice=_lib)
+
+        why = _probe_rows(device, libdevice, scale)
+        return _Fused(fill, rows if not why else None, why), ""
     return None, "; ".join(failures)
+
+
+def _probe_rows(device: torch.device, libdevice: bool, scale: float) -> str:
+    """Why the fused kernel of many rows is not trusted on ``device`` ("": it is).
+
+    Three rows (three keys; draws 0, 2⁴⁰ + 3 and 2⁶³ + 5) of a wider tensor,
+    so that rows start unaligned, in float32 and float64, against the torch
+    operations' draws. Runs under :data:`_FUSED_LOCK` (the probe's), so it
+    calls the kernel directly.
+    """
+    from dpfl.sim import _chacha_triton
+
+    n = 2 * GROUP + 37
+    states = [
+        _initial_state(derive_key(bytes([k]) * 32, "noise"), _nonce(draw), 0)
+        for k, draw in ((1, 0), (2, 2**40 + 3), (3, 2**63 + 5))
+    ]
+    try:
+        for dtype in (torch.float32, torch.float64):
+            got = torch.full((len(states), n + 3), math.nan, dtype=dtype, device=device)
+            _chacha_triton.fill_rows(got[:, :n], states, scale, libdevice=libdevice)
+            for r, state in enumerate(states):
+                want = torch.empty(n, dtype=dtype, device=device)
+                _fill_groups(state, 0, want, scale, _words)
+                if not torch.equal(got[r, :n], want):
+                    wrong = int((got[r, :n] != want).sum())
+                    return (
+                        f"{wrong} of {n} {dtype} outputs of row {r} differ from the "
+                        "torch operations'"
+                    )
+            if not bool(got[:, n:].isnan().all()):
+                return "it wrote outside its rows"
+    except Exception as exc:  # noqa: BLE001 - any failure: not trusted
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return ""
 
 
 def noise_kernel(device: str | torch.device) -> str:
@@ -924,6 +1017,84 @@ def fill_normal_(
     if isinstance(generator, SecureGenerator):
         return generator.normal_(out, std)
     return out.normal_(0.0, std, generator=generator)
+
+
+def fill_normal_rows_(
+    out: torch.Tensor, generators: Sequence[NoiseGenerator], std: float = 1.0
+) -> torch.Tensor:
+    """Fill row ``j`` of ``out`` with ``N(0, std²)`` from ``generators[j]``, in place.
+
+    Row ``j`` gets exactly what ``fill_normal_(out[j], generators[j], std)``
+    gives, the rows in order (so each generator's next draw, as if the rows
+    were drawn one after another). On CUDA, where every generator is a
+    :class:`SecureGenerator` of ``chacha20-v2`` and the fused Triton kernel
+    of many rows passed its probe on the device, all rows are one kernel
+    launch; otherwise they are drawn one at a time. Used for the per-client
+    noise of a cohort's local steps (one launch a step, not one a client).
+
+    Parameters
+    ----------
+    out : torch.Tensor
+        ``[rows, n]`` floating tensor.
+    generators : sequence of torch.Generator or SecureGenerator
+        One per row.
+    std : float
+        The noise's standard deviation.
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        If ``out`` is not 2-D or there is not one generator per row.
+    """
+    if out.dim() != 2 or len(generators) != out.shape[0]:
+        raise InvalidParameterError(
+            f"out must be [rows, n] with one generator per row; got shape "
+            f"{tuple(out.shape)} and {len(generators)} generators"
+        )
+    rows = (
+        _fused_rows(out.device)  # None but on CUDA
+        if out.shape[0] > 1
+        and out.dtype in _FUSED_DTYPES
+        and out.stride(1) == 1
+        and 0 < out.shape[1] <= MAX_DRAW
+        and all(
+            isinstance(g, SecureGenerator) and g.version == "chacha20-v2"
+            for g in generators
+        )
+        else None
+    )
+    if rows is None:
+        for row, g in zip(out, generators, strict=True):
+            fill_normal_(row, g, std)
+        return out
+    secure = cast(Sequence[SecureGenerator], generators)
+    draws = [g.reserve() for g in secure]
+    states = [
+        _initial_state(g._key, _nonce(d), 0) for g, d in zip(secure, draws, strict=True)
+    ]
+    try:
+        rows(out, states, 0.5 * std)
+    except Exception as exc:  # noqa: BLE001 - failing later: one row at a time
+        log.warning(
+            "secure noise: the fused Triton kernel of many rows failed (%s: %s); "
+            "drawing one row at a time from now on",
+            type(exc).__name__,
+            str(exc).splitlines()[0] if str(exc) else "",
+        )
+        with _FUSED_LOCK:
+            entry = _FUSED.get(out.device)
+            if isinstance(entry, _Fused):
+                _FUSED[out.device] = dataclasses.replace(
+                    entry, rows=None, rows_why=f"it failed: {type(exc).__name__}"
+                )
+        for row, g, d in zip(out, secure, draws, strict=True):
+            g.normal_(row, std, draw=d)
+    return out
 
 
 # -- the key file of a run folder ---------------------------------------------------
