@@ -94,22 +94,22 @@ if [ -n "$missing" ]; then
 fi
 
 # Expected on an H200 (the first process probes and compiles the Triton
-# kernels, ~10 s; later ones read Triton's cache): contract ~80 s, tests
+# kernels, ~10-20 s; later ones read Triton's cache): contract ~90 s, tests
 # ~40 s, draws ~30 s, PriFedSync rounds ~35 s, DP-FedAvg rounds ~20 s, engine
 # ~25 s; the limits add up to more than the budget, which the last steps then
-# share.
-step 100 python -m pytest -q -m gpu -rs -p no:cacheprovider tests/test_contract.py
-step 60 python -m pytest -q -m gpu -rs -s -p no:cacheprovider \
+# share (the engine's first to go).
+step 120 python -m pytest -q -m gpu -rs -p no:cacheprovider tests/test_contract.py
+step 50 python -m pytest -q -m gpu -rs -s -p no:cacheprovider \
     tests/test_gradients.py tests/test_secure_noise_triton.py tests/test_secure_noise.py
-step 40 python benchmarks/secure_noise.py --device cuda --no-rounds --repeats 7
-step 45 python benchmarks/secure_noise.py --device cuda --no-draws --rounds 3 \
+step 35 python benchmarks/secure_noise.py --device cuda --no-rounds --repeats 7
+step 40 python benchmarks/secure_noise.py --device cuda --no-draws --rounds 3 \
     --runs prifedsync
-step 30 python benchmarks/secure_noise.py --device cuda --no-draws --rounds 3 \
+step 25 python benchmarks/secure_noise.py --device cuda --no-draws --rounds 3 \
     --runs dp-fedavg-cnn
-step 35 python benchmarks/engine.py --device cuda --rounds 20 --repeats 1 --warmup 2 \
+step 30 python benchmarks/engine.py --device cuda --rounds 20 --repeats 1 --warmup 2 \
     --no-memory
 
 echo
 echo "=== summary (full output above)"
-grep -E "^=== (python|exit|.*SKIPPED)|^(FAILED|ERROR) |[0-9]+ (passed|failed|skipped|errors?)\b|TF32:|secure noise kernel|fused Triton kernel|fill_normal_rows_ draws|^(one million|a cohort)|^  (secure|seeded)[,:]|secure / seeded|^(PriFedSync|DP-FedAvg)|paired dp secure/dp" "$LOG"
+grep -E "^=== (python|exit|.*SKIPPED)|^(FAILED|ERROR) |[0-9]+ (passed|failed|skipped|errors?)\b|TF32:|secure noise kernel|fused Triton kernel|fill_normal_rows_ draws|^(one million|a cohort)|^  (secure|seeded)[,:]|^  round [0-9]+:|secure / seeded|^(PriFedSync|DP-FedAvg)|paired dp secure/dp" "$LOG"
 rm -f "$LOG"

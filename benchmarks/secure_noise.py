@@ -232,11 +232,21 @@ def per_round(
     device: torch.device,
     steps: int | None,
 ) -> dict[str, float | list[float]]:
-    """Round times (secure, seeded, interleaved) and the secure draws' share."""
+    """Round times (secure, seeded, interleaved) and the secure draws' share.
+
+    Each round's times are printed as they come (a run stopped by a time
+    limit still shows what it measured).
+    """
+    t0 = time.perf_counter()
     secure = trainer(preset, overrides, True, str(device), steps)
     seeded = trainer(preset, overrides, False, str(device), steps)
-    secure.step(), seeded.step()  # warm-up (and on CUDA the compile)
-    sync(device)
+    print(f"  set-up {time.perf_counter() - t0:.1f} s", flush=True)
+    for t, name in ((secure, "secure"), (seeded, "seeded")):
+        sync(device)
+        t0 = time.perf_counter()
+        t.step()  # warm-up (and on CUDA the kernels' compile)
+        sync(device)
+        print(f"  warm-up round, {name}: {time.perf_counter() - t0:.2f} s", flush=True)
     drawn = {"normals": 0.0, "inside rows": 0.0}
     normal_ = sn.SecureGenerator.normal_
     rows_ = privatize.fill_normal_rows_
@@ -255,17 +265,31 @@ def per_round(
         finally:
             drawn["inside rows"] -= 1
 
+    # The two runs draw their cohorts from other streams (the secure run's
+    # from its key), so a round's cohorts differ in size: the time per
+    # participant is compared too.
     t_secure, t_seeded = [], []
+    per_client: list[float] = []
     sn.SecureGenerator.normal_ = counted  # type: ignore[method-assign]
     privatize.fill_normal_rows_ = counted_rows
     try:
-        for _ in range(rounds):
+        for i in range(rounds):
+            sizes = []
             for t, times in ((secure, t_secure), (seeded, t_seeded)):
                 sync(device)
                 t0 = time.perf_counter()
-                t.step()
+                report = t.step()
                 sync(device)
                 times.append(time.perf_counter() - t0)
+                sizes.append(max(1, len(report.participants)))
+            per_client.append((t_secure[-1] / sizes[0]) / (t_seeded[-1] / sizes[1]))
+            print(
+                f"  round {i + 1}: secure {t_secure[-1] * 1e3:.4g} ms "
+                f"({sizes[0]} participants), seeded {t_seeded[-1] * 1e3:.4g} ms "
+                f"({sizes[1]}); secure / seeded {t_secure[-1] / t_seeded[-1]:.3g}, "
+                f"per participant {per_client[-1]:.3g}",
+                flush=True,
+            )
     finally:
         sn.SecureGenerator.normal_ = normal_  # type: ignore[method-assign]
         privatize.fill_normal_rows_ = rows_
@@ -274,6 +298,7 @@ def per_round(
         "normals": drawn["normals"] / rounds,
         "secure": t_secure,
         "seeded": t_seeded,
+        "per_client": per_client,
     }
 
 
@@ -334,15 +359,17 @@ def main() -> None:
     for name in names:
         title, preset, overrides = RUNS[name]
         overrides = [*overrides, *a.set]
+        print(f"{title}:", flush=True)
         f = per_round(preset, overrides, a.rounds, device, a.local_steps)
-        s, r = f["secure"], f["seeded"]
-        assert isinstance(s, list) and isinstance(r, list)
+        s, r, pc = f["secure"], f["seeded"], f["per_client"]
+        assert isinstance(s, list) and isinstance(r, list) and isinstance(pc, list)
         ratios = [x / y for x, y in zip(s, r)]
         print(
             f"{title}: {f['weights']:,.0f} weights, {f['normals']:,.0f} secure "
             f"normals a round; a round: secure ms {spread([x * 1e3 for x in s])}, "
             f"seeded ms {spread([x * 1e3 for x in r])}; secure / seeded "
-            f"{spread(ratios)} ({a.rounds} interleaved rounds)"
+            f"{spread(ratios)}, per participant {spread(pc)} ({a.rounds} "
+            "interleaved rounds)"
         )
 
 

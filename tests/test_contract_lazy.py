@@ -22,7 +22,8 @@ give tensors it then rejects, so they are rebuilt from ``narrow``/``select``;
 ``torch.load`` cannot map storage to it, so a checkpoint loads on the CPU and
 is copied into the lazy model; and its tensors cannot be pickled, so a task
 shipped to a replica pickles their CPU copies. Slow (the backend traces every
-operation: a few minutes), so it runs with ``-m slow`` (``.ci/run``).
+operation: over 15 minutes on two busy shared cores, 3 for PriFedSync alone),
+so it runs with ``-m slow`` (``.ci/run``).
 """
 
 from __future__ import annotations
