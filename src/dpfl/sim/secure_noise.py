@@ -1057,7 +1057,7 @@ def fill_normal_rows_(
             f"{tuple(out.shape)} and {len(generators)} generators"
         )
     rows = (
-        _fused_rows(out.device)  # None but on CUDA
+        _fused_rows(out.device)  # None except on CUDA
         if out.shape[0] > 1
         and out.dtype in _FUSED_DTYPES
         and out.stride(1) == 1
