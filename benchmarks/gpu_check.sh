@@ -98,8 +98,8 @@ fi
 # ~40 s, draws ~30 s, PriFedSync rounds ~35 s, DP-FedAvg rounds ~20 s, engine
 # ~25 s; the limits add up to more than the budget, which the last steps then
 # share (the engine's first to go).
-step 120 python -m pytest -q -m gpu -rs -p no:cacheprovider tests/test_contract.py
-step 50 python -m pytest -q -m gpu -rs -s -p no:cacheprovider \
+step 120 python -m pytest -q -m gpu -rfEs -p no:cacheprovider tests/test_contract.py
+step 50 python -m pytest -q -m gpu -rfEs -s -p no:cacheprovider \
     tests/test_gradients.py tests/test_secure_noise_triton.py tests/test_secure_noise.py
 step 35 python benchmarks/secure_noise.py --device cuda --no-rounds --repeats 7
 step 40 python benchmarks/secure_noise.py --device cuda --no-draws --rounds 3 \
