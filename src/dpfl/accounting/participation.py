@@ -639,14 +639,17 @@ noise_multiplier, analysis
     delta = check_delta("delta", delta)
     rounds = check_count("rounds", rounds, minimum=1)
     sigma = check_positive("noise_multiplier", noise_multiplier)
-    res = _pld.refine_bound(
-        _builder(analysis, p, q, d, sigma),
-        count=rounds,
-        delta=delta,
-        tolerance=tolerance,
-        initial_discretization=start_step(rounds, tolerance),
-        resolution=resolution,
-    )
+    try:
+        res = _pld.refine_bound(
+            _builder(analysis, p, q, d, sigma),
+            count=rounds,
+            delta=delta,
+            tolerance=tolerance,
+            initial_discretization=start_step(rounds, tolerance),
+            resolution=resolution,
+        )
+    except _pld.LossTailTooHeavy:  # too little noise: no finite epsilon certified
+        return Bound.trivial(for_delta=False)
     return res.bound
 
 
@@ -691,13 +694,16 @@ noise_multiplier, analysis
     eps = check_nonnegative("epsilon", epsilon)
     rounds = check_count("rounds", rounds, minimum=1)
     sigma = check_positive("noise_multiplier", noise_multiplier)
-    res = _pld.refine_bound(
-        _builder(analysis, p, q, d, sigma),
-        count=rounds,
-        epsilon=eps,
-        tolerance=tolerance,
-        initial_discretization=start_step(rounds, tolerance),
-    )
+    try:
+        res = _pld.refine_bound(
+            _builder(analysis, p, q, d, sigma),
+            count=rounds,
+            epsilon=eps,
+            tolerance=tolerance,
+            initial_discretization=start_step(rounds, tolerance),
+        )
+    except _pld.LossTailTooHeavy:  # too little noise: only delta <= 1 holds
+        return Bound.trivial(for_delta=True)
     return res.bound
 
 
