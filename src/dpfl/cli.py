@@ -29,7 +29,14 @@ import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, NoReturn
 
-from dpfl._validate import MAX_EPSILON, MAX_ROUNDS, MAX_SEED, NOISE_RANGE
+from dpfl._validate import (
+    MAX_EPSILON,
+    MAX_ROUNDS,
+    MAX_SEED,
+    MIN_DELTA,
+    NOISE_RANGE,
+    parse_number,
+)
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.errors import DpflError, InvalidParameterError
 
@@ -152,13 +159,12 @@ class _Domain:
         bad = argparse.ArgumentTypeError(
             f"must be {self.describe()}; got {shown(text)}"
         )
-        raw = text.strip()
-        if len(raw) > 40 or not raw:
-            raise bad
-        try:
-            value: Any = int(raw) if self.kind is int else float(raw)
+        try:  # the one spelling of a number (dpfl._validate.parse_number)
+            value: Any = parse_number(text, integer=self.kind is int)
         except ValueError:
             raise bad from None
+        if self.kind is float:
+            value = float(value)
         if math.isnan(value):
             raise bad
         low_ok = value > self.low if self.low_open else value >= self.low
@@ -174,6 +180,13 @@ def _ints(low: int, high: int, why: str = "") -> _Domain:
 
 _PROBABILITY = _Domain(float, 0.0, 1.0, low_open=True)
 _OPEN_UNIT = _Domain(float, 0.0, 1.0, low_open=True, high_open=True)
+_DELTA = _Domain(
+    float,
+    MIN_DELTA,
+    1.0,
+    high_open=True,
+    why=" (below 1e-15 the accounting's double-precision rounding exceeds delta)",
+)
 _POSITIVE = _Domain(float, 0.0, math.inf, low_open=True, high_open=True)
 _EPSILON = _Domain(
     float, 0.0, MAX_EPSILON, low_open=True, why=" (e^epsilon must stay finite)"
@@ -197,10 +210,10 @@ FLAG_DOMAINS: dict[str, _Domain] = {
     "probability": _PROBABILITY,
     "sync_probability": _PROBABILITY,
     "participation": _PROBABILITY,
-    "delta": _OPEN_UNIT,
-    "local_delta": _OPEN_UNIT,
+    "delta": _DELTA,
+    "local_delta": _DELTA,
     "confidence": _OPEN_UNIT,
-    "threshold": _OPEN_UNIT,
+    "threshold": _DELTA,
     "epsilon": _EPSILON,
     "local_epsilon": _EPSILON,
     "noise_multiplier": _NOISE,
