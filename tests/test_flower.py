@@ -46,6 +46,7 @@ from dpfl.experiments.config import config_from_dict  # noqa: E402
 from dpfl.integrations import flower as fl  # noqa: E402
 from dpfl.sim.randomness import client_key  # noqa: E402
 from dpfl.sim.secure_noise import KEY_FILE, read_key_file  # noqa: E402
+from tiny_runs import run_key  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -105,14 +106,13 @@ def _config(out: Path, algorithm: str, *, rounds: int = 3, epsilon: float = 50.0
     )
 
 
-def same_key(flower_dir: Path, config):
-    """Give ``config``'s run folder the Flower run's secret noise key.
+def simulate(flower_dir: Path, config):
+    """``dpfl train`` of ``config`` under the Flower run's secret noise key.
 
     The two runs are the same run only under the same key (secure noise).
     """
-    config.run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(flower_dir / KEY_FILE, config.run_dir / KEY_FILE)
-    return config
+    with run_key(flower_dir):
+        return runner.run(config, progress=False)
 
 
 def _key(flower_dir: Path) -> bytes:
@@ -121,8 +121,8 @@ def _key(flower_dir: Path) -> bytes:
 
 def _simulated(tmp: Path, algorithm: str, **kw) -> Path:
     """``dpfl train``'s run folder for the same configuration (and key)."""
-    config = same_key(tmp / "flower" / algorithm, _config(tmp / "sim", algorithm, **kw))
-    return runner.run(config, progress=False).run_dir
+    config = _config(tmp / "sim", algorithm, **kw)
+    return simulate(tmp / "flower" / algorithm, config).run_dir
 
 
 def _entries(run_dir: Path) -> list[dict]:
@@ -263,7 +263,7 @@ def test_budget_guard_stops_before_sending_the_refused_round(tmp_path, task_iden
     assert summary["rounds"] == summary["charged_rounds"] == 2
     assert sorted(set(grid.train_rounds)) == [0, 1]  # round 2 was never sent
     config = _config(tmp_path / "sim", "dsgd-rp", rounds=4, epsilon=5.0)
-    sim = runner.run(same_key(strategy.run_dir, config), progress=False)
+    sim = simulate(strategy.run_dir, config)
     assert sim.stopped == "budget" and sim.rounds_completed == 2
     _assert_same_run(strategy.run_dir, sim.run_dir)
 
@@ -560,7 +560,7 @@ def test_superlink_three_supernodes_and_flwr_run_equal_the_simulator(tmp_path):
             config = runner.config_from_dict(
                 {**_app_config(algorithm, 2), "output_dir": str(tmp_path / "sim")}
             )
-            sim = runner.run(same_key(run_dir, config), progress=False)
+            sim = simulate(run_dir, config)
             _assert_same_run(run_dir, sim.run_dir)
     finally:
         fed.close()

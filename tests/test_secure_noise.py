@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import math
 import pickle
-import shutil
 import struct
 
 import numpy as np
@@ -31,7 +30,7 @@ from dpfl.sim.randomness import (  # noqa: E402
     client_streams,
     server_streams,
 )
-from tiny_runs import tiny_config  # noqa: E402
+from tiny_runs import run_key, tiny_config  # noqa: E402
 
 Z = 4.42  # two-sided normal quantile for a false-alarm rate of 1e-5
 KEY = bytes(range(32))
@@ -257,6 +256,9 @@ def test_key_file_is_private_written_once_and_never_in_config_or_checkpoint(
     with pytest.raises(DpflError, match="cannot be resumed without its key"):
         resume(result.run_dir, progress=False)
     path.write_text("not a key\n")
+    with pytest.raises(DpflError, match=r"mode 0644.*chmod 600"):
+        resume(result.run_dir, progress=False)  # others may read it
+    path.chmod(0o600)
     with pytest.raises(DpflError, match="32-byte hex key"):
         resume(result.run_dir, progress=False)
 
@@ -290,8 +292,6 @@ def test_a_resumed_secure_run_draws_what_the_uninterrupted_run_drew(
 
     whole = run(tiny(tmp_path, "whole", secure=True, rounds=3), progress=False)
     config = tiny(tmp_path, "cut", secure=True, rounds=3)
-    config.run_dir.mkdir(parents=True)
-    shutil.copy(whole.run_dir / sn.KEY_FILE, config.run_dir / sn.KEY_FILE)
     original = Trainer.step
 
     def step(self):
@@ -300,7 +300,7 @@ def test_a_resumed_secure_run_draws_what_the_uninterrupted_run_drew(
             os.kill(os.getpid(), signal.SIGINT)
         return report
 
-    with monkeypatch.context() as m:
+    with monkeypatch.context() as m, run_key(whole.run_dir):
         m.setattr(Trainer, "step", step)
         assert run(config, progress=False).stopped == "interrupted"
     assert resume(config.run_dir, progress=False).rounds_completed == 3
@@ -350,8 +350,9 @@ def test_a_released_round_cannot_be_denoised_from_the_config_and_code(
             m.setattr(CentralGaussian, "noise_std", lambda self, **kw: 0.0)
             config = tiny(tmp_path, name, secure=secure, sigma=20.0, rounds=1)
             if key_from is not None:
-                config.run_dir.mkdir(parents=True)
-                shutil.copy(key_from / sn.KEY_FILE, config.run_dir / sn.KEY_FILE)
+                m.setattr(
+                    sn, "new_key", lambda: sn.read_key_file(key_from / sn.KEY_FILE)
+                )
             run_dir = run(config, progress=False).run_dir
         w0 = build(config).weights.detach().double()
         estimate = (w0 - released(run_dir)) / config.algorithm.params.learning_rate

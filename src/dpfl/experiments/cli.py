@@ -114,7 +114,24 @@ def _train(args: argparse.Namespace) -> int:
         overrides.append(f"output_dir={json.dumps(str(args.out))}")
     config = load_config(args.config, overrides)
     if args.check:
-        print(f"{args.config}: valid; the run would write {config.run_dir}")
+        # every check `train` makes before its first round, nothing written
+        from dpfl.experiments import rundir
+        from dpfl.experiments.runner import prepare
+
+        rundir.check_new_folder(config.run_dir)
+        prepared = prepare(config)
+        sigma = prepared.config.privacy.noise_multiplier
+        noise = (
+            "no noise (NOT PRIVATE)"
+            if not sigma
+            else f"noise multiplier {sigma:.4g}"
+            + (" (calibrated)" if config.privacy.noise_multiplier is None else "")
+        )
+        print(
+            f"{args.config}: valid; the run would write {config.run_dir} "
+            f"({prepared.dataset.num_clients} clients, {prepared.parameters} model "
+            f"parameters, {noise})"
+        )
         return 0
     return _finish(
         run(config, progress=not args.no_progress, callbacks=[AccuracyFigure()])
@@ -253,8 +270,10 @@ def add_subcommands(subparsers: Any) -> None:
     p.add_argument(
         "--check",
         action="store_true",
-        help="validate the configuration (keys, types, ranges) and exit: no data "
-        "is read, nothing is written",
+        help="run every check train makes before its first round and exit: keys, "
+        "types and ranges, the data read and partitioned, the privacy settings "
+        "against the algorithm and the data (sigma calibrated), sizes against "
+        "memory and time; nothing is written",
     )
     p.set_defaults(handler=_train)
 

@@ -30,7 +30,9 @@ import contextlib
 import dataclasses
 import difflib
 import math
+import os
 import re
+import stat
 import types
 import typing
 from collections import abc
@@ -1065,13 +1067,25 @@ def read_config_file(path: str | Path) -> Any:
     p = Path(path)
     where = shown(str(p))
     try:
-        with p.open("rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        # non-blocking: opening a FIFO must not wait for a writer
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise ConfigError(f"configuration file not found: {where}") from None
-    except (OSError, ValueError) as exc:  # a folder, no permission, a NUL in the name
+    except (OSError, ValueError) as exc:  # no permission, a NUL in the name
         reason = getattr(exc, "strerror", None) or type(exc).__name__
         raise ConfigError(f"cannot read configuration file {where}: {reason}") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(
+                f"configuration file {where} is not a regular file (a folder, FIFO, "
+                "socket or device); give the YAML file itself"
+            )
+        try:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read configuration file {where}: {exc.strerror}"
+            ) from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(
             f"configuration file {where} is larger than {MAX_CONFIG_BYTES} bytes; "

@@ -89,13 +89,13 @@ from typing import Any
 
 import yaml
 
+from dpfl._deadline import ANSWER_SECONDS, TimeLimitExceeded, time_limit
 from dpfl._files import atomic_write as _atomic_write
-from dpfl._files import digest as _digest
 from dpfl._files import read_jsonl
 from dpfl.accounting import events as ev
 from dpfl.accounting import schemes
 from dpfl.accounting.ledger import Budget, PrivacyLedger, ledger_class
-from dpfl.errors import DpflError
+from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.experiments import rundir
 from dpfl.experiments.config import (
     ConfigError,
@@ -120,7 +120,9 @@ __all__ = [
     "LEDGER",
     "METRICS",
     "RESUME_KEYS",
+    "Prepared",
     "RunResult",
+    "prepare",
     "read_metrics",
     "resume",
     "run",
@@ -301,22 +303,48 @@ def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
     from dpfl.sim.plan import plan_privacy
 
     priv = config.privacy
-    plan = plan_privacy(
-        algorithm_class(config.algorithm.name),
-        config.algorithm.params,
-        DataStats.of(dataset),
-        epsilon=priv.epsilon,
-        delta=priv.delta,
-        rounds=config.rounds,
-        noise_multiplier=priv.noise_multiplier,
-        analysis=priv.analysis,
-        guard=priv.guard,
-        allow_unproven=priv.allow_unproven,
-        allow_large_delta=priv.allow_large_delta,
-        keys="privacy.",
-        error=ConfigError,
-        logger=log,
+    target = (
+        f"privacy.epsilon {priv.epsilon:g} at privacy.delta {priv.delta:g} over "
+        f"{config.rounds} rounds"
     )
+    try:
+        with time_limit(
+            ANSWER_SECONDS,
+            f"the noise multiplier for {target} was not found within "
+            f"{ANSWER_SECONDS:g} s (the accounting's cost grows as epsilon grows "
+            "and delta shrinks); use a smaller privacy.epsilon, a larger "
+            "privacy.delta, or give privacy.noise_multiplier",
+        ):
+            plan = plan_privacy(
+                algorithm_class(config.algorithm.name),
+                config.algorithm.params,
+                DataStats.of(dataset),
+                epsilon=priv.epsilon,
+                delta=priv.delta,
+                rounds=config.rounds,
+                noise_multiplier=priv.noise_multiplier,
+                analysis=priv.analysis,
+                guard=priv.guard,
+                allow_unproven=priv.allow_unproven,
+                allow_large_delta=priv.allow_large_delta,
+                keys="privacy.",
+                error=ConfigError,
+                logger=log,
+            )
+    except (ConfigError, TimeLimitExceeded):
+        raise
+    except InvalidParameterError as exc:
+        # the algorithm's own checks against the data name a parameter
+        # (e.g. second_stage_size); the accounting's internal refusals (a
+        # privacy loss it cannot price) name the budget instead
+        fields = {f.name for f in dataclasses.fields(config.algorithm.params)}
+        first = str(exc).split(" ", 1)[0]
+        if first in fields:
+            raise ConfigError(f"algorithm.params.{exc}") from None
+        raise ConfigError(
+            f"{target} cannot be priced for this algorithm ({exc}); use a "
+            "smaller privacy.epsilon or a larger privacy.delta"
+        ) from None
     tree = config.to_dict()
     tree["algorithm"]["params"] = plan.params.to_dict()
     tree["privacy"]["noise_multiplier"] = plan.noise_multiplier
@@ -327,7 +355,9 @@ def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
     return config_from_dict(tree)
 
 
-def _ledger(config: RunConfig, run_dir: Path, run: str | None = None) -> PrivacyLedger:
+def _ledger(
+    config: RunConfig, run_dir: Path, run: str | None = None, key: str | None = None
+) -> PrivacyLedger:
     priv = config.privacy
     private = bool(priv.noise_multiplier)
     budget = (
@@ -336,8 +366,75 @@ def _ledger(config: RunConfig, run_dir: Path, run: str | None = None) -> Privacy
         else Budget(priv.epsilon, priv.delta)
     )
     return ledger_class(priv.guard)(
-        budget, analysis=priv.analysis, path=run_dir / LEDGER, run=run
+        budget, analysis=priv.analysis, path=run_dir / LEDGER, run=run, key=key
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A run's resolved configuration and what it built before its first round.
+
+    Attributes
+    ----------
+    config : RunConfig
+        The resolved configuration (σ calibrated, the analysis named).
+    dataset : FederatedDataset
+        The data, read and partitioned.
+    algorithm : FederatedAlgorithm
+        The algorithm with its model, on its device.
+    parameters : int
+        The model's parameter count.
+    """
+
+    config: RunConfig
+    dataset: Any
+    algorithm: Any
+    parameters: int
+
+
+def prepare(config: RunConfig) -> Prepared:
+    """Every check a run makes before its first round, and what it builds.
+
+    The one validation path of ``dpfl train`` (:func:`run`) and ``dpfl train
+    --check``: the data's files (:func:`~dpfl.experiments.checks.check_paths`:
+    no FIFO or device), the data's size and δ >= 1/n from the configuration
+    before anything is generated
+    (:func:`~dpfl.experiments.checks.check_data_size`), the data read and
+    partitioned (a missing file, a wrong column, ...), the privacy settings
+    against the algorithm and the data (an unproven analysis without
+    ``privacy.allow_unproven``, δ >= 1/n, ...) with σ calibrated
+    (:func:`_resolve`, within :data:`~dpfl._deadline.ANSWER_SECONDS`), the
+    model's size against memory and its secure noise against time
+    (:func:`~dpfl.experiments.checks.check_model_size`), and the algorithm
+    built on its device. Nothing is written.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+
+    Returns
+    -------
+    Prepared
+        The resolved configuration, the data, the algorithm.
+
+    Raises
+    ------
+    DpflError
+        One line naming the key, the constraint and the value.
+    """
+    from dpfl.experiments import checks
+
+    checks.check_paths(config)
+    checks.check_data_size(config)
+    dataset = _build_dataset(config)
+    if dataset.test_labels is None or len(dataset.test_labels) == 0:
+        log.info("the data has no test set: no test loss or accuracy is reported")
+    config = _resolve(config, dataset)
+    device = _device(config.device)
+    parameters = checks.check_model_size(config, dataset, device)
+    algorithm = _build_algorithm(config, dataset)
+    return Prepared(config, dataset, algorithm, parameters)
 
 
 # -- the run ------------------------------------------------------------------------
@@ -409,15 +506,9 @@ def _run_locked(
     """:func:`run` with the folder's lock held."""
     ckpt_path = run_dir / CHECKPOINT
     ledger_path = run_dir / LEDGER
-    manifest_path = run_dir / rundir.MANIFEST
-    if not resume and (
-        ckpt_path.exists() or ledger_path.exists() or manifest_path.exists()
-    ):
-        raise DpflError(
-            f"{run_dir} already holds a run; continue it with `dpfl resume "
-            f"{run_dir}` or choose another name (--set name=...)"
-        )
     manifest = rundir.read_manifest(run_dir) if resume else None
+    if not resume:
+        rundir.check_new_folder(run_dir)
     if manifest is not None:
         # before any calibration: a changed σ, budget or sampling is refused,
         # never re-derived
@@ -426,14 +517,22 @@ def _run_locked(
     if resume and not started:
         _check_unstarted(run_dir)
 
-    dataset = _build_dataset(config)
-    config = _resolve(config, dataset)
-    algorithm = _build_algorithm(config, dataset)
-    run_id = manifest["run"] if manifest is not None else _run_digest(config)
+    prepared = prepare(config)
+    config, dataset, algorithm = prepared.config, prepared.dataset, prepared.algorithm
 
     from dpfl.sim.loop import Trainer
 
     if started:
+        assert manifest is not None
+        noise, key = _started_noise(config, run_dir)
+        rundir.check_identity(
+            manifest,
+            run_dir,
+            key=key,
+            data=rundir.data_fingerprint(dataset),
+            stream=_stream(config),
+        )
+        run_id = manifest["run"]
         if not ledger_path.exists():
             raise DpflError(
                 f"{ledger_path} is missing but {rundir.MANIFEST} says the run "
@@ -441,18 +540,15 @@ def _run_locked(
                 "never reset)"
             )
         ledger = PrivacyLedger.load(ledger_path)
-        if ledger.run != run_id:
+        if ledger.run != run_id or ledger.key != key:
             raise DpflError(
-                f"{ledger_path} belongs to another run (its run digest differs "
-                f"from {rundir.MANIFEST}'s)"
+                f"{ledger_path} belongs to another run (its run digest or key "
+                f"fingerprint differs from {rundir.MANIFEST}'s)"
             )
         _check_ledger(ledger, config)
         _check_entries(ledger, algorithm)
-    # the key file before run.json: a started secure run always has its key
-    noise = _noise(config, run_dir, started=started)
-    if not started:
-        ledger = _ledger(config, run_dir, run=run_id)
-        _start_files(run_dir, config, ledger)
+    else:
+        run_id, ledger, noise = _start(config, run_dir, dataset)
     execution = _executor(config)
     threads_before: int | None = None
     try:
@@ -465,7 +561,10 @@ def _run_locked(
         )
         if started and ckpt_path.exists():
             state = load_checkpoint(ckpt_path, run=run_id)
-            trainer.load_state_dict(state["trainer"])
+            try:
+                trainer.load_state_dict(state["trainer"])
+            except DpflError as exc:
+                raise type(exc)(f"{ckpt_path}: {exc}") from None
             log.info("resuming %s at round %d", run_dir, trainer.round)
         elif started and ledger.released:
             ledger.rewind(0)  # no checkpoint: every charged round is replayed
@@ -495,17 +594,51 @@ def _run_locked(
             torch.set_num_threads(threads_before)
 
 
-def _noise(config: RunConfig, run_dir: Path, *, started: bool) -> dict[str, Any]:
-    """The Trainer's noise arguments: the run's secret key from its key file.
-
-    A new secure run makes its key (:data:`~dpfl.sim.secure_noise.KEY_FILE`,
-    never in the config or the checkpoint); a started one must have it.
-    """
-    from dpfl.sim.secure_noise import load_or_create_key
-
+def _stream(config: RunConfig) -> str | None:
+    """The noise keystream a run draws from (``None``: seeded noise, no key)."""
     if not config.privacy.secure_noise:
-        return {"secure_noise": False}
-    return {"noise_key": load_or_create_key(run_dir, started=started)}
+        return None
+    from dpfl.sim.secure_noise import STREAM_VERSION
+
+    return STREAM_VERSION
+
+
+def _started_noise(
+    config: RunConfig, run_dir: Path
+) -> tuple[dict[str, Any], str | None]:
+    """A started run's noise arguments and key fingerprint, from its key file."""
+    if not config.privacy.secure_noise:
+        return {"secure_noise": False}, None
+    key = rundir.read_run_key(run_dir)
+    return {"noise_key": key}, rundir.key_fingerprint(key)
+
+
+def _start(
+    config: RunConfig, run_dir: Path, dataset: Any
+) -> tuple[str, PrivacyLedger, dict[str, Any]]:
+    """Start a run in an empty folder: its key, identity, ledger and files.
+
+    The run makes its own secret key (never one found in the folder), then
+    writes ``config.yaml``, the empty ledger and ``run.json`` (in that order:
+    a folder with ``run.json`` has the others). Returns the run digest, the
+    ledger and the Trainer's noise arguments.
+    """
+    rundir.check_new_folder(run_dir)
+    if config.privacy.secure_noise:
+        key_bytes = rundir.create_run_key(run_dir)
+        noise: dict[str, Any] = {"noise_key": key_bytes}
+        key: str | None = rundir.key_fingerprint(key_bytes)
+    else:
+        noise, key = {"secure_noise": False}, None
+    identity = {
+        "key": key,
+        "data": rundir.data_fingerprint(dataset),
+        "stream": _stream(config),
+    }
+    run_id = rundir.run_digest(config.to_dict(), **identity)
+    ledger = _ledger(config, run_dir, run=run_id, key=key)
+    _start_files(run_dir, config, ledger, identity)
+    return run_id, ledger, noise
 
 
 def _replay_threads(manifest: dict[str, Any], config: RunConfig) -> int | None:
@@ -534,12 +667,9 @@ def _replay_threads(manifest: dict[str, Any], config: RunConfig) -> int | None:
     return before
 
 
-def _run_digest(config: RunConfig) -> str:
-    """The digest of a resolved configuration's frozen keys (``run.json``)."""
-    return _digest(rundir.frozen(config.to_dict()))
-
-
-def _start_files(run_dir: Path, config: RunConfig, ledger: PrivacyLedger) -> None:
+def _start_files(
+    run_dir: Path, config: RunConfig, ledger: PrivacyLedger, identity: dict[str, Any]
+) -> None:
     """A starting run's files, in this order: config, empty ledger, manifest.
 
     ``run.json`` comes last: a folder that has it has the other two, so a
@@ -550,17 +680,18 @@ def _start_files(run_dir: Path, config: RunConfig, ledger: PrivacyLedger) -> Non
     _write_config(run_dir, config)
     ledger.save()
     rundir.write_manifest(
-        run_dir, config.to_dict(), torch_threads=torch.get_num_threads()
+        run_dir, config.to_dict(), torch_threads=torch.get_num_threads(), **identity
     )
 
 
 def _check_unstarted(run_dir: Path) -> None:
     """Resuming a folder without ``run.json``: only a run that never began.
 
-    A run writes ``config.yaml``, then an empty ledger, then ``run.json``
-    before its first round; a kill between them leaves at most an empty
-    ledger, and the run starts afresh. Anything more without ``run.json`` is
-    refused.
+    A run writes its key, ``config.yaml``, then an empty ledger, then
+    ``run.json`` before its first round; a kill between them leaves at most a
+    key and an empty ledger, which nothing was released with: both are
+    removed and the run starts afresh, with a new key. Anything more without
+    ``run.json`` is refused.
     """
     if (run_dir / CHECKPOINT).exists():
         raise DpflError(
@@ -575,6 +706,8 @@ def _check_unstarted(run_dir: Path) -> None:
                 f"no {rundir.MANIFEST}: it was deleted or the run was written by "
                 "an older dpfl; refusing to resume it"
             )
+        (run_dir / LEDGER).unlink()
+    (run_dir / rundir.KEY_FILE).unlink(missing_ok=True)
 
 
 def _check_entries(ledger: PrivacyLedger, algorithm: Any) -> None:

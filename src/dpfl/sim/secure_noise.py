@@ -82,6 +82,9 @@ KEY_BYTES = 32
 KEY_FILE = "secret.key"
 #: Box–Muller normals summed (then divided by the square root, 2) per output.
 GUARD_SAMPLES = 4
+#: The keystream this module draws (a run records it in ``run.json``; a run
+#: resumes only with the stream it started with).
+STREAM_VERSION = "shake256-v1"
 
 _DOMAIN = b"dpfl/secure-normal/v1"
 _CHUNK = 1 << 13  # outputs per SHAKE-256 call (256 KiB of stream: stays in cache)
