@@ -12,7 +12,8 @@
     memory, computed from the configuration, against the memory available,
     *before* anything is generated; and an upper bound on the privacy units
     (records) the configuration can hold, so that a δ >= 1/n is refused
-    before the data is built.
+    before the data is built. Generated data may take at most
+    :data:`DATA_SHARE` of the memory available.
 :func:`check_model_size`
     The model's parameters, counted on PyTorch's ``meta`` device (no memory
     is taken), times what a round holds at once: a few copies of the model
@@ -39,6 +40,7 @@ from dpfl._validate import shown
 from dpfl.experiments.config import ConfigError, RunConfig
 
 __all__ = [
+    "DATA_SHARE",
     "MAX_NOISE_SECONDS",
     "available_memory",
     "check_data_size",
@@ -51,6 +53,10 @@ __all__ = [
 #: model whose noise alone would take longer is refused before the run (a
 #: first round would not even end within a minute).
 MAX_NOISE_SECONDS = 60.0
+
+#: The share of the available memory generated data may take (the model,
+#: its copies and the round's work need the rest).
+DATA_SHARE = 0.5
 
 #: Mean records per client of FedProx's unbalanced synthetic sizes,
 #: ``int(LogNormal(4, 2)) + 50`` (e^(4 + 2²/2) + 50 ≈ 453).
@@ -161,12 +167,13 @@ def check_data_size(config: RunConfig) -> None:
     if generated is not None:
         records, size = generated
         free = available_memory()
-        if size > free:
+        if size > DATA_SHARE * free:
             raise ConfigError(
                 f"data.num_clients {data.num_clients} with these data.options "
-                f"generate {records:.3g} records taking about {_gb(size)}; this "
-                f"machine has {_gb(free)} available: use fewer clients, records "
-                "or features"
+                f"generate {records:.3g} records taking about {_gb(size)}; the data "
+                f"may take at most {DATA_SHARE:.0%} of the {_gb(free)} available "
+                "(the model and its training need the rest): use fewer clients, "
+                "records or features"
             )
     per = data.records_per_client or data.options.get("records_per_client")
     equal = data.partition == "equal-size" or generated is not None

@@ -1074,12 +1074,13 @@ def read_config_file(path: str | Path) -> Any:
     except (OSError, ValueError) as exc:  # no permission, a NUL in the name
         reason = getattr(exc, "strerror", None) or type(exc).__name__
         raise ConfigError(f"cannot read configuration file {where}: {reason}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(
+            f"configuration file {where} is not a regular file (a folder, FIFO, "
+            "socket or device); give the YAML file itself"
+        )
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(
-                f"configuration file {where} is not a regular file (a folder, FIFO, "
-                "socket or device); give the YAML file itself"
-            )
         try:
             raw = fh.read(MAX_CONFIG_BYTES + 1)
         except OSError as exc:

@@ -341,9 +341,13 @@ def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
         first = str(exc).split(" ", 1)[0]
         if first in fields:
             raise ConfigError(f"algorithm.params.{exc}") from None
+        if not _raised_in_accounting(exc):
+            raise
         raise ConfigError(
-            f"{target} cannot be priced for this algorithm ({exc}); use a "
-            "smaller privacy.epsilon or a larger privacy.delta"
+            f"{target} is beyond what the accounting can price for this "
+            "algorithm (its privacy loss at the noise such a budget needs "
+            "overflows the numerical range); use a smaller privacy.epsilon or "
+            "a larger privacy.delta"
         ) from None
     tree = config.to_dict()
     tree["algorithm"]["params"] = plan.params.to_dict()
@@ -353,6 +357,16 @@ def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
             plan.analysis if priv.guard == "accountant" else None
         )
     return config_from_dict(tree)
+
+
+def _raised_in_accounting(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside :mod:`dpfl.accounting` (its internals)."""
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    if last is None:
+        return False
+    return "/dpfl/accounting/" in last.tb_frame.f_code.co_filename.replace("\\", "/")
 
 
 def _ledger(
