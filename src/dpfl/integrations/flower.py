@@ -857,6 +857,7 @@ def server_app(
     *,
     round_timeout: float | Callable[[Context], float] = 600.0,
     discovery_timeout: float = 120.0,
+    superlink_timeout: float = 20.0,
 ) -> ServerApp:
     """A Flower ServerApp that runs ``config_fn(context)`` with :class:`DpflStrategy`.
 
@@ -868,6 +869,9 @@ def server_app(
         Seconds to wait for a round's replies (or ``Context -> float``).
     discovery_timeout : float
         Seconds to wait at start for a node of every partition.
+    superlink_timeout : float
+        Seconds the SuperLink may stay unreachable before the ServerApp
+        leaves with exit status :data:`EXIT_SUPERLINK_LOST`.
 
     Returns
     -------
@@ -882,6 +886,7 @@ def server_app(
             config_fn(context),
             round_timeout=timeout,
             discovery_timeout=discovery_timeout,
+            superlink_timeout=superlink_timeout,
         )
         strategy.start(grid)
 
