@@ -133,9 +133,14 @@ BASES: dict[str, tuple[list[str], bool]] = {
 #: Values a flag is given: edge cases first, then random ones.
 EDGES = [
     "0", "-1", "1", "2", "-0.0", "1e-300", "5e-324", "1.0000001", "1e300",
-    "1e400", "-1e400", "nan", "inf", "-inf", "", " ", "abc", "\x00\xff",
-    "\n", "9" * 5000, "1" + "0" * 400, "1000000000000", "0x10", "1e3",
-    " 3", "1_000", "--json",
+    "1e308", "1e400", "-1e400", "1e-400", "nan", "inf", "-inf", "", " ",
+    "abc", "\x00\xff", "\n", "9" * 5000, "1" + "0" * 400, "1000000000000",
+    "0x10", "1e3", " 3", "1_000", "1e-6_0", "--json",
+    # other scripts' digits and spaces: one spelling of numbers, refused
+    "\uff11", "\uff10.\uff15", "\u0661", "\u0660.\u0665", "1\u00a0",
+    "\u00a00.5", "1\u2009000",
+    # booleans as words are not numbers
+    "yes", "no", "true", "false",
 ]  # fmt: skip
 
 VALUES = st.one_of(
@@ -401,6 +406,7 @@ def test_every_accounting_command_answers_or_refuses(command: str, data: Any) ->
 PATHS = st.one_of(
     st.sampled_from(
         ["", ".", "..", "/", "/nonexistent/x", "no-such-dir", "a" * 5000, "\n", "-"]
+        + ["/dev/zero", "/dev/null", "/dev/stdin", "/proc/self/fd/0"]
     ),
     st.text(max_size=40).map(lambda s: s.replace("\x00", "")),
 )
@@ -431,6 +437,27 @@ def test_run_folder_commands_refuse_what_is_not_a_run(
         if path.startswith("-"):
             argv = [argv[0], "--", *argv[1:]]
         with _inside(empty):
+            status, out, err = run_cli(argv)
+        check_outcome(argv, status, out, err, invalid=[])
+        assert status == 2, (argv, out)
+
+
+def test_commands_given_a_fifo_answer_without_blocking(tmp_path: Any) -> None:
+    # `dpfl train FIFO --check` blocked forever: opening a FIFO for reading
+    # waits for a writer. Every command that reads a path refuses it at once.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "folder" / "config.yaml")  # a run folder's config
+    for argv in (
+        ["train", str(fifo), "--check"],
+        ["train", str(fifo)],
+        ["sweep", str(fifo), "--seeds", "0"],
+        ["resume", str(fifo), "--no-progress"],
+        ["resume", str(tmp_path / "folder"), "--no-progress"],
+        ["plot", str(fifo)],
+    ):
+        with _inside(tmp_path):
             status, out, err = run_cli(argv)
         check_outcome(argv, status, out, err, invalid=[])
         assert status == 2, (argv, out)

@@ -20,6 +20,23 @@ from typing import Any
 __all__ = ["add_subcommands"]
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler writing to ``sys.stderr`` as it is when a record comes.
+
+    (``logging.StreamHandler(sys.stderr)`` keeps the stream it was made with:
+    a command run in-process with stderr redirected, then closed, would leave
+    it writing to a closed stream.)
+    """
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def _logging() -> None:
     """Show the runner's messages (calibration, budget stop, resume) on stderr.
 
@@ -33,7 +50,7 @@ def _logging() -> None:
     for name in ("dpfl.experiments", "dpfl.integrations"):
         logger = logging.getLogger(name)
         if not logger.handlers:
-            handler = logging.StreamHandler(sys.stderr)
+            handler = _Stderr()
             handler.setFormatter(logging.Formatter("%(message)s"))
             logger.addHandler(handler)
             logger.setLevel(logging.INFO)
@@ -108,7 +125,8 @@ def _train(args: argparse.Namespace) -> int:
     from dpfl.experiments.runner import run
     from dpfl.sim.callbacks import AccuracyFigure
 
-    _logging()
+    if not args.check:  # --check prints its verdict only, one line
+        _logging()
     overrides = list(args.set or [])
     if args.out is not None:
         overrides.append(f"output_dir={json.dumps(str(args.out))}")
