@@ -109,7 +109,7 @@ def _address(v: Any) -> str | None:
     if v is None or v == "auto" or v.startswith("ray://"):
         return None
     host, sep, port = v.rpartition(":")
-    if sep and host and port.isdigit() and 0 < int(port) < 65536:
+    if sep and host and port.isascii() and port.isdigit() and 0 < int(port) < 65536:
         return None
     return "must be null (a local Ray instance), 'auto' or 'host:port'"
 

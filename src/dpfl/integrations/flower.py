@@ -904,7 +904,7 @@ def _superlink_address(grid: Any) -> tuple[str, int] | None:
     if not isinstance(addr, str):
         return None
     host, _, port = addr.rpartition(":")
-    if not port.isdigit():
+    if not (port.isascii() and port.isdigit()):
         return None
     host = host.strip("[]") or "127.0.0.1"
     return ("127.0.0.1" if host in ("0.0.0.0", "::") else host), int(port)
