@@ -182,7 +182,7 @@ def test_the_audit_command_reports_the_bound_beside_the_analyses(capsys):
     ]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["upper_bound_analysis"] == "wcs"  # the default: tightest proven
+    assert out["upper_bound_analysis"] == "sound"  # the default: tightest proven
     assert 0 < out["epsilon_lower_bound"] < out["epsilon_upper_bound"]
     assert out["confidence"] == 0.95
     assert main(argv[:-1]) == 0

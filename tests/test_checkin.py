@@ -355,3 +355,45 @@ def test_central_round_clients_reduces_to_uniform_and_orders_clients():
         checkin.central_round_clients(
             epsilon=0.5, delta=1e-5, probabilities=[0.1, 0.0], gammas=0.2, xi=0.5
         )
+
+
+def test_ms_pafl_report_sound_entry_is_sound_under_a_paper_run():
+    # A run charged under analysis="paper" (check-in amplified as Poisson(p),
+    # not valid against the server) must still label as "sound" the sound
+    # figure: the client's un-amplified Gaussian composed over the rounds it
+    # joined. Independent value: the exact Gaussian-DP composition, mu =
+    # sqrt(N_k) * 2 / sigma (replace-one, sensitivity 2C), converted by the
+    # closed form of Dong, Roth & Su (2022, Cor. 2.13), computed here; 2%
+    # (the ledger's PLD bracket tolerance).
+    from scipy import optimize, special
+
+    from dpfl.accounting import checkin, events
+    from dpfl.accounting.ledger import PrivacyLedger
+
+    sigma, rounds, delta = 2.0, 12, 1e-5
+    ledger = PrivacyLedger(analysis="paper")
+    event = events.CheckIn(0.3, events.Gaussian(sigma))
+    for r in range(rounds):
+        ledger.record(event, participants=[0] if r % 2 == 0 else [1, 0])
+    report = checkin.ms_pafl_report(
+        ledger,
+        noise_multiplier=sigma,
+        clip=1.0,
+        probabilities=[0.3, 0.3],
+        local_epsilon=0.5,
+        local_delta=1e-6,
+        gamma=1.0,
+        xi=0.5,
+        delta=delta,
+    )
+    mu = math.sqrt(rounds) * 2.0 / sigma  # client 0 joined every round
+
+    def gdp_delta(eps):
+        return special.ndtr(-eps / mu + mu / 2) - math.exp(eps) * special.ndtr(
+            -eps / mu - mu / 2
+        )
+
+    exact = optimize.brentq(lambda e: gdp_delta(e) - delta, 0.0, 100.0)
+    assert report["sound"]["epsilon"] == pytest.approx(exact, rel=0.02)
+    assert report["sound"]["epsilon"] >= exact * (1 - 1e-9)
+    assert report["paper_ledger"]["epsilon"] < report["sound"]["epsilon"]

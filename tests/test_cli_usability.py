@@ -293,4 +293,4 @@ def test_analysis_help_gives_each_status() -> None:
     event = ev.ClientPoisson(0.5, ev.RecordPoisson(0.5, 2, ev.Gaussian(1.0)))
     for a in schemes.scheme_of(event).analyses:
         assert f"{a.name} ({a.status})" in text
-    assert "sound (open)" in text and "wcs (proven)" in text
+    assert "sound (proven)" in text and "wcs (proven)" in text

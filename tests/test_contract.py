@@ -20,6 +20,10 @@ For each algorithm (one small, fast configuration in :data:`SPECS`):
   on replicas gives the run of the in-process executor (the contract of every
   distributed executor).
 
+Every check runs on each device present (the ``device`` fixture): the CPU
+always, CUDA when there is one (marked ``gpu``: ``pytest -m gpu``; skipped,
+with the reason, without CUDA). The secure noise is drawn on the device.
+
 :data:`SPECS` must name every registered algorithm: a new algorithm cannot be
 registered without joining the contract.
 """
@@ -130,7 +134,16 @@ def _dataset():
 DATASET = _dataset()
 
 
-def _algorithm(name, sigma=None):
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])])
+def device(request):
+    """The device of a contract check: the CPU, and CUDA when present."""
+    return request.param
+
+
+def _algorithm(name, sigma=None, device="cpu"):
     params, default_sigma, model, _ = SPECS[name]
     torch.manual_seed(0)
     net = build_model(
@@ -142,13 +155,14 @@ def _algorithm(name, sigma=None):
         model=net,
         dataset=DATASET,
         noise_multiplier=default_sigma if sigma is None else sigma,
+        device=device,
     )
 
 
-def _trainer(name, execution="batched", budget=None, sigma=None):
+def _trainer(name, execution="batched", budget=None, sigma=None, device="cpu"):
     ledger = PrivacyLedger(budget)
     return Trainer(
-        _algorithm(name, sigma),
+        _algorithm(name, sigma, device),
         ledger=ledger,
         seed=7,
         execution=execution,
@@ -186,8 +200,8 @@ def test_every_registered_algorithm_is_under_contract():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_seeded_runs_are_identical(name):
-    a, b = _trainer(name), _trainer(name)
+def test_seeded_runs_are_identical(name, device):
+    a, b = _trainer(name, device=device), _trainer(name, device=device)
     a.run(ROUNDS)
     b.run(ROUNDS)
     assert torch.equal(a.algorithm.weights, b.algorithm.weights)
@@ -199,9 +213,10 @@ def test_seeded_runs_are_identical(name):
     # the non-private baseline's case with -m slow (.ci/run runs it)
     [pytest.param(n, marks=pytest.mark.slow) if n == "fedavg" else n for n in NAMES],
 )
-def test_loop_and_batched_executors_agree(name):
+def test_loop_and_batched_executors_agree(name, device):
     atol = SPECS[name][3]
-    loop, batched = _trainer(name, "loop"), _trainer(name, "batched")
+    loop = _trainer(name, "loop", device=device)
+    batched = _trainer(name, "batched", device=device)
     for _ in range(ROUNDS):
         ra, rb = loop.step(), batched.step()
         np.testing.assert_array_equal(ra.participants, rb.participants)
@@ -209,20 +224,23 @@ def test_loop_and_batched_executors_agree(name):
         loop.algorithm.weights, batched.algorithm.weights, atol=atol, rtol=0
     )
     assert _ledger_json(loop) == _ledger_json(batched)
-    assert not torch.equal(loop.algorithm.weights, _algorithm(name).weights)
+    assert not torch.equal(
+        loop.algorithm.weights, _algorithm(name, None, device).weights
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_resume_is_exact(name, tmp_path):
-    whole = _trainer(name)
+def test_resume_is_exact(name, tmp_path, device):
+    whole = _trainer(name, device=device)
     whole.run(ROUNDS)
-    first = _trainer(name)
+    first = _trainer(name, device=device)
     first.run(1)
     torch.save(first.state_dict(), tmp_path / "ckpt.pt")
     first.ledger.save(tmp_path / "ledger.json")
-    resumed = _trainer(name)
+    resumed = _trainer(name, device=device)
     resumed.ledger = PrivacyLedger.load(tmp_path / "ledger.json")
-    resumed.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=True))
+    state = torch.load(tmp_path / "ckpt.pt", map_location=device, weights_only=True)
+    resumed.load_state_dict(state)
     resumed.run(ROUNDS - 1)
     assert torch.equal(whole.algorithm.weights, resumed.algorithm.weights)
     assert _same(whole.algorithm.state_dict(), resumed.algorithm.state_dict())
@@ -230,10 +248,10 @@ def test_resume_is_exact(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_budget_guard_refuses_before_any_work(name):
+def test_budget_guard_refuses_before_any_work(name, device):
     _private(name)
     # A budget far below one round's cost (every scheme here costs > 0.01).
-    trainer = _trainer(name, budget=Budget(0.01, 1e-5))
+    trainer = _trainer(name, budget=Budget(0.01, 1e-5), device=device)
     before = trainer.algorithm.state_dict()
     with pytest.raises(BudgetExceededError):
         trainer.step()
@@ -243,8 +261,8 @@ def test_budget_guard_refuses_before_any_work(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_non_finite_updates_are_rejected_and_not_charged(name):
-    trainer = _trainer(name)
+def test_non_finite_updates_are_rejected_and_not_charged(name, device):
+    trainer = _trainer(name, device=device)
     with torch.no_grad():
         trainer.algorithm.weights[0] = math.nan
     before = trainer.algorithm.weights.clone()
@@ -256,9 +274,9 @@ def test_non_finite_updates_are_rejected_and_not_charged(name):
 
 @pytest.mark.slow  # default run under 4 minutes; .ci/run runs it (-m slow)
 @pytest.mark.parametrize("name", NAMES)
-def test_realised_event_prices_as_the_pure_round_event(name):
+def test_realised_event_prices_as_the_pure_round_event(name, device):
     _private(name)
-    trainer = _trainer(name)
+    trainer = _trainer(name, device=device)
     alg = trainer.algorithm
     cls = type(alg)
     params, sigma = SPECS[name][0], SPECS[name][1]
@@ -275,8 +293,8 @@ def test_realised_event_prices_as_the_pure_round_event(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_non_private_runs_are_not_charged(name):
-    trainer = _trainer(name, sigma=0.0)
+def test_non_private_runs_are_not_charged(name, device):
+    trainer = _trainer(name, sigma=0.0, device=device)
     assert trainer.algorithm.event() is None
     reports = trainer.run(2)
     assert all(r.event is None for r in reports)
@@ -312,14 +330,14 @@ class _ReplicaExecutor:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_a_replica_computes_the_trained_algorithms_messages(name):
-    trainer = _trainer(name)
+def test_a_replica_computes_the_trained_algorithms_messages(name, device):
+    trainer = _trainer(name, device=device)
     trainer.run(2)
     alg = trainer.algorithm
     replica = pickle.loads(pickle.dumps(alg.blueprint())).build()
-    cohort = alg.select(2, server_streams(7, 2, key=KEY))
+    cohort = alg.select(2, server_streams(7, 2, device, key=KEY))
     clients = [t.client for t in cohort.tasks]
-    streams = CohortStreams(7, 2, clients, key=KEY)
+    streams = CohortStreams(7, 2, clients, device, key=KEY)
     mine = alg.client_steps(alg.weights, cohort.tasks, streams)
     theirs = replica.client_steps(
         alg.weights.clone(), cohort.tasks, pickle.loads(pickle.dumps(streams))
@@ -332,11 +350,11 @@ def test_a_replica_computes_the_trained_algorithms_messages(name):
 # Three shares (an uneven split) with -m slow; one and two in the default run.
 @pytest.mark.parametrize("workers", [1, 2, pytest.param(3, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", NAMES)
-def test_a_cohort_split_over_replicas_gives_the_in_process_run(name, workers):
+def test_a_cohort_split_over_replicas_gives_the_in_process_run(name, workers, device):
     atol = SPECS[name][3]
-    local = _trainer(name)
+    local = _trainer(name, device=device)
     split = Trainer(
-        _algorithm(name),
+        _algorithm(name, None, device),
         ledger=PrivacyLedger(None),
         seed=7,
         execution=_ReplicaExecutor(workers),

@@ -388,7 +388,7 @@ def test_participants_only_preset_reports_only_the_analyses_that_hold(tmp_path):
 def test_availability_preset_runs_with_fewer_clients_online(tmp_path):
     result = _run_preset("digits-dsgd-rp-availability", tmp_path)
     assert result.rounds_completed == 2
-    assert result.guarantee["analysis"] == "wcs"
+    assert result.guarantee["analysis"] == "sound"  # the default, proven
     assert set(result.guarantee["analyses"]) >= {"wcs", "sound", "ols"}
 
 
@@ -402,4 +402,8 @@ def test_a_hand_built_trainer_refuses_an_analysis_of_another_mechanism():
     algorithm = _build(_digits(20), server="untrusted-participants")
     with pytest.raises(InvalidParameterError, match="ledger.analysis must be one of"):
         Trainer(algorithm, ledger=PrivacyLedger(analysis="sound"), seed=0)
+    # no analysis would mean the scheme's default, sound, which hides
+    # participation: refused too, the analysis must be named
+    with pytest.raises(InvalidParameterError, match="ledger.analysis must be one of"):
+        Trainer(algorithm, ledger=PrivacyLedger(), seed=0)
     Trainer(algorithm, ledger=PrivacyLedger(analysis="wcs"), seed=0)  # accepted

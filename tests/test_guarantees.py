@@ -213,7 +213,7 @@ def test_runs_refuse_unproven_analyses_and_label_them_when_opted_in(tmp_path, ca
         "--set",
         "privacy.noise_multiplier=2.0",
     ]
-    for analysis in ("paper", "cs", "sound"):
+    for analysis in ("paper", "cs"):
         status = main(["train", cfg, *common, "--set", f"privacy.analysis={analysis}"])
         err = capsys.readouterr().err.strip().splitlines()
         assert status == 2
@@ -242,7 +242,7 @@ def test_runs_refuse_unproven_analyses_and_label_them_when_opted_in(tmp_path, ca
         r["epsilon_status"] == "invalid" and r["epsilon_proven"] > 0 for r in evaluated
     )
     g = json.loads((run_dir / "guarantee.json").read_text())
-    assert g["status"] == "invalid" and g["proven"]["analysis"] == "wcs"
+    assert g["status"] == "invalid" and g["proven"]["analysis"] == "sound"
     ledger = json.loads((run_dir / "ledger.json").read_text())
     assert ledger["summary"]["status"] == "invalid" and "proven" in ledger["summary"]
 
@@ -382,16 +382,16 @@ def test_account_json_carries_terms_and_status(capsys, argv):
 def test_statuses_of_random_participation_and_readme():
     scheme = schemes.RANDOM_PARTICIPATION
     status = {a.name: a.status for a in scheme.analyses}
-    assert scheme.default == "wcs"
+    assert scheme.default == "sound"
     assert status == {
+        "sound": "proven",
         "wcs": "proven",
-        "sound": "open",
         "ols": "proven",
         "paper": "invalid",
         "cs": "invalid",
     }
     readme = (ROOT / "README.md").read_text()
-    assert "wcs" in readme and "open" in readme and "no lemma" in readme
+    assert "two-sided conditional pair" in readme and "no lemma" in readme
 
 
 # -- item 7: one sensitivity convention -------------------------------------------

@@ -64,7 +64,7 @@ def test_random_participation_table_agrees_for_wcs_and_ols_and_explains_theorem_
     paper = rows[("1", "paper")]
     assert paper["agrees"] is False
     assert paper["dpfl σ"] == pytest.approx(2.3715, abs=1e-3)
-    assert "δ =" in str(paper["why"]) and "proven (wcs)" in str(paper["why"])
+    assert "δ =" in str(paper["why"]) and "proven (sound)" in str(paper["why"])
     second = rows[("2", "paper")]
     assert second["dpfl σ"] == "any σ > 0"
     # the printed 0.646 passes Theorem 4.1 but concrete configurations break it

@@ -124,7 +124,7 @@ def test_a_copied_key_with_run_json_recomputed_is_refused(
     shutil.copy(a / "secret.key", b / "secret.key")
     manifest = json.loads((b / "run.json").read_text())
     manifest["key"] = json.loads((a / "run.json").read_text())["key"]
-    identity = {k: manifest[k] for k in ("frozen", "key", "data", "stream")}
+    identity = {k: manifest[k] for k in ("frozen", "key", "data", "stream_version")}
     manifest["run"] = digest(identity)
     (b / "run.json").write_text(json.dumps(manifest))
     with pytest.raises(DpflError, match="ledger.json belongs to another run"):
@@ -172,7 +172,7 @@ def test_run_json_names_the_key_without_holding_it(runs: dict[str, Path]) -> Non
     assert key.hex() not in text
     manifest = json.loads(text)
     assert manifest["key"] == rundir.key_fingerprint(key)
-    assert manifest["stream"] == secure_noise.STREAM_VERSION
+    assert manifest["stream_version"] == secure_noise.STREAM_VERSION
     ledger = PrivacyLedger.load(runs["a"] / "ledger.json")
     assert ledger.key == manifest["key"] and ledger.run == manifest["run"]
 
@@ -234,16 +234,30 @@ def test_the_chain_covers_every_model_digest(copies: dict[str, Path]) -> None:
         resume(a, progress=False)
 
 
-# -- the keystream -----------------------------------------------------------------
-def test_a_resume_under_another_keystream_is_refused(
+# -- the noise stream -------------------------------------------------------------
+def test_the_recorded_stream_is_part_of_the_identity(
     copies: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(secure_noise, "STREAM_VERSION", "shake256-v2")
+    # A resumed run draws from the stream it recorded; run.json edited to
+    # another stream fails its checksum, and a stream this dpfl lacks is
+    # refused in one line naming run.json.
+    path = copies["a"] / "run.json"
+    manifest = json.loads(path.read_text())
+    recorded = manifest["stream_version"]
+    # a dpfl that draws only another stream
+    other = next(v for v in secure_noise.STREAM_VERSIONS if v != recorded)
+    monkeypatch.setattr(secure_noise, "STREAM_VERSIONS", (other,))
+    monkeypatch.setattr(secure_noise, "STREAM_VERSION", other)
     with pytest.raises(DpflError) as err:
         resume(copies["a"], progress=False)
     line = str(err.value)
-    assert "run.json records the noise keystream 'shake256-v1'" in line
-    assert "'shake256-v2'" in line and "\n" not in line
+    assert f"run.json says the run draws secure noise from stream {recorded!r}" in line
+    assert "\n" not in line
+    monkeypatch.undo()
+    manifest["stream_version"] = other
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(DpflError, match="run.json fails its checksum"):
+        resume(copies["a"], progress=False)
 
 
 # -- the data ----------------------------------------------------------------------

@@ -106,7 +106,9 @@ def test_tiny_run_writes_all_files(tmp_path):
     # epsilon reported = the accountant's upper bound for 6 such rounds
     # (same code path; the independent check of the value is the accounting
     # tests' job). Tolerance: exact equality of the same computation.
-    expected = Accountant("wcs").compose(event, 6).epsilon(1e-5).upper
+    expected = (  # the default analysis (sound) at the ledger's tolerance
+        Accountant(tolerance=ledger.tolerance).compose(event, 6).epsilon(1e-5).upper
+    )
     assert res.epsilon == pytest.approx(expected, rel=1e-12)
     assert rows[-1]["epsilon"] == pytest.approx(expected, rel=1e-12)
     # a second fresh run in the same folder is refused (would lose the spend)
@@ -295,9 +297,8 @@ def test_importing_experiments_and_cli_does_not_import_torch():
 @pytest.mark.slow
 def test_demo_default_beats_ols(tmp_path):
     # The paper's qualitative result at one budget (eps=4, delta=1e-5, T=100):
-    # OLS needs about 2x the noise of WCS (the default) and trains a worse
-    # model; the open conditional pair needs less still. Measured (seed 0):
-    # sigma 2.78 / 2.28 / 5.51, late accuracy wcs 0.85, OLS 0.79; about 30 s.
+    # OLS needs about 2x the noise of WCS and trains a worse model; the default
+    # (sound, the two-sided conditional pair) needs less still.
     from dpfl.experiments.demo import demo
 
     res = demo(tmp_path / "demo", progress=False)

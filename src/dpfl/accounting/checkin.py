@@ -864,7 +864,8 @@ def ms_pafl_report(
     out: dict[str, Any] = {"rounds": rounds, "delta": delta}
     if counts:
         worst = max(counts, key=lambda k: (counts[k], -k))
-        bound = ledger.client_epsilon(worst, delta)
+        # the sound figure whatever analysis the run itself was charged under
+        bound = ledger.client_epsilon(worst, delta, analysis="sound")
         n_max = counts[worst]
     else:
         worst, n_max, bound = -1, 0, None

@@ -10,28 +10,46 @@ sees the noisy aggregate, not who took part.
 Analyses (``ANALYSES``, the default first; statuses in
 :data:`dpfl.accounting.schemes.RANDOM_PARTICIPATION`):
 
-``"wcs"`` (default)
+``"sound"`` (default, proven)
+    The *two-sided conditional pair*. The adversary is given, for free, the
+    set ``S_1`` of the neighbouring client's other records that would be
+    sampled (drawn whether or not the client takes part, so its law is the
+    same under both datasets) and every other client's contribution; the
+    real output is a post-processing of that view, so by joint convexity of
+    the hockey-stick divergence one round is bounded by the mixture over the
+    public label ``i = |S_1| ~ Binomial(d, q)`` of the worst pair for that
+    label. With ``mu`` the companions' sum (``||mu|| <= i``) and ``g'`` the
+    record's gradient (``||g'|| <= 1``), the pair is
+    ``W = (1-p) N(0) + p(1-q) N(mu) + pq N(mu + g')`` against
+    ``O = (1-p) N(0) + p N(mu)``. Two lemmas fix its worst case for every
+    ``alpha = e^eps >= 1``:
+
+    * an *angle* lemma: ``E psi(a e^S + b e^T)`` with ``psi(s) = (1 - s)_+``
+      convex, ``(S, T)`` bivariate normal with fixed marginals, grows with the
+      correlation, because ``psi(a e^s + b e^t)`` is supermodular (Tchen 1980;
+      Müller & Scarsini 2000);
+    * a *norm* lemma: ``int (phi(w) - a phi(w + s) - b phi(w + t))_+ dw``
+      grows in ``s, t >= 0`` (the likelihood ratios are monotone, so the
+      positive set is a half-line).
+
+    Remove direction (``D_alpha(W || O)``): the worst case is the **aligned**
+    pair, means ``(0, i, i + 1)``. Add direction (``D_alpha(O || W)``): the
+    **anti-aligned** pair, means ``(0, i, i - 1)``. Since
+    ``D_alpha(W || O) = 1 - alpha + alpha D_{1/alpha}(O || W)``, the curve of
+    each direction at every real eps is the pointwise maximum of the two
+    pairs' curves: the exact supremum over configurations, convex in alpha,
+    hence the curve of a pair. Connect-the-dots (Doroshenko et al. 2022)
+    turns the label-mixed curve into a discrete dominating pair, valid for
+    every alpha and independent of the history, so T rounds compose
+    adaptively (Zhu, Dong & Wang 2022). The lower bracket composes the
+    aligned label mixture (remove) and the anti-aligned one (add), real
+    configurations that this pair dominates. The proof, written out, is in
+    docs/systems/random-participation.md.
+``"wcs"`` (proven, looser)
     Participation visible (Theorem 5.2): w.p. p a Poisson-subsampled Gaussian
-    at rate q, else nothing. Valid for every configuration, no lemma needed:
+    at rate q, else nothing. Valid for every configuration with no lemma:
     giving the adversary who took part (and the companions' sum) is a
     relaxation of the real mechanism.
-``"sound"`` (status: open)
-    The conditional pair: the adversary is given, for free, the
-    set ``S_1`` of the neighbouring client's other records that would be
-    sampled and the other clients' contributions. With ``|S_1| = i``
-    (``i ~ Binomial(d, q)``, public label) and the companions aligned with
-    the target record,
-    ``P_i = (1-p) N(0) + p[(1-q) N(i) + q N(i+1)]``,
-    ``Q_i = (1-p) N(0) + p N(i)``. One round is the label mixture; T rounds
-    compose its PLD. It rests on a **per-label alignment lemma** (for each
-    label, the aligned configuration maximises ``D_{e^eps}`` over all
-    gradients with ``||sum_{S_1} g|| <= i``, ``||g'|| <= 1``, for every eps,
-    in both directions). The remove direction is supported by quadrature over
-    angles and norms; the add direction **fails** at some parameters (p =
-    0.0019160, q = 0.019035, sigma = 1.15465, label 5, eps = 0.005: companions
-    at 5 with the record pointing back give ``D(Q||P) = 6.42e-6`` against
-    1.49e-6 aligned). PLD composition works per direction, so the composed
-    bound is not known to hold: reported beside the default, labelled "open".
 ``"paper"``
     Theorem 4.1 as printed: ``D_{e^eps}(P || Q)`` of the collinear pair, which
     is *not* a valid worst case (see :data:`PAPER_WARNING`).
@@ -40,9 +58,14 @@ Analyses (``ANALYSES``, the default first; statuses in
     loose) and at rate pq (CS, central shuffling; what zero companion
     gradients give, hence a lower bound on the worst case, not an upper one).
 
+``records_per_client`` is the number ``d`` of the neighbouring client's
+*other* records; with clients of unequal sizes, price the largest (the
+epsilon grows with ``d``, see :func:`epsilon`).
+
 Per-round values use the closed forms of docs/analyses.md (ols, wcs, cs: remove
 direction; paper: Theorem 4.1 with every root) and take the maximum with the
-add direction computed exactly; ``sound`` uses the label mixture. Composition
+add direction computed exactly; ``sound`` uses the label mixture of per-label
+worst cases. Composition
 over rounds uses :mod:`dpfl.accounting.pld` (upper and lower bounds).
 
 A surprise worth recording: the WCS closed form of Theorem 5.2 coincides with
@@ -83,7 +106,7 @@ __all__ = [
     "round_epsilon",
 ]
 
-ANALYSES = ("wcs", "sound", "ols", "paper", "cs")
+ANALYSES = ("sound", "wcs", "ols", "paper", "cs")
 
 PAPER_WARNING = (
     "Theorem 4.1 of Hasircioglu & Gunduz is not a valid worst-case DP bound "
@@ -92,7 +115,7 @@ PAPER_WARNING = (
     "target record's, which hides the record among them; zero or angled "
     "companion gradients leak more (with zero gradients the mechanism is the "
     "rate-pq subsampled Gaussian). dpfl reports it for comparison only; the "
-    "default analysis 'wcs' is a proven bound."
+    "default analysis 'sound' (the two-sided conditional pair) is a proven bound."
 )
 
 _LABEL_CUT = 1e-30  # labels / components below this weight are dropped
@@ -190,25 +213,54 @@ def _paper_theorem_delta(eps: float, p: float, q: float, d: int, sigma: float) -
 # --------------------------------------------------------------------------
 
 
+def _aligned(i: float, p: float, q: float) -> _pld.MixturePair:
+    """Companions' sum at ``i`` and the record pointing on: means (0, i, i + 1)."""
+    return _pld.MixturePair.create(
+        [0.0, i, i + 1.0, 0.0, i],
+        [1 - p, p * (1 - q), p * q, 0.0, 0.0],
+        [0.0, 0.0, 0.0, 1 - p, p],
+    )
+
+
+def _anti_aligned(i: float, p: float, q: float) -> _pld.MixturePair:
+    """Companions' sum at ``i`` and the record pointing back: means (0, i, i - 1)."""
+    return _pld.MixturePair.create(
+        [0.0, i, i - 1.0, 0.0, i],
+        [1 - p, p * (1 - q), p * q, 0.0, 0.0],
+        [0.0, 0.0, 0.0, 1 - p, p],
+    )
+
+
+def _worst_labels(
+    p: float, q: float, d: int
+) -> tuple[list[tuple[float, tuple[_pld.MixturePair, _pld.MixturePair]]], float]:
+    """``sound``: per label, the two configurations whose maximum is the worst case.
+
+    Label ``i`` (weight ``Binom(i; d, q)``) is the number of the client's other
+    records that would be sampled. Its supremum curve over every gradient
+    configuration is the pointwise maximum of the aligned and the anti-aligned
+    pair's curves, in each direction (see the module docstring).
+    """
+    idx, w, dropped = _binomial_weights(d, q)
+    labels = [
+        (float(wi), (_aligned(float(i), p, q), _anti_aligned(float(i), p, q)))
+        for i, wi in zip(idx, w)
+    ]
+    return labels, dropped
+
+
 def _labels(
     analysis: str, p: float, q: float, d: int
 ) -> tuple[list[tuple[float, _pld.MixturePair]], float]:
-    """One round as a label mixture of Gaussian-mixture pairs (C = 1)."""
+    """One round as a label mixture of Gaussian-mixture pairs (C = 1).
+
+    For ``sound`` these are the aligned pairs (the remove direction's worst
+    case and a real configuration, hence a lower bound in either direction).
+    """
     mp = _pld.MixturePair.create
     if analysis == "sound":
         idx, w, dropped = _binomial_weights(d, q)
-        labels = [
-            (
-                float(wi),
-                mp(
-                    [0.0, i, i + 1.0, 0.0, i],
-                    [1 - p, p * (1 - q), p * q, 0.0, 0.0],
-                    [0.0, 0.0, 0.0, 1 - p, p],
-                ),
-            )
-            for i, wi in zip(idx, w)
-        ]
-        return labels, dropped
+        return [(float(wi), _aligned(float(i), p, q)) for i, wi in zip(idx, w)], dropped
     if analysis == "wcs":
         labels = [(p, mp([0.0, 1.0], [1 - q, q], [1.0, 0.0]))]
         if p < 1:
@@ -227,6 +279,36 @@ def _labels(
     return [(1.0, mp(means, wp, wq))], dropped
 
 
+def _sound_curves(
+    p: float, q: float, d: int, sigma: float
+) -> tuple[tuple[_pld.CurveFn, _pld.CurveFn], tuple[_pld.CurveFn, _pld.CurveFn], float]:
+    """``sound``'s curves: (upper remove, upper add), (lower remove, lower add).
+
+    Upper: the mixed per-label supremum curves. Lower: the aligned label
+    mixture (remove) and the anti-aligned one (add), real configurations that
+    the upper pair dominates at every epsilon.
+    """
+    worst, dropped = _worst_labels(p, q, d)
+    anti = [(w, alts[1]) for w, alts in worst]
+    aligned = [(w, alts[0]) for w, alts in worst]
+    nan = np.full(1, np.nan)
+
+    def sup(swap: bool) -> _pld.CurveFn:
+        def curve(e: np.ndarray) -> tuple[np.ndarray, ...]:
+            dlt, out = _pld.label_sup_delta(worst, e, noise_std=sigma, swap=swap)
+            return dlt, nan, nan, out
+
+        return curve  # type: ignore[return-value]
+
+    def mix(labels: list[tuple[float, _pld.MixturePair]], swap: bool) -> _pld.CurveFn:
+        def curve(e: np.ndarray) -> tuple[np.ndarray, ...]:
+            return _pld.label_mixture_delta(labels, e, noise_std=sigma, swap=swap)
+
+        return curve  # type: ignore[return-value]
+
+    return (sup(False), sup(True)), (mix(aligned, False), mix(anti, True)), dropped
+
+
 def _add_direction_delta(
     eps: float, analysis: str, p: float, q: float, d: int, sigma: float
 ) -> float:
@@ -236,23 +318,37 @@ def _add_direction_delta(
     )
 
 
+DIRECTIONS = ("both", "remove", "add")
+
+
 def _round_delta(
-    eps: float, analysis: str, p: float, q: float, d: int, sigma: float
+    eps: float,
+    analysis: str,
+    p: float,
+    q: float,
+    d: int,
+    sigma: float,
+    direction: str = "both",
 ) -> float:
-    if analysis == "paper":
+    if analysis == "paper" and direction == "both":
+        # the theorem as printed: its remove direction, every root
         return _paper_theorem_delta(eps, p, q, d, sigma)
     if analysis == "sound":
-        labels, dropped = _labels(analysis, p, q, d)
-        rem = float(_pld.label_mixture_delta(labels, [eps], noise_std=sigma)[0][0])
-        add = _add_direction_delta(eps, analysis, p, q, d, sigma)
-        return min(1.0, max(rem, add) + dropped)
-    if analysis == "wcs":
-        rem = _wcs_delta(eps, p, q, sigma)
-    elif analysis == "ols":
-        rem = _subsampled_delta(eps, q, sigma)
+        curves, _, dropped = _sound_curves(p, q, d, sigma)
+        e = np.array([eps])
+        rem, add = (float(c(e)[0][0]) + dropped for c in curves)
     else:
-        rem = _subsampled_delta(eps, p * q, sigma)
-    return max(rem, _add_direction_delta(eps, analysis, p, q, d, sigma))
+        add = _add_direction_delta(eps, analysis, p, q, d, sigma)
+        if analysis == "wcs":
+            rem = _wcs_delta(eps, p, q, sigma)
+        elif analysis == "ols":
+            rem = _subsampled_delta(eps, q, sigma)
+        elif analysis == "cs":
+            rem = _subsampled_delta(eps, p * q, sigma)
+        else:
+            rem = _paper_theorem_delta(eps, p, q, d, sigma)
+    value = {"remove": rem, "add": add, "both": max(rem, add)}[direction]
+    return min(1.0, value)
 
 
 def round_delta(
@@ -262,7 +358,8 @@ def round_delta(
     record_probability: float,
     records_per_client: int,
     noise_multiplier: float,
-    analysis: str = "wcs",
+    analysis: str = "sound",
+    direction: str = "both",
 ) -> float:
     """Per-round delta(epsilon) of random participation under one analysis.
 
@@ -279,13 +376,17 @@ def round_delta(
     noise_multiplier : float
         Noise standard deviation on the sum of gradients clipped to C = 1.
     analysis : str, optional
-        One of :data:`ANALYSES` (default ``"wcs"``, the tightest proven).
+        One of :data:`ANALYSES` (default ``"sound"``, the tightest proven).
+    direction : str, optional
+        ``"remove"`` (``D_{e^eps}`` of the output with the record against the
+        output without it), ``"add"`` (the reverse) or ``"both"`` (default,
+        their maximum).
 
     Returns
     -------
     float
-        The per-round delta, maximum over the add and remove directions
-        (``"paper"``: Theorem 4.1 as printed, with every root).
+        The per-round delta (``"paper"`` with ``"both"``: Theorem 4.1 as
+        printed, with every root, i.e. its remove direction).
 
     Raises
     ------
@@ -303,7 +404,11 @@ def round_delta(
     )
     eps = check_nonnegative("epsilon", epsilon)
     sigma = check_positive("noise_multiplier", noise_multiplier)
-    return _round_delta(eps, analysis, p, q, d, sigma)
+    if direction not in DIRECTIONS:
+        raise InvalidParameterError(
+            f"direction must be one of {DIRECTIONS}; got {direction!r}"
+        )
+    return _round_delta(eps, analysis, p, q, d, sigma, direction)
 
 
 def round_epsilon(
@@ -313,7 +418,7 @@ def round_epsilon(
     record_probability: float,
     records_per_client: int,
     noise_multiplier: float,
-    analysis: str = "wcs",
+    analysis: str = "sound",
 ) -> float:
     """Smallest per-round epsilon with ``round_delta(epsilon) <= delta``.
 
@@ -376,7 +481,7 @@ def participation_pld(
     record_probability: float,
     records_per_client: int,
     noise_multiplier: float,
-    analysis: str = "wcs",
+    analysis: str = "sound",
     value_discretization: float = _DEFAULT_H,
     pessimistic: bool = True,
 ) -> PrivacyLossDistribution:
@@ -408,33 +513,38 @@ noise_multiplier, analysis
     )
     sigma = check_positive("noise_multiplier", noise_multiplier)
     h = check_positive("value_discretization", value_discretization)
-    labels, dropped = _labels(analysis, p, q, d)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return _pld.pld_from_label_mixture(
-            labels,
-            noise_std=sigma,
-            value_discretization=h,
-            pessimistic=pessimistic,
-            dropped_label_mass=dropped,
-            relative_spacing=_relative_spacing(h),
-        )
+    up, lo = _builder(analysis, p, q, d, sigma, which=(pessimistic,))(h)
+    return up if pessimistic else lo
 
 
 def _builder(
-    analysis: str, p: float, q: float, d: int, sigma: float
+    analysis: str,
+    p: float,
+    q: float,
+    d: int,
+    sigma: float,
+    which: tuple[bool, ...] = (True, False),
 ) -> Callable[[float], tuple[PrivacyLossDistribution, PrivacyLossDistribution]]:
-    labels, dropped = _labels(analysis, p, q, d)
+    if analysis == "sound":
+        upper, lower, dropped = _sound_curves(p, q, d, sigma)
+    else:
+        labels, dropped = _labels(analysis, p, q, d)
+        upper = (
+            lambda e: _pld.label_mixture_delta(labels, e, noise_std=sigma),
+            lambda e: _pld.label_mixture_delta(labels, e, noise_std=sigma, swap=True),
+        )
+        lower = None
 
     def build(h: float) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return _pld.pld_bounds_from_label_mixture(
-                labels,
-                noise_std=sigma,
+            return _pld.pld_bounds_from_curves(
+                upper,
+                lower,
                 value_discretization=h,
-                dropped_label_mass=dropped,
+                dropped_mass=dropped,
                 relative_spacing=_relative_spacing(h),
+                which=which,
             )
 
     return build
@@ -448,7 +558,7 @@ def epsilon(
     record_probability: float,
     records_per_client: int,
     noise_multiplier: float,
-    analysis: str = "wcs",
+    analysis: str = "sound",
     tolerance: float = 0.02,
 ) -> Bound:
     """Epsilon after ``rounds`` rounds, bracketed by upper and lower PLDs.
@@ -500,7 +610,7 @@ def delta(
     record_probability: float,
     records_per_client: int,
     noise_multiplier: float,
-    analysis: str = "wcs",
+    analysis: str = "sound",
     tolerance: float = 0.02,
 ) -> Bound:
     """Delta after ``rounds`` rounds at ``epsilon``, bracketed by two PLDs.

@@ -85,6 +85,8 @@ __all__ = [
     "label_mixture_delta",
     "mixture_hockey_stick",
     "pmf_epsilon_for_delta",
+    "label_sup_delta",
+    "pld_bounds_from_curves",
     "pld_bounds_from_label_mixture",
     "pld_from_delta_curve",
     "pld_from_label_mixture",
@@ -606,6 +608,85 @@ def label_mixture_delta(
     return out[0], out[1], out[2], out[3]
 
 
+WorstLabels = Sequence[tuple[float, Sequence[MixturePair]]]
+
+
+def label_sup_delta(
+    labels: WorstLabels,
+    epsilons: np.ndarray | Sequence[float],
+    *,
+    noise_std: float,
+    swap: bool = False,
+    chunk: int = 200_000,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Label mixture of per-label *worst cases* over several candidate pairs.
+
+    For each public label ``i`` (weight ``w_i``) the curve is the pointwise
+    maximum over its candidate pairs ``(P_ij, Q_ij)``:
+    ``delta(eps) = sum_i w_i max_j D_{e^eps}(P_ij || Q_ij)``. When the
+    candidates of a label are proven to contain the worst configuration for
+    every ``eps`` (in either of its regimes), this is the exact supremum
+    curve of the label; being a supremum of hockey-stick curves it is convex
+    in ``e^eps``, hence the curve of a pair, and connect-the-dots turns it
+    into a dominating pair (:func:`pld_bounds_from_curves`).
+
+    Parameters
+    ----------
+    labels : sequence of (float, sequence of MixturePair)
+        Label weights and each label's candidate pairs.
+    epsilons : array_like
+        Real epsilons.
+    noise_std : float
+        Common standard deviation of all components.
+    swap : bool, optional
+        If true, the add direction ``D_{e^eps}(Q_ij || P_ij)``.
+    chunk : int, optional
+        Maximum number of (label, epsilon) rows handled at once (memory).
+
+    Returns
+    -------
+    delta : numpy.ndarray
+        The mixed supremum curve.
+    p_out : numpy.ndarray
+        ``sum_i w_i max_j P_ij(L <= eps)``: an upper bound on the mass below
+        ``eps`` of every candidate, used to size the loss range.
+    """
+    eps = np.atleast_1d(np.asarray(epsilons, dtype=float))
+    width = max(len(alts) for _, alts in labels)
+    stacks = [
+        _stack_labels([(w, alts[min(j, len(alts) - 1)]) for w, alts in labels])
+        for j in range(width)
+    ]
+    nl, ne = len(labels), eps.size
+    w = stacks[0][0]
+    delta = np.zeros(ne)
+    p_out = np.zeros(ne)
+    rows_per = max(1, chunk // max(nl, 1))
+    for j0 in range(0, ne, rows_per):
+        e = eps[j0 : j0 + rows_per]
+        ee = np.repeat(e, nl)
+        tile = (e.size, 1)
+        best_d = np.zeros(e.size * nl)
+        best_out = np.zeros(e.size * nl)
+        for _, m, a, b, df in stacks:
+            if swap:
+                a, b, df = b, a, -df
+            d, _, _, out = _hockey_rows(
+                np.tile(m, tile),
+                np.tile(a, tile),
+                np.tile(b, tile),
+                np.tile(df, tile),
+                ee,
+                float(noise_std),
+            )
+            best_d = np.maximum(best_d, d)
+            best_out = np.maximum(best_out, out)
+        ww = np.tile(w, e.size)
+        delta[j0 : j0 + e.size] = np.sum((ww * best_d).reshape(e.size, nl), axis=1)
+        p_out[j0 : j0 + e.size] = np.sum((ww * best_out).reshape(e.size, nl), axis=1)
+    return delta, np.minimum(p_out, 1.0)
+
+
 # --------------------------------------------------------------------------
 # PLD construction
 # --------------------------------------------------------------------------
@@ -866,30 +947,101 @@ def pld_bounds_from_label_mixture(
         ``(upper, lower)``.
     """
     sigma = check_positive("noise_std", noise_std)
-    h = check_positive("value_discretization", value_discretization)
-    check_nonnegative("dropped_label_mass", dropped_label_mass)
-    check_positive("relative_spacing", relative_spacing)
-    per_dir = []
-    for swap in (False, True):
 
-        def curve(
-            e: np.ndarray, swap: bool = swap
-        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def direction(swap: bool) -> CurveFn:
+        def curve(e: np.ndarray) -> tuple[np.ndarray, ...]:
             return label_mixture_delta(labels, e, noise_std=sigma, swap=swap)
 
-        per_dir.append(
-            _pmfs_from_curve(
-                curve,
-                h=h,
-                relative_spacing=relative_spacing,
-                tail=tail_mass,
-                extra_infinity_mass=dropped_label_mass,
-                which=which,
-            )
-        )
-    result: dict[bool, PrivacyLossDistribution] = {}
-    for i, pess in enumerate(which):
-        result[pess] = PrivacyLossDistribution(per_dir[0][i], per_dir[1][i])
+        return curve  # type: ignore[return-value]
+
+    return pld_bounds_from_curves(
+        (direction(False), direction(True)),
+        value_discretization=value_discretization,
+        dropped_mass=dropped_label_mass,
+        relative_spacing=relative_spacing,
+        tail_mass=tail_mass,
+        which=which,
+    )
+
+
+def pld_bounds_from_curves(
+    upper: tuple[CurveFn, CurveFn],
+    lower: tuple[CurveFn, CurveFn] | None = None,
+    *,
+    value_discretization: float,
+    dropped_mass: float = 0.0,
+    relative_spacing: float = 0.01,
+    tail_mass: float = 1e-18,
+    which: tuple[bool, ...] = (True, False),
+) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
+    """Upper and lower PLDs from hockey-stick curves, one pair per direction.
+
+    The upper PLD is connect-the-dots on the ``upper`` curves; it dominates
+    any mechanism whose curves lie below them at every real epsilon, provided
+    each upper curve is convex in ``e^eps`` (a supremum of hockey-stick
+    curves is). The lower PLD is a garbling of the real pairs whose curves
+    ``lower`` gives (:func:`_garbled_grid_probs`); those pairs must be
+    dominated by the mechanism being bracketed (e.g. one of its
+    configurations), so the lower PLD's composition is a lower bound.
+
+    Parameters
+    ----------
+    upper : (CurveFn, CurveFn)
+        Remove and add curves ``eps -> (delta, P(L > eps), Q(L > eps),
+        P(L <= eps))``. Only ``delta`` (exact, or an upper bound of a convex
+        curve) and ``P(L <= eps)`` (sizes the range; an upper bound will do)
+        are read, unless ``lower`` is None.
+    lower : (CurveFn, CurveFn) or None, optional
+        Remove and add curves of the real pairs garbled for the lower PLD,
+        all four outputs exact. None: the ``upper`` curves are those of a real
+        pair and one evaluation serves both PLDs.
+    value_discretization : float
+        Grid step ``h`` of the privacy loss.
+    dropped_mass : float, optional
+        Probability left out of the curves (e.g. labels below a weight cut);
+        added to the mass at +infinity of the upper PLD.
+    relative_spacing : float, optional
+        Support points are ``h`` apart within ``|eps| <= h / r`` and about
+        ``r |eps|`` apart beyond.
+    tail_mass : float, optional
+        The loss range is cut where ``delta(eps) <= tail_mass`` and where the
+        mass below is at most ``tail_mass``.
+    which : tuple of bool, optional
+        The PLDs built (True = upper, False = lower).
+
+    Returns
+    -------
+    (PrivacyLossDistribution, PrivacyLossDistribution)
+        ``(upper, lower)``; a PLD not built is None.
+
+    Raises
+    ------
+    InvalidParameterError
+        For a non-positive step or spacing, or a negative dropped mass.
+
+    References
+    ----------
+    Doroshenko et al. 2022 (Connect the Dots), Algorithm 1.
+    """
+    h = check_positive("value_discretization", value_discretization)
+    check_nonnegative("dropped_mass", dropped_mass)
+    check_positive("relative_spacing", relative_spacing)
+    kw: dict[str, Any] = {
+        "h": h,
+        "relative_spacing": relative_spacing,
+        "tail": tail_mass,
+        "extra_infinity_mass": dropped_mass,
+    }
+    built: dict[bool, list[pld_pmf.DensePLDPmf]] = {pess: [] for pess in which}
+    for d in (0, 1):
+        if lower is None:
+            for pess, pmf in zip(which, _pmfs_from_curve(upper[d], which=which, **kw)):
+                built[pess].append(pmf)
+            continue
+        for pess in which:
+            curve = upper[d] if pess else lower[d]
+            built[pess].append(_pmfs_from_curve(curve, which=(pess,), **kw)[0])
+    result = {pess: PrivacyLossDistribution(*pmfs) for pess, pmfs in built.items()}
     return result.get(True), result.get(False)
 
 

@@ -198,24 +198,28 @@ RANDOM_PARTICIPATION = Scheme(
     adversary=_RP_HIDDEN,
     analyses=(
         Analysis(
+            "sound",
+            "proven",
+            "the two-sided conditional pair: the set of the client's other "
+            "records that would be sampled is revealed (a relaxation by joint "
+            "convexity); per number i of such records, the aligned pair (means "
+            "0, i, i+1) is the exact worst case in the remove direction and the "
+            "anti-aligned pair (0, i, i-1) in the add direction, by a "
+            "supermodularity lemma (Tchen 1980; Muller & Scarsini 2000) and a "
+            "monotone-likelihood-ratio lemma; their pointwise maximum, mixed "
+            "over Binomial(d, q) and discretised by connect-the-dots (Doroshenko "
+            "et al. 2022), is a dominating pair that composes adaptively (Zhu, "
+            "Dong & Wang 2022)",
+        ),
+        Analysis(
             "wcs",
             "proven",
             "participation treated as visible: each round is, w.p. p, a "
             "Poisson(q)-subsampled Gaussian and otherwise nothing (Theorem 5.2 "
             "of Hasircioglu & Gunduz, arXiv 2205.01556, composed as a PLD); "
-            "valid for every gradient configuration, no lemma needed",
+            "valid for every gradient configuration, no lemma needed; looser "
+            "than 'sound'",
             adversary="sees each round's noisy aggregate and who took part",
-        ),
-        Analysis(
-            "sound",
-            "open",
-            "the conditional pair (companions aligned with the record, per "
-            "number of sampled companions); it rests on a per-label alignment "
-            "lemma that is supported numerically in the remove direction but "
-            "fails in the add direction at some parameters (e.g. p=0.0019160, "
-            "q=0.019035, sigma=1.15465, 5 companions: anti-aligned gives "
-            "D(Q||P)=6.42e-6 > 1.49e-6 aligned), so the composed bound is not "
-            "known to hold",
         ),
         Analysis(
             "ols",

@@ -202,7 +202,7 @@ def _demo(args: argparse.Namespace) -> int:
             f"{res.accuracy[name]:>9.3f} {res.late_accuracy[name]:>9.3f}"
         )
     print(
-        "WCS (the default) beats OLS at the same budget: "
+        "The default (sound) beats OLS at the same budget: "
         f"{'yes' if res.default_beats_ols else 'NO'}"
     )
     print(f"report: {res.out_dir / 'report.md'} ({res.seconds:.0f} s)")
@@ -409,8 +409,9 @@ def add_subcommands(subparsers: Any) -> None:
         "demo",
         help="one budget, noise calibrated by three analyses, on embedded digits",
         description="Train DP-DSGD with random participation on the embedded "
-        "digits with noise calibrated by the WCS (default), sound (open) and OLS "
-        "analyses to one budget, and without noise; writes OUT/report.md.",
+        "digits with noise calibrated by the sound (default), WCS and OLS "
+        "analyses (all proven) to one budget, and without noise; writes "
+        "OUT/report.md.",
     )
     p.add_argument(
         "--out",

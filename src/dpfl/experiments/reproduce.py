@@ -202,7 +202,7 @@ def _random_participation() -> list[Table]:
     rows: list[list[Any]] = []
     for label, (d, p, q, printed) in _RP_SCENARIOS.items():
         sigmas = {a: _rp_sigma(d, p, q, a) for a in participation.ANALYSES}
-        proven = f"proven (wcs) σ = {_cell(sigmas['wcs'])}"
+        proven = f"proven (sound) σ = {_cell(sigmas['sound'])}"
         for analysis in participation.ANALYSES:
             status = RANDOM_PARTICIPATION.analysis(analysis).status
             shown = sigmas[analysis]
@@ -248,8 +248,8 @@ def _random_participation() -> list[Table]:
                 why = "agrees (printed to 3 figures)"
             elif value is None:
                 why = {
-                    "sound": "not in the paper: dpfl's conditional-pair analysis "
-                    "(open: its alignment lemma is numerical)",
+                    "sound": "not in the paper: dpfl's two-sided conditional "
+                    "pair, the tightest proven analysis (the default)",
                     "cs": "Corollary 5.3, rate pq (the printed rate q is a typo); "
                     "not achievable: a lower reference, not a guarantee",
                 }.get(analysis, "")
@@ -284,9 +284,10 @@ def _random_participation() -> list[Table]:
         [
             "paper = Theorem 4.1 as printed; in scenario 2 it certifies the target "
             "for every σ > 0.",
-            "wcs (participation visible) is dpfl's default: the tightest analysis "
-            "proven for every gradient configuration; sound = the conditional pair "
-            "(label mixture), open in the add direction.",
+            "sound (the default) is the two-sided conditional pair: with the "
+            "client's sampled companions revealed, aligned companions are the "
+            "proven worst case of one direction and anti-aligned ones of the "
+            "other; wcs treats participation as visible (proven, no lemma).",
             "The configuration-search rows give δ of concrete gradient "
             "configurations on a coarse 5×3 grid of angles and norms; the tests' "
             "finer search reaches ≈ 1e-6, so no valid analysis can certify "
@@ -394,6 +395,16 @@ def _rp_curves(
     ax.legend(fontsize="small")
 
 
+#: The order of the analyses' curves, the same at every epsilon and sigma.
+_RP_ORDER = (
+    "At every point, max(cs, paper) <= sound <= wcs <= ols: zero companions "
+    "(cs) and collinear ones (paper) are configurations that sound's worst "
+    "case covers (neither is below the other in general); wcs reveals who "
+    "took part on top of sound's view, and ols also gives up the sampling of "
+    "clients."
+)
+
+
 def _random_participation_figures() -> list[Figure]:
     import numpy as np
 
@@ -406,7 +417,8 @@ def _random_participation_figures() -> list[Figure]:
             "rp-fig1-delta-vs-epsilon",
             "Figure 1 of the paper: δ against ε of one round, σ = 1, p = q = 0.1, "
             "C = 1, for d = 1, 10, 100. 'paper' is Theorem 4.1 as printed (not a "
-            "valid bound); sound is dpfl's conditional pair; wcs the tightest proven.",
+            "valid bound); sound is dpfl's default, the tightest proven; wcs "
+            "treats participation as visible. " + _RP_ORDER,
             lambda fig: _rp_curves(
                 fig,
                 eps_grid,
@@ -504,7 +516,7 @@ def _rp_fig4_table() -> Table:
     for sigma in _RP_FIG4_SIGMAS:
         in_paper = sigma == 3.0
         reading = "a curve (figure only)" if in_paper else "not in the paper"
-        for analysis in ("wcs", "sound", "ols", "paper", "cs"):
+        for analysis in ("sound", "wcs", "ols", "paper", "cs"):
             status = RANDOM_PARTICIPATION.analysis(analysis).status
             eps = _rp_eps(_RP_FIG4_DELTA, d, sigma, analysis, p, q)
             rows.append(
@@ -519,8 +531,8 @@ def _rp_fig4_table() -> Table:
                     f"δ1 with δ + m(e^ε + 1)δ1 <= {_RP_FIG4_DELTA:g}"
                 )
             else:
-                wcs = _rp_eps(_RP_FIG4_DELTA, d, sigma, "wcs", p, q)
-                why = f"{eps / wcs:.3g}x the proven wcs ε of random participation"
+                sound = _rp_eps(_RP_FIG4_DELTA, d, sigma, "sound", p, q)
+                why = f"{eps / sound:.3g}x the proven ε of random participation"
             rows.append(
                 [
                     sigma,
@@ -614,6 +626,7 @@ def _random_participation_experiment(scale: str) -> Experiment:
             "digits-dsgd-rp",
             ("rounds=3", "eval_every=1"),
             (
+                ("sound (proven, default)", ("privacy.analysis=sound",)),
                 ("wcs (proven)", ("privacy.analysis=wcs",)),
                 ("ols (proven)", ("privacy.analysis=ols",)),
                 ("non-private", ("privacy.noise_multiplier=0", "privacy.epsilon=.inf")),
@@ -651,7 +664,7 @@ def _random_participation_experiment(scale: str) -> Experiment:
         "rp-fmnist-scenario1",
         base,
         (
-            ("sound (open)", (f"privacy.noise_multiplier={sig['sound']}",)),
+            ("sound (proven, default)", (f"privacy.noise_multiplier={sig['sound']}",)),
             (
                 "wcs (proven)",
                 ("privacy.analysis=wcs", f"privacy.noise_multiplier={sig['wcs']}"),
@@ -1123,8 +1136,8 @@ def _dp_fedavg_experiment(scale: str) -> Experiment:
         (),
         (("DP (σ = 1.1933)", ()), ("no noise", _NO_NOISE)),
         seeds=3,
-        note="Fashion-MNIST, E = 5. K = 1000/10000 need non-IID shards with records "
-        "repeated across clients, which dpfl's shard partition cannot make.",
+        note="Fashion-MNIST, E = 5. K = 1000/10000: presets dp-fedavg-fmnist-k1000 "
+        "and -k10000 (label shards with records repeated across clients).",
     )
 
 
@@ -1661,10 +1674,6 @@ PAPERS: dict[str, Paper] = {
             "paper prints no value and does not say how it mapped its round and "
             "its Gaussian noise to Balle et al.'s window and local randomizer; "
             "dpfl's reading (Theorem 3.2 with its conditions) is in the table.",
-            "Client availability N_t < N and the participants-only untrusted "
-            "variant (§5.5): the engine has neither (every client is available "
-            "each round; an untrusted server gets messages from every available "
-            "client).",
             "Scenario 2 (§6.2, 697 clients x 1,000 records): its accounting is in "
             "the table above; its experiment needs EMNIST.",
         ),
@@ -1691,9 +1700,9 @@ PAPERS: dict[str, Paper] = {
         _dp_fedavg_figures,
         _dp_fedavg_experiment,
         (
-            "K = 1000 and 10000 with 600 records per client repeated across clients "
-            "and still non-IID: dpfl's shard partition cannot repeat records "
-            "(equal-size with allow_repeats is IID).",
+            "Table 1's K = 1000 and 10000 rows are not run by `reproduce`: their "
+            "presets (dp-fedavg-fmnist-k1000, -k10000, label shards with records "
+            "repeated across clients) need a GPU to finish in reasonable time.",
             "Figure 2 (between-client variance V_c and update scale U_s): the runs "
             "record both per round in metrics.jsonl; no figure draws them.",
             "The cross-validated grid search over B, E, m, σ: runnable with "
@@ -1720,7 +1729,8 @@ PAPERS: dict[str, Paper] = {
         _locks_experiment,
         (
             "The stale-norm variant (each client releases the norm of its previous "
-            "update): dpfl's LOCKS releases the norm of the current one.",
+            "update) runs from its preset, locks-fmnist-stale, not from "
+            "`reproduce`.",
             "The paper's equations and noise multipliers are lost from its text; "
             "its Theorem 5.1 convergence bound is not reproduced.",
         ),

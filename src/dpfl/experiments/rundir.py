@@ -19,16 +19,18 @@
     fixed label under the key: it names the key without revealing it); the
     fingerprint of its data (:func:`data_fingerprint`: every training and
     test record, label and client's record list, as read and partitioned);
-    and the version of the secure keystream it draws from
-    (:data:`dpfl.sim.secure_noise.STREAM_VERSION`). Their digest is the run
-    digest. The ledger's header carries the run digest and the key
-    fingerprint, its hash chain every round's model digest; every checkpoint
-    carries the run digest, the ledger's entry count and chain hash when it
-    was taken. ``dpfl resume`` refuses, in one line naming the file: a
-    ``config.yaml`` whose frozen keys differ from ``run.json`` (naming them);
-    a key, data or keystream other than the run's; a ledger or checkpoint of
-    another run; a checkpoint whose model is not the one the ledger recorded
-    for its round; and a missing ledger beside a run that started.
+    and the secure noise stream it draws from
+    (:data:`dpfl.sim.secure_noise.STREAM_VERSION` when it starts; a resumed
+    run draws from the stream it recorded, :func:`recorded_stream`). Their
+    digest is the run digest. The ledger's header carries the run digest and
+    the key fingerprint, its hash chain every round's model digest; every
+    checkpoint carries the run digest, the ledger's entry count and chain
+    hash when it was taken. ``dpfl resume`` refuses, in one line naming the
+    file: a ``config.yaml`` whose frozen keys differ from ``run.json``
+    (naming them); a key or data other than the run's; a noise stream this
+    dpfl lacks; a ledger or checkpoint of another run; a checkpoint whose
+    model is not the one the ledger recorded for its round; and a missing
+    ledger beside a run that started.
 ``secret.key`` (:func:`create_run_key`, :func:`read_run_key`)
     The run's secret noise key, made when the run starts, readable by its
     owner only. A new run refuses a folder that already holds a key (or a
@@ -390,11 +392,15 @@ def data_fingerprint(dataset: Any) -> str:
 def _identity(
     fixed: dict[str, Any], key: str | None, data: str | None, stream: str | None
 ) -> dict[str, Any]:
-    return {"frozen": fixed, "key": key, "data": data, "stream": stream}
+    return {"frozen": fixed, "key": key, "data": data, "stream_version": stream}
 
 
 def run_digest(
-    tree: dict[str, Any], *, key: str | None, data: str | None, stream: str | None
+    tree: dict[str, Any],
+    *,
+    key: str | None,
+    data: str | None,
+    stream_version: str | None,
 ) -> str:
     """The run digest of a resolved configuration and its fingerprints.
 
@@ -406,10 +412,12 @@ def run_digest(
         :func:`key_fingerprint` of the run's key (``None``: no secure noise).
     data : str or None
         :func:`data_fingerprint` of its data.
-    stream : str or None
-        The keystream version (``None``: no secure noise).
+    stream_version : str or None
+        The secure noise stream the run draws from
+        (:data:`dpfl.sim.secure_noise.STREAM_VERSION` when it starts;
+        ``None``: no secure noise).
     """
-    return digest(_identity(frozen(tree), key, data, stream))
+    return digest(_identity(frozen(tree), key, data, stream_version))
 
 
 def write_manifest(
@@ -418,7 +426,7 @@ def write_manifest(
     *,
     key: str | None,
     data: str | None,
-    stream: str | None,
+    stream_version: str | None,
     torch_threads: int | None = None,
 ) -> str:
     """Write ``run.json`` for a starting run; returns the run digest.
@@ -429,7 +437,7 @@ def write_manifest(
         The run folder.
     tree : dict
         The resolved configuration (``RunConfig.to_dict()``, σ filled in).
-    key, data, stream : str or None
+    key, data, stream_version : str or None
         As :func:`run_digest`.
     torch_threads : int or None
         The torch thread count the run computes with (outside the identity:
@@ -438,11 +446,11 @@ def write_manifest(
         depends on it).
     """
     fixed = frozen(tree)
-    run = digest(_identity(fixed, key, data, stream))
+    run = digest(_identity(fixed, key, data, stream_version))
     manifest: dict[str, Any] = {
         "format": _MANIFEST_FORMAT,
         "run": run,
-        **_identity(fixed, key, data, stream),
+        **_identity(fixed, key, data, stream_version),
     }
     if torch_threads is not None:
         manifest["torch_threads"] = int(torch_threads)
@@ -477,10 +485,12 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:
         not isinstance(data, dict)
         or data.get("format") != _MANIFEST_FORMAT
         or not isinstance(data.get("frozen"), dict)
-        or not all(k in data for k in ("key", "data", "stream"))
+        or not all(k in data for k in ("key", "data", "stream_version"))
     ):
         raise DpflError(f"{path} is not a dpfl run manifest")
-    identity = _identity(data["frozen"], data["key"], data["data"], data["stream"])
+    identity = _identity(
+        data["frozen"], data["key"], data["data"], data["stream_version"]
+    )
     if digest(identity) != data.get("run"):
         raise DpflError(
             f"{path} fails its checksum: the run's frozen definition or "
@@ -489,13 +499,44 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:
     return data
 
 
-def recorded_stream(manifest: dict[str, Any]) -> str | None:
-    """The keystream version a run recorded when it started (``None``: none).
+def recorded_stream(
+    manifest: dict[str, Any], run_dir: str | Path, available: tuple[str, ...]
+) -> str | None:
+    """The secure noise stream a resumed run draws from: the one it started with.
 
-    The one place where ``run.json``'s ``"stream"`` is read.
+    The one place where ``run.json``'s ``"stream_version"`` is read. A run
+    continues with the stream it recorded (an older stream included, so that
+    it draws what the uninterrupted run drew), if this dpfl has it.
+
+    Parameters
+    ----------
+    manifest : dict
+        :func:`read_manifest`'s result.
+    run_dir : str or Path
+        The run folder (named in the message).
+    available : tuple of str
+        The streams this dpfl draws (:data:`dpfl.sim.secure_noise.STREAM_VERSIONS`).
+
+    Returns
+    -------
+    str or None
+        The stream (``None``: the run draws no secure noise).
+
+    Raises
+    ------
+    DpflError
+        One line naming ``run.json``, if this dpfl does not have the stream.
     """
-    stream = manifest["stream"]
-    return None if stream is None else str(stream)
+    stream = manifest["stream_version"]
+    if stream is None:
+        return None
+    if stream not in available:
+        raise DpflError(
+            f"{Path(run_dir) / MANIFEST} says the run draws secure noise from stream "
+            f"{stream!r}, which this dpfl does not have (it has "
+            f"{', '.join(available)}): resume it with the dpfl that started it"
+        )
+    return str(stream)
 
 
 def check_identity(
@@ -504,9 +545,8 @@ def check_identity(
     *,
     key: str | None,
     data: str,
-    stream: str | None,
 ) -> None:
-    """Refuse a key, data or keystream other than those the run started with.
+    """Refuse a key or data other than those the run started with.
 
     Parameters
     ----------
@@ -519,15 +559,12 @@ def check_identity(
         no secure noise).
     data : str
         :func:`data_fingerprint` of the data as read now.
-    stream : str or None
-        The keystream version this dpfl would draw from.
 
     Raises
     ------
     DpflError
-        One line naming the file: ``secret.key`` (another run's key), the
-        data (changed since the run started) or ``run.json`` (another
-        keystream).
+        One line naming the file: ``secret.key`` (another run's key) or the
+        data (changed since the run started).
     """
     d = Path(run_dir)
     if manifest["key"] != key:
@@ -535,13 +572,6 @@ def check_identity(
             f"{d / KEY_FILE} is not this run's key (its fingerprint differs from "
             f"the one {MANIFEST} recorded): a key copied or swapped in from another "
             "run would draw that run's noise; restore the run's own key file"
-        )
-    recorded = recorded_stream(manifest)
-    if recorded != stream:
-        raise DpflError(
-            f"{d / MANIFEST} records the noise keystream {recorded!r}, this dpfl "
-            f"draws {stream!r}: the run cannot continue with the noise it started "
-            "with; resume it with the dpfl version that started it"
         )
     if manifest["data"] != data:
         raise DpflError(

@@ -538,13 +538,9 @@ def _run_locked(
 
     if started:
         assert manifest is not None
-        noise, key = _started_noise(config, run_dir)
+        noise, key = _started_noise(config, run_dir, manifest)
         rundir.check_identity(
-            manifest,
-            run_dir,
-            key=key,
-            data=rundir.data_fingerprint(dataset),
-            stream=_stream(config),
+            manifest, run_dir, key=key, data=rundir.data_fingerprint(dataset)
         )
         run_id = manifest["run"]
         if not ledger_path.exists():
@@ -609,7 +605,7 @@ def _run_locked(
 
 
 def _stream(config: RunConfig) -> str | None:
-    """The noise keystream a run draws from (``None``: seeded noise, no key)."""
+    """The secure noise stream a new run draws from (``None``: seeded noise)."""
     if not config.privacy.secure_noise:
         return None
     from dpfl.sim.secure_noise import STREAM_VERSION
@@ -618,13 +614,22 @@ def _stream(config: RunConfig) -> str | None:
 
 
 def _started_noise(
-    config: RunConfig, run_dir: Path
+    config: RunConfig, run_dir: Path, manifest: dict[str, Any]
 ) -> tuple[dict[str, Any], str | None]:
-    """A started run's noise arguments and key fingerprint, from its key file."""
+    """A started run's noise arguments and key fingerprint.
+
+    The key from its key file (:func:`~dpfl.experiments.rundir.read_run_key`),
+    the stream it recorded when it started
+    (:func:`~dpfl.experiments.rundir.recorded_stream`: an older stream
+    included, so that it draws what the uninterrupted run drew).
+    """
     if not config.privacy.secure_noise:
         return {"secure_noise": False}, None
+    from dpfl.sim.secure_noise import STREAM_VERSIONS
+
+    stream = rundir.recorded_stream(manifest, run_dir, STREAM_VERSIONS)
     key = rundir.read_run_key(run_dir)
-    return {"noise_key": key}, rundir.key_fingerprint(key)
+    return {"noise_key": key, "stream_version": stream}, rundir.key_fingerprint(key)
 
 
 def _start(
@@ -638,16 +643,17 @@ def _start(
     ledger and the Trainer's noise arguments.
     """
     rundir.check_new_folder(run_dir)
-    if config.privacy.secure_noise:
+    stream = _stream(config)
+    if stream is not None:
         key_bytes = rundir.create_run_key(run_dir)
-        noise: dict[str, Any] = {"noise_key": key_bytes}
+        noise: dict[str, Any] = {"noise_key": key_bytes, "stream_version": stream}
         key: str | None = rundir.key_fingerprint(key_bytes)
     else:
         noise, key = {"secure_noise": False}, None
     identity = {
         "key": key,
         "data": rundir.data_fingerprint(dataset),
-        "stream": _stream(config),
+        "stream_version": stream,
     }
     run_id = rundir.run_digest(config.to_dict(), **identity)
     ledger = _ledger(config, run_dir, run=run_id, key=key)

@@ -102,6 +102,7 @@ from dpfl.sim.algorithms.base import Message as DpflMessage
 from dpfl.sim.callbacks import Callback, FitState
 from dpfl.sim.loop import RoundPlan, RoundReport, Trainer
 from dpfl.sim.randomness import Streams, client_streams
+from dpfl.sim.secure_noise import STREAM_VERSION
 
 __all__ = [
     "EXIT_SUPERLINK_LOST",
@@ -236,6 +237,7 @@ def _encode_tasks(
     positions: list[int],
     tasks: list[Task],
     keys: list[bytes] | None = None,
+    stream_version: str = STREAM_VERSION,
 ) -> RecordDict:
     arrays: dict[str, Any] = {}
     for j, task in zip(positions, tasks):
@@ -254,6 +256,7 @@ def _encode_tasks(
         "state": [sorted(t.state) for t in tasks],
         # secure noise: each task's client's derived key of this round only
         "keys": None if keys is None else [k.hex() for k in keys],
+        "stream": stream_version,  # the run's secure noise stream
     }
     return RecordDict(
         {
@@ -560,6 +563,7 @@ class DpflStrategy(Strategy):
                 None
                 if plan.streams.client_keys is None
                 else [plan.streams.client_keys[j] for j in positions],
+                plan.streams.stream_version,
             )
             out.append(
                 Message(
@@ -975,7 +979,11 @@ def client_step_message(
     seed, round_index = int(meta["seed"]), int(meta["round"])
     keys = meta.get("keys")
     if keys is not None:  # secure noise: the clients' derived keys
-        streams = [Streams.from_key(bytes.fromhex(k), algorithm.device) for k in keys]
+        version = meta.get("stream", STREAM_VERSION)
+        streams = [
+            Streams.from_key(bytes.fromhex(k), algorithm.device, stream_version=version)
+            for k in keys
+        ]
     else:
         streams = [
             client_streams(seed, round_index, t.client, algorithm.device) for t in tasks

@@ -190,11 +190,18 @@ class Trainer:
         (:func:`~dpfl.sim.secure_noise.new_key`). Keep it to resume the run;
         never publish it (it de-noises every round). Never stored in
         :meth:`state_dict`.
+    stream_version : str
+        The secure noise stream (:data:`~dpfl.sim.secure_noise.STREAM_VERSIONS`;
+        default the current :data:`~dpfl.sim.secure_noise.STREAM_VERSION`).
+        A resumed run passes the version it started with, so that it draws
+        what the uninterrupted run drew.
 
     Attributes
     ----------
     round : int
         Rounds completed.
+    stream_version : str
+        The secure noise stream drawn from (as given).
 
     Examples
     --------
@@ -211,6 +218,7 @@ class Trainer:
         execution: str | Executor = "batched",
         secure_noise: bool = True,
         noise_key: bytes | None = None,
+        stream_version: str = _keys.STREAM_VERSION,
     ) -> None:
         if not isinstance(algorithm, FederatedAlgorithm):
             raise InvalidParameterError(
@@ -218,7 +226,7 @@ class Trainer:
                 f"{type(algorithm).__name__}"
             )
         valid = algorithm.valid_analyses(algorithm.params)
-        if valid is not None and ledger.analysis not in (None, *valid):
+        if valid is not None and ledger.analysis not in valid:
             # the ledger would price a mechanism other than the one run
             raise InvalidParameterError(
                 f"ledger.analysis must be one of {list(valid)} for this "
@@ -237,6 +245,9 @@ class Trainer:
                 "noise_key is for secure_noise=True (reproducible noise derives "
                 "from the seed)"
             )
+        self.stream_version = _keys.check_stream_version(
+            "stream_version", stream_version
+        )
         self.noise_key: bytes | None = None
         if secure_noise:
             self.noise_key = (
@@ -293,11 +304,15 @@ class Trainer:
         if event is not None and not self.ledger.replaying:
             # a replayed round was admitted (and charged) when it first ran
             self.ledger.check(event)
-        key = self.noise_key
-        server = server_streams(self.seed, index, alg.device, key=key)
+        key, version = self.noise_key, self.stream_version
+        server = server_streams(
+            self.seed, index, alg.device, key=key, stream_version=version
+        )
         cohort = alg.select(index, server)
         clients = [task.client for task in cohort.tasks]
-        streams = CohortStreams(self.seed, index, clients, alg.device, key=key)
+        streams = CohortStreams(
+            self.seed, index, clients, alg.device, key=key, stream_version=version
+        )
         return RoundPlan(index, event, server, cohort, streams)
 
     def finish_round(self, plan: RoundPlan, messages: Messages) -> RoundReport:

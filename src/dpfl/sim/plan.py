@@ -155,11 +155,17 @@ def plan_privacy(
         log.info("%snoise_multiplier is 0: a NON-PRIVATE run (no noise)", keys)
         return PrivacyPlan(params, 0.0, None, None, None, calibrated=False)
     event = algorithm.round_event(params, stats, noise_multiplier or 1.0)
-    if guard == "accountant":
-        resolved = schemes.resolve_analysis(event, analysis)
-    else:
-        resolved = ledger_class(guard).rule  # type: ignore[attr-defined]
     valid = algorithm.valid_analyses(params)
+    if guard != "accountant":
+        resolved = ledger_class(guard).rule  # type: ignore[attr-defined]
+    elif analysis is None and valid is not None:
+        # the tightest proven analysis that describes the mechanism run
+        resolved = next(
+            (a.name for a in schemes.scheme_of(event).analyses if a.name in valid),
+            valid[0],
+        )
+    else:
+        resolved = schemes.resolve_analysis(event, analysis)
     if valid is not None and resolved not in valid:
         raise error(
             f"{keys}analysis must be one of {list(valid)} for these algorithm "

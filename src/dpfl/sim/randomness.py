@@ -41,9 +41,11 @@ import torch
 from dpfl._validate import check_count
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.secure_noise import (
+    STREAM_VERSION,
     NoiseGenerator,
     SecureGenerator,
     check_key,
+    check_stream_version,
     derive_key,
     index_rng,
 )
@@ -77,9 +79,19 @@ class Streams:
         costs tens of microseconds to make), from a seed or key fixed when
         the streams are made, so when it is made does not change what it
         draws.
+    stream_version : str
+        The secure stream's version (:data:`~dpfl.sim.secure_noise.STREAM_VERSION`
+        unless the run started under another).
     """
 
-    __slots__ = ("_device", "_generator", "_key", "_torch_seed", "rng")
+    __slots__ = (
+        "_device",
+        "_generator",
+        "_key",
+        "_torch_seed",
+        "rng",
+        "stream_version",
+    )
 
     def __init__(
         self,
@@ -89,6 +101,7 @@ class Streams:
         torch_seed: int | None = None,
         key: bytes | None = None,
         device: str | torch.device = "cpu",
+        stream_version: str = STREAM_VERSION,
     ) -> None:
         if generator is None and torch_seed is None and key is None:
             raise InvalidParameterError(
@@ -99,19 +112,30 @@ class Streams:
         self._torch_seed = torch_seed
         self._key = key
         self._device = device
+        self.stream_version = check_stream_version("stream_version", stream_version)
 
     @classmethod
-    def from_key(cls, key: bytes, device: str | torch.device = "cpu") -> Streams:
+    def from_key(
+        cls,
+        key: bytes,
+        device: str | torch.device = "cpu",
+        *,
+        stream_version: str = STREAM_VERSION,
+    ) -> Streams:
         """A party's secure streams from its derived key (:func:`client_key`)."""
         key = check_key("key", key)
-        return cls(index_rng(key), key=key, device=device)
+        return cls(
+            index_rng(key), key=key, device=device, stream_version=stream_version
+        )
 
     @property
     def generator(self) -> NoiseGenerator:
         """The noise generator (made on first use)."""
         if self._generator is None:
             if self._key is not None:
-                self._generator = SecureGenerator(self._key, self._device)
+                self._generator = SecureGenerator(
+                    self._key, self._device, version=self.stream_version
+                )
             else:
                 g = torch.Generator(device=self._device)
                 g.manual_seed(int(self._torch_seed))  # type: ignore[arg-type]
@@ -153,6 +177,7 @@ def server_streams(
     device: str | torch.device = "cpu",
     *,
     key: bytes | None = None,
+    stream_version: str = STREAM_VERSION,
 ) -> Streams:
     """The server's generators in round ``round_index`` of a run.
 
@@ -167,6 +192,8 @@ def server_streams(
         Device of the noise.
     key : bytes or None
         The run's secret key (secure mode); ``None``: reproducible mode.
+    stream_version : str
+        The secure stream's version (the run's).
 
     Returns
     -------
@@ -183,7 +210,9 @@ def server_streams(
     seed = check_count("seed", seed, minimum=0)
     round_index = check_count("round_index", round_index, minimum=0)
     if key is not None:
-        return Streams.from_key(server_key(key, round_index), device)
+        return Streams.from_key(
+            server_key(key, round_index), device, stream_version=stream_version
+        )
     return _streams(np.random.SeedSequence(seed, spawn_key=(round_index,)), device)
 
 
@@ -194,6 +223,7 @@ def client_streams(
     device: str | torch.device = "cpu",
     *,
     key: bytes | None = None,
+    stream_version: str = STREAM_VERSION,
 ) -> Streams:
     """Client ``client``'s generators in round ``round_index`` of a run.
 
@@ -210,6 +240,8 @@ def client_streams(
         Device of the noise.
     key : bytes or None
         The run's secret key (secure mode); ``None``: reproducible mode.
+    stream_version : str
+        The secure stream's version (the run's).
 
     Returns
     -------
@@ -228,7 +260,9 @@ def client_streams(
     round_index = check_count("round_index", round_index, minimum=0)
     client = check_count("client", client, minimum=0)
     if key is not None:
-        return Streams.from_key(client_key(key, round_index, client), device)
+        return Streams.from_key(
+            client_key(key, round_index, client), device, stream_version=stream_version
+        )
     spawn = (round_index, CLIENT_DOMAIN, client)
     return _streams(np.random.SeedSequence(seed, spawn_key=spawn), device)
 
@@ -255,6 +289,8 @@ class CohortStreams(Sequence[Streams]):
     client_keys : sequence of bytes or None
         The clients' derived keys, in task order (instead of ``key``; how a
         worker receives them).
+    stream_version : str
+        The secure stream's version (the run's; shipped with the keys).
     """
 
     def __init__(
@@ -266,8 +302,10 @@ class CohortStreams(Sequence[Streams]):
         *,
         key: bytes | None = None,
         client_keys: Sequence[bytes] | None = None,
+        stream_version: str = STREAM_VERSION,
     ) -> None:
         self.seed = seed
+        self.stream_version = check_stream_version("stream_version", stream_version)
         self.round_index = round_index
         self.clients = [int(k) for k in clients]
         self.device = device
@@ -299,6 +337,7 @@ class CohortStreams(Sequence[Streams]):
             self.clients[start:stop],
             self.device,
             client_keys=keys,
+            stream_version=self.stream_version,
         )
 
     def on_device(self, device: str | torch.device) -> CohortStreams:
@@ -309,6 +348,7 @@ class CohortStreams(Sequence[Streams]):
             self.clients,
             device,
             client_keys=self.client_keys,
+            stream_version=self.stream_version,
         )
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
@@ -322,6 +362,7 @@ class CohortStreams(Sequence[Streams]):
                 self.clients,
                 str(self.device),
                 self.client_keys,
+                self.stream_version,
             ),
         )
 
@@ -340,7 +381,11 @@ class CohortStreams(Sequence[Streams]):
         i = range(len(self))[index]
         if i not in self._made:
             if self.client_keys is not None:
-                made = Streams.from_key(self.client_keys[i], self.device)
+                made = Streams.from_key(
+                    self.client_keys[i],
+                    self.device,
+                    stream_version=self.stream_version,
+                )
             else:
                 made = client_streams(
                     self.seed, self.round_index, self.clients[i], self.device
@@ -355,5 +400,13 @@ def _cohort_streams(
     clients: list[int],
     device: str,
     client_keys: list[bytes] | None,
+    stream_version: str = STREAM_VERSION,
 ) -> CohortStreams:
-    return CohortStreams(seed, round_index, clients, device, client_keys=client_keys)
+    return CohortStreams(
+        seed,
+        round_index,
+        clients,
+        device,
+        client_keys=client_keys,
+        stream_version=stream_version,
+    )

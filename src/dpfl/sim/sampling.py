@@ -365,8 +365,12 @@ class PoissonParticipationSampler(Sampler):
         """The accounting event of one round with this noise multiplier.
 
         ``records_per_client`` is the largest client size: with unequal sizes
-        this is the conservative choice (the conditional pair's δ grows with
-        the number of companion records, docs/analyses.md).
+        this is the conservative choice. A record added to the largest client
+        has that many companions, and the ``sound`` analysis's per-round
+        curve grows with the number of companions at every epsilon (its
+        per-label worst case is a supremum over a ball that grows with the
+        label, and a larger client's label is stochastically larger), so
+        every smaller client is covered.
 
         Parameters
         ----------

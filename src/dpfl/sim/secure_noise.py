@@ -23,11 +23,22 @@ the run's key: it can compute that client's noise in that round and nothing
 else (HMAC is a pseudo-random function, so one derived key says nothing about
 another).
 
-**The sampler.** Draw ``i`` of a stream is SHAKE-256 in counter mode over
-``(domain, key, i, chunk)`` (FIPS 202), read as little-endian 64-bit words,
-each cut to its top 53 bits: the first half of a chunk's words give the
-uniforms ``u₁ ∈ (0, 1]``, the second half the ``u₂ ∈ [0, 1)``, and the
-Box–Muller transform in float64 turns each pair into two standard normals.
+**The stream** (version ``"chacha20-v2"``, :data:`STREAM_VERSION`). Draw
+``d`` of a stream is the ChaCha20 keystream (RFC 8439: 20 rounds, 32-bit
+block counter, 96-bit nonce) under the stream key with nonce ``d`` (8
+little-endian bytes, then 4 zero bytes), the block counter starting at 0:
+the counter is the position in the draw, so any part of a draw can be
+computed on its own, on any device. The keystream is read as little-endian
+64-bit words ``w``; each word gives its top 53 bits as a signed integer
+``s = w >> 11`` (arithmetic shift of ``w`` read as two's complement, so
+``-2⁵² <= s < 2⁵²``). Outputs come in groups of :data:`GROUP` = 1,024 (32
+KiB of keystream, 512 blocks): group ``g`` of a draw is keystream bytes
+``[32·1024·g, 32·1024·(g + 1))``, read as four rows of 1,024 words, and
+output ``i`` of the group takes column ``i``: rows 0 and 1 give the radii of
+two Box–Muller pairs from ``u = (s + 2⁵² + 1)·2⁻⁵³ ∈ (0, 1]``, rows 2 and 3
+their angles ``θ = s·π/2⁵² ∈ [-π, π)``, all in float64. Output ``n`` of a
+draw depends on ``(key, d, n)`` only, never on the draw's length or on how
+it is cut into pieces.
 
 **The guard against floating-point attacks.** Mironov (2012, "On
 significance of the least significant bits for differential privacy", ACM
@@ -37,34 +48,81 @@ sampling in differential privacy", ESORICS) showed the same for Gaussian
 samplers (Box–Muller and the polar method) and that summing several
 independent normal samples closes the gaps. Each output here is, as in
 Opacus's ``secure_mode``, the sum of four independent Box–Muller normals
-divided by 2 (exactly ``N(0, 1)`` in distribution; the division by a power
-of two is exact in floating point), then scaled by the noise std.
+(both normals ``r·cos θ`` and ``r·sin θ`` of both pairs) divided by 2 (exactly
+``N(0, 1)`` in distribution; the division by a power of two is exact in
+floating point), then scaled by the noise std:
+``std/2 · (r₀(cos θ₀ + sin θ₀) + r₁(cos θ₁ + sin θ₁))`` in float64, cast to
+the target's dtype at the end.
 
-Cost: four normals and 32 bytes of SHAKE-256 output per released normal
-(``benchmarks/secure_noise.py`` prints the time per million and the
-overhead per round of typical runs).
+**Where it is computed.** On the device of the tensor filled. On the CPU the
+keystream comes from OpenSSL's ChaCha20 (through the ``cryptography``
+package) and the float64 transform runs in torch, 8,192 outputs at a time in
+reused buffers, on the calling thread alone (:func:`_one_thread`: a draw
+made in the background does not compete with the training threads). On CUDA
+the keystream is computed by torch integer operations (32-bit words held in
+int64), compiled with ``torch.compile`` when that works (checked against the
+eager operations once per process; otherwise eager, with a warning;
+``DPFL_NOISE_COMPILE=0`` in the environment skips the compile). Both give the same
+keystream bit for bit, and so the same uniforms; the float64 transcendental
+functions of two devices may differ in the last bit or so, which the cast to
+float32 almost always hides. Without ``cryptography`` the CPU uses the torch
+operations too (the same keystream, much slower).
+
+**Versions.** A run records the stream version it started with (in
+``run.json``) and resumes with it. ``"shake256-v1"``, the stream of earlier
+dpfl releases, stays available for such runs: draw ``d``'s outputs come in
+chunks of 8,192, chunk ``c`` being SHAKE-256 (FIPS 202) of ``(domain, key, d,
+c)`` read as 64-bit words, the first half giving the ``u₁ ∈ (0, 1]``, the
+second half the ``u₂ ∈ [0, 1)`` of the Box–Muller pairs (a pure function of
+the draw's length within a chunk), computed on the CPU with numpy.
+
+Cost (``benchmarks/secure_noise.py [--device cuda]`` prints it beside torch's
+own generator): 19 ms per million float32 normals on one core of a shared
+2-core Xeon, 7.6 times ``Tensor.normal_`` in the same run; the cipher is a
+quarter of it, the float64 transform the rest. On CUDA the first draw of a
+process compiles the keystream kernel (about a minute; torch caches it on
+disk for later processes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import logging
 import math
 import os
 import secrets
+import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from dpfl.errors import DpflError, InvalidParameterError
 
+try:  # OpenSSL's ChaCha20 for the CPU (the `train` extra installs it)
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    _OPENSSL = sys.byteorder == "little"  # its bytes are read as native int64
+except ImportError:  # pragma: no cover - exercised where cryptography is absent
+    _OPENSSL = False
+
 __all__ = [
+    "GROUP",
     "GUARD_SAMPLES",
     "KEY_BYTES",
     "KEY_FILE",
+    "MAX_DRAW",
+    "STREAM_VERSION",
+    "STREAM_VERSIONS",
     "NoiseGenerator",
     "SecureGenerator",
+    "chacha20_keystream",
+    "check_stream_version",
     "derive_key",
     "fill_normal_",
     "index_rng",
@@ -76,20 +134,45 @@ __all__ = [
     "write_key_file",
 ]
 
+log = logging.getLogger(__name__)
+
 #: Length of a run key and of every derived key, in bytes (256 bits).
 KEY_BYTES = 32
 #: The file of a run folder that holds the run's key (hex, mode 0600).
 KEY_FILE = "secret.key"
 #: Box–Muller normals summed (then divided by the square root, 2) per output.
 GUARD_SAMPLES = 4
-#: The keystream this module draws (a run records it in ``run.json``; a run
-#: resumes only with the stream it started with).
-STREAM_VERSION = "shake256-v1"
 
+#: The stream a new run draws from (recorded in its ``run.json``).
+STREAM_VERSION = "chacha20-v2"
+#: Every stream this dpfl can draw, oldest first (a run resumes with its own).
+STREAM_VERSIONS = ("shake256-v1", "chacha20-v2")
+
+#: Outputs per group of the ChaCha20 stream (32 KiB of keystream, 512 blocks).
+GROUP = 1024
+_GROUP_BLOCKS = GROUP * 32 // 64
+#: Most outputs of one ChaCha20 draw (its 32-bit block counter, 2 outputs a block).
+MAX_DRAW = 2**33
+#: Groups per piece on the CPU (8,192 outputs: the piece's buffers, 704 KiB,
+#: stay in cache).
+_CPU_GROUPS = 8
+#: Groups per piece elsewhere (a million outputs: 32 MiB of keystream words).
+_DEVICE_GROUPS = 1024
+
+# shake256-v1
 _DOMAIN = b"dpfl/secure-normal/v1"
 _CHUNK = 1 << 13  # outputs per SHAKE-256 call (256 KiB of stream: stays in cache)
 _TWO_PI = 2.0 * np.pi
 _U53 = 2.0**-53
+
+# chacha20-v2: u = (s + 2^52 + 1)·2^-53 and θ = s·π/2^52
+_U_OFFSET = 0.5 + _U53
+_ANGLE = math.pi * 2.0**-52
+#: Those two as float64 scalar tensors, per device (an int64 tensor and a
+#: float64 scalar tensor give float64; a Python float would give float32).
+_SCALARS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_SIGMA = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)  # "expand 32-byte k"
+_M32 = 0xFFFFFFFF
 
 
 #: How a run report labels the two noise modes.
@@ -127,6 +210,22 @@ def check_key(name: str, key: object) -> bytes:
     return key
 
 
+def check_stream_version(name: str, version: object) -> str:
+    """Return ``version`` if it is one of :data:`STREAM_VERSIONS`, else raise.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        Naming ``name``, the known versions and the value.
+    """
+    if not isinstance(version, str) or version not in STREAM_VERSIONS:
+        raise InvalidParameterError(
+            f"{name} must be one of {', '.join(STREAM_VERSIONS)} (the secure-noise "
+            f"streams this dpfl draws); got {version!r}"
+        )
+    return version
+
+
 def derive_key(key: bytes, label: str, *indices: int) -> bytes:
     """``HMAC-SHA256(key, "dpfl/" ‖ label ‖ indices)``: a key for one purpose.
 
@@ -161,8 +260,9 @@ def index_rng(key: bytes) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(entropy))
 
 
+# -- shake256-v1 ----------------------------------------------------------------------
 def _chunk(key: bytes, draw: int, chunk: int, n: int) -> np.ndarray:
-    """Outputs ``chunk·8192 …`` of draw ``draw``: ``n`` guarded standard normals.
+    """Outputs ``chunk·8192 …`` of draw ``draw`` of a shake256-v1 stream.
 
     ``GUARD_SAMPLES·n`` words of SHAKE-256 output; the first half give the
     ``u₁``, the second the ``u₂`` of as many Box–Muller pairs; the
@@ -193,21 +293,367 @@ def _chunk(key: bytes, draw: int, chunk: int, n: int) -> np.ndarray:
     return out
 
 
-def secure_standard_normal(key: bytes, draw: int, n: int) -> np.ndarray:
+def _fill_shake256(key: bytes, draw: int, target: torch.Tensor, std: float) -> None:
+    """Fill the flat ``target`` with draw ``draw`` of a shake256-v1 stream."""
+    n = target.numel()
+    for c, start in enumerate(range(0, n, _CHUNK)):
+        stop = min(n, start + _CHUNK)
+        z = _chunk(key, draw, c, stop - start)
+        if std != 1.0:
+            z *= std
+        target[start:stop].copy_(torch.from_numpy(z))
+
+
+# -- chacha20-v2: the keystream -----------------------------------------------------
+def _nonce(draw: int) -> bytes:
+    """The 96-bit nonce of draw ``draw``: 8 little-endian bytes, 4 zero bytes."""
+    return draw.to_bytes(8, "little") + bytes(4)
+
+
+def _initial_state(key: bytes, nonce: bytes, counter: int) -> list[int]:
+    """RFC 8439's 16-word initial state: constants, key, counter, nonce."""
+    words = [int.from_bytes(key[i : i + 4], "little") for i in range(0, 32, 4)]
+    nonce_words = [int.from_bytes(nonce[i : i + 4], "little") for i in range(0, 12, 4)]
+    return [*_SIGMA, *words, counter, *nonce_words]
+
+
+def _rotl(x: torch.Tensor, r: int) -> torch.Tensor:
+    return ((x << r) & _M32) | (x >> (32 - r))
+
+
+def _quarter(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RFC 8439's quarter round on rows of 32-bit words held in int64."""
+    a = (a + b) & _M32
+    d = _rotl(d ^ a, 16)
+    c = (c + d) & _M32
+    b = _rotl(b ^ c, 12)
+    a = (a + b) & _M32
+    d = _rotl(d ^ a, 8)
+    c = (c + d) & _M32
+    b = _rotl(b ^ c, 7)
+    return a, b, c, d
+
+
+def _blocks(init: torch.Tensor, nblocks: int) -> torch.Tensor:
+    """ChaCha20 blocks ``init[12] + j``, ``j < nblocks``: ``[16, nblocks]`` words.
+
+    ``init`` is the initial state (int64, 16 words below 2³²). The four
+    column quarter rounds run at once on rows of the state; the diagonal
+    ones after rotating rows 4-15 so that diagonals become columns.
+    """
+    counter = init[12] + torch.arange(nblocks, device=init.device, dtype=init.dtype)
+    x0 = torch.cat(
+        [
+            init[:12, None].expand(12, nblocks),
+            counter[None],
+            init[13:, None].expand(3, nblocks),
+        ]
+    )
+    a, b, c, d = x0[0:4], x0[4:8], x0[8:12], x0[12:16]
+    for _ in range(10):
+        a, b, c, d = _quarter(a, b, c, d)
+        b, c, d = b.roll(-1, 0), c.roll(-2, 0), d.roll(-3, 0)
+        a, b, c, d = _quarter(a, b, c, d)
+        b, c, d = b.roll(1, 0), c.roll(2, 0), d.roll(3, 0)
+    return (torch.cat([a, b, c, d]) + x0) & _M32
+
+
+def _words(init: torch.Tensor, nblocks: int) -> torch.Tensor:
+    """The top 53 bits ``s`` of the keystream's 64-bit words, in stream order.
+
+    ``[8·nblocks]`` int64: word ``k`` of a block is ``lo | hi << 32`` of its
+    32-bit words ``2k`` and ``2k + 1``; ``s`` is that word read as a signed
+    integer and shifted right by 11, computed without forming it.
+    """
+    x = _blocks(init, nblocks)
+    lo, hi = x[0::2], x[1::2]
+    signed_hi = hi - ((hi >> 31) << 32)
+    return ((signed_hi << 21) + (lo >> 11)).t().reshape(-1)
+
+
+def chacha20_keystream(
+    key: bytes,
+    nonce: bytes,
+    counter: int,
+    nblocks: int,
+    *,
+    device: str | torch.device = "cpu",
+) -> bytes:
+    """ChaCha20 keystream (RFC 8439) from dpfl's torch implementation.
+
+    What a device computes for the secure stream, as bytes, for checking
+    against the RFC's test vectors and other implementations.
+
+    Parameters
+    ----------
+    key : bytes
+        32-byte key.
+    nonce : bytes
+        12-byte nonce.
+    counter : int
+        First block counter (``0 <= counter``, ``counter + nblocks <= 2³²``).
+    nblocks : int
+        Number of 64-byte blocks (>= 1).
+    device : str or torch.device
+        Where to compute.
+
+    Returns
+    -------
+    bytes
+        ``64·nblocks`` bytes.
+    """
+    check_key("key", key)
+    if not isinstance(nonce, bytes) or len(nonce) != 12:
+        raise InvalidParameterError(f"nonce must be 12 bytes; got {nonce!r}")
+    if not 0 <= counter or counter + nblocks > 2**32 or nblocks < 1:
+        raise InvalidParameterError(
+            "counter and nblocks must satisfy 0 <= counter, nblocks >= 1, "
+            f"counter + nblocks <= 2**32; got {counter} and {nblocks}"
+        )
+    state = _initial_state(key, nonce, counter)
+    init = torch.tensor(state, dtype=torch.int64, device=device)
+    words = _blocks(init, nblocks).t().contiguous().cpu().numpy()
+    return words.astype("<u4").tobytes()
+
+
+_COMPILED: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {}
+_COMPILE_LOCK = threading.Lock()
+
+
+def _words_kernel(device: torch.device) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """:func:`_words`, compiled for a CUDA device when that works.
+
+    ``torch.compile`` fuses the ~600 integer operations of the rounds into
+    one kernel. It is tried once per process and kept only if it gives the
+    eager operations' words bit for bit on a probe; any failure (no Triton,
+    no C compiler) falls back to the eager operations, with a warning.
+    ``DPFL_NOISE_COMPILE=0`` in the environment skips it.
+    """
+    if device.type != "cuda" or os.environ.get("DPFL_NOISE_COMPILE") == "0":
+        return _words
+    with _COMPILE_LOCK:
+        if "cuda" not in _COMPILED:
+            kernel: Callable[[torch.Tensor, int], torch.Tensor] = _words
+            try:
+                compiled = torch.compile(_words, dynamic=True, fullgraph=True)
+                probe = torch.tensor(
+                    _initial_state(bytes(range(32)), _nonce(2**40 + 3), 2**31 - 700),
+                    dtype=torch.int64,
+                    device=device,
+                )
+                want = _words(probe, 2 * _GROUP_BLOCKS)
+                if not torch.equal(compiled(probe, 2 * _GROUP_BLOCKS), want):
+                    raise RuntimeError("compiled keystream differs from eager")
+                kernel = compiled
+            except Exception as exc:  # noqa: BLE001 - any failure: eager ops
+                log.warning(
+                    "secure noise on CUDA: torch.compile of the ChaCha20 kernel "
+                    "failed (%s: %s); using eager torch operations (slower)",
+                    type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "",
+                )
+            _COMPILED["cuda"] = kernel
+        return _COMPILED["cuda"]
+
+
+# -- chacha20-v2: the Gaussian transform ------------------------------------------
+def _transform(
+    s: torch.Tensor, r: torch.Tensor, t: torch.Tensor, c: torch.Tensor, o: torch.Tensor
+) -> None:
+    """Guarded normals, summed but not yet halved, of ``s`` (``[k, 4, GROUP]``).
+
+    ``r``, ``t``, ``c`` (``[k, 2, GROUP]``) and ``o`` (``[k, GROUP]``) are
+    float64 buffers on ``s``'s device; ``o`` receives
+    ``r₀(cos θ₀ + sin θ₀) + r₁(cos θ₁ + sin θ₁)`` per output.
+    """
+    scalars = _SCALARS.get(s.device)
+    if scalars is None:
+        scalars = (
+            torch.tensor(_U_OFFSET, dtype=torch.float64, device=s.device),
+            torch.tensor(_ANGLE, dtype=torch.float64, device=s.device),
+        )
+        _SCALARS[s.device] = scalars
+    offset, angle = scalars
+    torch.add(offset, s[:, :2], alpha=_U53, out=r)  # u ∈ (0, 1], exact
+    r.log_().mul_(-2.0).sqrt_()
+    torch.mul(s[:, 2:], angle, out=t)  # θ ∈ [-π, π)
+    torch.cos(t, out=c)
+    c.add_(t.sin_()).mul_(r)
+    torch.add(c[:, 0], c[:, 1], out=o)
+
+
+class _CpuBuffers(threading.local):
+    """One thread's reused buffers for CPU pieces (704 KiB)."""
+
+    def __init__(self) -> None:
+        k = _CPU_GROUPS
+        self.zeros = bytes(32 * GROUP * k)
+        self.words = torch.empty(k, 4, GROUP, dtype=torch.int64)
+        self.raw = self.words.numpy().data.cast("B")
+        f64 = torch.float64
+        self.r = torch.empty(k, 2, GROUP, dtype=f64)
+        self.t = torch.empty(k, 2, GROUP, dtype=f64)
+        self.c = torch.empty(k, 2, GROUP, dtype=f64)
+        self.o = torch.empty(k, GROUP, dtype=f64)
+
+
+_CPU = _CpuBuffers()
+_OPENMP: Any = None  # threadpoolctl's handle on the OpenMP runtimes, or False
+_OPENMP_LOCK = threading.Lock()
+
+
+def _one_thread() -> contextlib.AbstractContextManager[Any]:
+    """Run the calling thread's torch CPU operations on that thread alone.
+
+    torch splits log, sqrt, sin and cos over its OpenMP threads from 2,048
+    elements on. A draw is often made in the background while the training
+    step computes on those threads, and a second team of OpenMP threads on
+    the same cores stalls both; so a CPU draw sets the OpenMP thread count of
+    its own thread to 1 (the count is per thread: other threads keep theirs)
+    and restores it after, through ``threadpoolctl`` when it is there.
+    """
+    global _OPENMP
+    if _OPENMP is None:
+        with _OPENMP_LOCK:
+            if _OPENMP is None:
+                try:
+                    from threadpoolctl import ThreadpoolController
+
+                    _OPENMP = ThreadpoolController().select(user_api="openmp")
+                except Exception:  # noqa: BLE001 - no control: torch's own count
+                    _OPENMP = False
+    if _OPENMP is False or torch.get_num_threads() == 1:
+        return contextlib.nullcontext()
+    return _OPENMP.limit(limits=1)  # type: ignore[no-any-return]
+
+
+def _fill_chacha20(
+    key: bytes,
+    draw: int,
+    target: torch.Tensor,
+    std: float,
+    *,
+    openssl: bool | None = None,
+    compiled: bool = True,
+) -> None:
+    """Fill the flat, contiguous ``target`` with draw ``draw`` of a chacha20-v2 stream.
+
+    Computed on ``target``'s device (on the CPU, on the calling thread
+    alone); ``openssl`` (default: on the CPU when available) takes the
+    keystream from OpenSSL, else from :func:`_words` (``compiled``: by
+    :func:`_words_kernel`, else eager).
+    """
+    n = target.numel()
+    if n > MAX_DRAW:
+        raise InvalidParameterError(
+            f"a secure noise draw holds at most {MAX_DRAW} values (ChaCha20's "
+            f"32-bit block counter); got a tensor of {n}"
+        )
+    scale = 0.5 * std  # the guard's halving and the std: one exact product
+    if target.device.type != "cpu":
+        _fill_torch(key, draw, target, scale, compiled)
+        return
+    with _one_thread():
+        if _OPENSSL if openssl is None else openssl:
+            _fill_openssl(key, draw, target, scale)
+        else:
+            _fill_torch(key, draw, target, scale, compiled)
+
+
+def _fill_openssl(key: bytes, draw: int, target: torch.Tensor, scale: float) -> None:
+    """Draw ``draw`` on the CPU from OpenSSL's keystream, in reused buffers."""
+    n = target.numel()
+    groups = -(-n // GROUP)
+    buf = _CPU
+    cipher = Cipher(algorithms.ChaCha20(key, bytes(4) + _nonce(draw)), mode=None)
+    stream = cipher.encryptor()
+    for g0 in range(0, groups, _CPU_GROUPS):
+        k = min(_CPU_GROUPS, groups - g0)
+        size = 32 * GROUP * k
+        stream.update_into(buf.zeros[:size], buf.raw[:size])
+        s = buf.words[:k].bitwise_right_shift_(11)
+        _transform(s, buf.r[:k], buf.t[:k], buf.c[:k], buf.o[:k])
+        start = g0 * GROUP
+        m = min(k * GROUP, n - start)
+        torch.mul(buf.o[:k].view(-1)[:m], scale, out=target[start : start + m])
+
+
+def _fill_torch(
+    key: bytes, draw: int, target: torch.Tensor, scale: float, compiled: bool = True
+) -> None:
+    """Draw ``draw`` on ``target``'s device from :func:`_words` (torch operations)."""
+    n = target.numel()
+    device = target.device
+    groups = -(-n // GROUP)
+    kernel = _words_kernel(device) if compiled else _words
+    state = _initial_state(key, _nonce(draw), 0)
+    per_piece = _CPU_GROUPS if device.type == "cpu" else _DEVICE_GROUPS
+    for g0 in range(0, groups, per_piece):
+        k = min(per_piece, groups - g0)
+        state[12] = g0 * _GROUP_BLOCKS
+        init = torch.tensor(state, dtype=torch.int64, device=device)
+        try:
+            s = kernel(init, k * _GROUP_BLOCKS).view(k, 4, GROUP)
+        except Exception as exc:  # noqa: BLE001 - a compiled kernel failing later
+            if kernel is _words:
+                raise
+            log.warning(
+                "secure noise: the compiled ChaCha20 kernel failed (%s); using "
+                "eager torch operations from now on",
+                type(exc).__name__,
+            )
+            kernel = _COMPILED[device.type] = _words
+            s = kernel(init, k * _GROUP_BLOCKS).view(k, 4, GROUP)
+        r, t, c = (
+            torch.empty(k, 2, GROUP, dtype=torch.float64, device=device) for _ in "rtc"
+        )
+        o = torch.empty(k, GROUP, dtype=torch.float64, device=device)
+        _transform(s, r, t, c, o)
+        start = g0 * GROUP
+        m = min(k * GROUP, n - start)
+        torch.mul(o.view(-1)[:m], scale, out=target[start : start + m])
+
+
+def _fill(
+    version: str, key: bytes, draw: int, out: torch.Tensor, std: float
+) -> torch.Tensor:
+    """Fill ``out`` (any layout, any device) with draw ``draw`` of a stream."""
+    flat = out.view(-1) if out.is_contiguous() else None
+    if version == "shake256-v1":
+        target = flat if flat is not None else torch.empty(out.numel(), dtype=out.dtype)
+        _fill_shake256(key, draw, target, std)
+    else:
+        target = (
+            flat
+            if flat is not None
+            else torch.empty(out.numel(), dtype=out.dtype, device=out.device)
+        )
+        _fill_chacha20(key, draw, target, std)
+    if flat is None:
+        out.copy_(target.view(out.shape))
+    return out
+
+
+def secure_standard_normal(
+    key: bytes, draw: int, n: int, *, version: str = STREAM_VERSION
+) -> np.ndarray:
     """``n`` standard normals of draw ``draw`` of the stream keyed by ``key``.
 
-    A pure function of ``(key, draw, n)``. Outputs come in chunks of 8,192,
-    each from its own SHAKE-256 call, so the memory used is bounded and whole
-    chunks do not depend on ``n``.
+    A pure function of ``(key, draw, n)``; with ``"chacha20-v2"`` output
+    ``i`` does not depend on ``n`` (a longer draw extends a shorter one).
 
     Parameters
     ----------
     key : bytes
         32-byte stream key.
     draw : int
-        Index of the draw in the stream (>= 0).
+        Index of the draw in the stream (``0 <= draw < 2⁶⁴``).
     n : int
         How many normals (>= 0).
+    version : str
+        The stream (:data:`STREAM_VERSIONS`).
 
     Returns
     -------
@@ -215,11 +661,15 @@ def secure_standard_normal(key: bytes, draw: int, n: int) -> np.ndarray:
         float64 array of shape ``(n,)``.
     """
     check_key("key", key)
-    out = np.empty(n, dtype=np.float64)
-    for c, start in enumerate(range(0, n, _CHUNK)):
-        stop = min(n, start + _CHUNK)
-        out[start:stop] = _chunk(key, draw, c, stop - start)
-    return out
+    check_stream_version("version", version)
+    out = torch.empty(n, dtype=torch.float64)
+    return _fill(version, key, _check_draw(draw), out, 1.0).numpy()
+
+
+def _check_draw(draw: int) -> int:
+    if not 0 <= draw < 2**64:
+        raise InvalidParameterError(f"draw must be in [0, 2**64); got {draw}")
+    return int(draw)
 
 
 class SecureGenerator:
@@ -235,25 +685,41 @@ class SecureGenerator:
         The party's derived 32-byte key (the stream key is
         ``HMAC(key, "noise")``).
     device : str or torch.device
-        Where the noise tensors go (they are computed on the CPU).
+        Where the noise tensors go by default (callers allocate there); each
+        draw is computed on the device of the tensor it fills.
+    version : str
+        The stream (:data:`STREAM_VERSIONS`; default :data:`STREAM_VERSION`):
+        a run resumes with the version it started with.
 
     Attributes
     ----------
     device : torch.device
         As given.
+    version : str
+        As given.
     draws : int
         Draws made so far.
     """
 
-    __slots__ = ("_key", "device", "draws")
+    __slots__ = ("_key", "device", "draws", "version")
 
-    def __init__(self, key: bytes, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        key: bytes,
+        device: str | torch.device = "cpu",
+        *,
+        version: str = STREAM_VERSION,
+    ) -> None:
         self._key = derive_key(check_key("key", key), "noise")
         self.device = torch.device(device)
+        self.version = check_stream_version("version", version)
         self.draws = 0
 
     def __repr__(self) -> str:  # never show the key
-        return f"SecureGenerator(device={self.device}, draws={self.draws})"
+        return (
+            f"SecureGenerator(device={self.device}, version={self.version}, "
+            f"draws={self.draws})"
+        )
 
     def __reduce__(self) -> tuple[object, ...]:
         raise DpflError(
@@ -275,7 +741,7 @@ class SecureGenerator:
         Parameters
         ----------
         out : torch.Tensor
-            Floating tensor, any device.
+            Floating tensor, any device (the draw is computed there).
         std : float
             Standard deviation (applied in float64 before the cast to
             ``out``'s dtype).
@@ -288,18 +754,7 @@ class SecureGenerator:
             ``out``.
         """
         index = self.reserve() if draw is None else draw
-        n = out.numel()
-        flat = out.view(-1) if out.is_contiguous() else None
-        target = flat if flat is not None else torch.empty(n, dtype=out.dtype)
-        for c, start in enumerate(range(0, n, _CHUNK)):
-            stop = min(n, start + _CHUNK)
-            z = _chunk(self._key, index, c, stop - start)
-            if std != 1.0:
-                z *= std
-            target[start:stop].copy_(torch.from_numpy(z))
-        if flat is None:
-            out.copy_(target.view(out.shape))
-        return out
+        return _fill(self.version, self._key, index, out, std)
 
 
 #: What a noise draw takes: a seeded torch generator (reproducible mode) or a

@@ -19,6 +19,7 @@ inputs ``[num_clients, batch, ...]``. Two kernels, chosen by
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 
 import torch
@@ -35,6 +36,7 @@ from dpfl.sim.grad.ghost import (
     output_grads,
 )
 from dpfl.sim.grad.layers import PerExample, Record, model_layers
+from dpfl.sim.grad.sums import full_precision
 
 __all__ = ["cohort_ghost", "cohort_vmap", "stack_params"]
 
@@ -235,13 +237,14 @@ def _cohort_clipped_sums(
     """
     m = int(xb.shape[0])
     layers = _cohort_layer_grads(model, stacked, xb, yb, loss_fn)
-    records = layer_records(layers, model_layers(model), stacked)
-    factor = mask.reshape(-1)
-    if records:
-        factor = clip_factors(records, clip)[1] * factor
-    sums = {n: torch.zeros_like(t) for n, t in stacked.items()}
-    for name, record in records.items():
-        _add_client_sums(sums, name, record, factor, m)
+    with full_precision():  # the norms and the sums they clip, in float32
+        records = layer_records(layers, model_layers(model), stacked)
+        factor = mask.reshape(-1)
+        if records:
+            factor = clip_factors(records, clip)[1] * factor
+        sums = {n: torch.zeros_like(t) for n, t in stacked.items()}
+        for name, record in records.items():
+            _add_client_sums(sums, name, record, factor, m)
     return sums
 
 
@@ -355,11 +358,15 @@ def cohort_vmap(
 
     fn = vmap(client_sum)
     pieces = []
-    for s in range(0, int(xb.shape[0]), chunk):
-        sl = slice(s, s + chunk)
-        pieces.append(
-            fn({k: v[sl] for k, v in params.items()}, xb[sl], yb[sl], mask[sl])
-        )
+    # clipping: the per-example gradients, their norms and the weighted sums
+    # are one vmapped computation, all of it in full float32
+    exact = full_precision() if clip is not None else contextlib.nullcontext()
+    with exact:
+        for s in range(0, int(xb.shape[0]), chunk):
+            sl = slice(s, s + chunk)
+            pieces.append(
+                fn({k: v[sl] for k, v in params.items()}, xb[sl], yb[sl], mask[sl])
+            )
     out = {k: torch.cat([pc[k] for pc in pieces]) for k in params}
     check_finite(out, "per-client gradient sums")
     return out

@@ -29,7 +29,7 @@ from torch.func import functional_call
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.grad.checks import LossFn, Params, check_finite
 from dpfl.sim.grad.layers import ModelLayers, Outer, PerExample, Record, model_layers
-from dpfl.sim.grad.sums import Segments, accumulate
+from dpfl.sim.grad.sums import Segments, accumulate, full_precision
 
 __all__ = [
     "GHOST_CHUNK",
@@ -286,11 +286,12 @@ def ghost_chunk(
         If a per-example gradient norm is NaN or Inf.
     """
     layers = _layer_grads(model, params, x, y, loss_fn)
-    records = layer_records(layers, model_layers(model), params)
-    norm, factor = clip_factors(records, clip)
-    layout = None if seg is None else Segments(seg, num_segments or 1)
-    for name, record in records.items():
-        first = name in unwritten
-        unwritten.discard(name)
-        _add_record(sums, name, record, factor, seg, layout, first)
+    with full_precision():  # the norms and the sums they clip, in float32
+        records = layer_records(layers, model_layers(model), params)
+        norm, factor = clip_factors(records, clip)
+        layout = None if seg is None else Segments(seg, num_segments or 1)
+        for name, record in records.items():
+            first = name in unwritten
+            unwritten.discard(name)
+            _add_record(sums, name, record, factor, seg, layout, first)
     return norm

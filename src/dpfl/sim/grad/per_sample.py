@@ -23,7 +23,7 @@ from dpfl.sim.grad.checks import (
     check_model,
     resolve_params,
 )
-from dpfl.sim.grad.sums import accumulate
+from dpfl.sim.grad.sums import accumulate, full_precision
 
 __all__ = ["VMAP_CHUNK_BYTES", "default_chunk", "per_sample_grads", "vmap_chunk"]
 
@@ -126,10 +126,11 @@ def vmap_chunk(
     b = x.shape[0]
     grads = per_sample_grads(model, params, x, y, loss_fn)
     check_finite(grads, "per-sample gradients")
-    sq = [g.reshape(b, -1).pow(2).sum(1) for g in grads.values()]
-    norm = torch.stack(sq).sum(0).sqrt()
-    factor = (clip / norm).clamp(max=1.0)
-    for name, g in grads.items():
-        accumulate(sums, name, g, factor, seg, overwrite=name in unwritten)
-        unwritten.discard(name)
+    with full_precision():  # the sums of the very tensors whose norms clip them
+        sq = [g.reshape(b, -1).pow(2).sum(1) for g in grads.values()]
+        norm = torch.stack(sq).sum(0).sqrt()
+        factor = (clip / norm).clamp(max=1.0)
+        for name, g in grads.items():
+            accumulate(sums, name, g, factor, seg, overwrite=name in unwritten)
+            unwritten.discard(name)
     return norm

@@ -3,11 +3,14 @@
 Both kernels of :func:`dpfl.sim.grad.clipped_grad_sum` run through
 :func:`clipped_sum`: it allocates the sums, feeds the kernel one chunk of
 examples at a time and collects the per-example norms. A kernel adds
-``Σ_i c_i g_i`` of its chunk, per segment, with the helpers here.
+``Σ_i c_i g_i`` of its chunk, per segment, with the helpers here, inside
+:func:`full_precision`.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Protocol
 
 import torch
@@ -16,7 +19,64 @@ from torch import nn
 from dpfl.sim._flat import flat_zeros
 from dpfl.sim.grad.checks import LossFn, Params
 
-__all__ = ["ChunkKernel", "Segments", "accumulate", "clipped_sum"]
+__all__ = ["ChunkKernel", "Segments", "accumulate", "clipped_sum", "full_precision"]
+
+
+#: (backend, operation) pairs with their own float32 precision (torch >= 2.9).
+_PRECISIONS = tuple(
+    (backend, op) for backend in ("cuda", "mkldnn") for op in ("matmul", "conv", "rnn")
+)
+
+
+def _precisions() -> dict[tuple[str, str], str]:
+    """Each backend operation's ``fp32_precision`` ({} before torch 2.9)."""
+    get = getattr(torch._C, "_get_fp32_precision_getter", None)
+    return {} if get is None else {k: str(get(*k)) for k in _PRECISIONS}
+
+
+def _set_precisions(values: dict[tuple[str, str], str]) -> None:
+    for (backend, op), value in values.items():
+        torch._C._set_fp32_precision_setter(backend, op, value)
+
+
+@contextlib.contextmanager
+def full_precision() -> Iterator[None]:
+    """Compute float32 matrix products and convolutions in full float32 inside.
+
+    The per-example norms that set the clip factors ``c_i = min(1, C/‖g_i‖)``
+    are computed apart from the products that sum ``Σ_i c_i g_i`` (the
+    ghost kernel never forms a clipped ``c_i g_i``). If those products round
+    their inputs to TF32 (cuBLAS and cuDNN on Ampere and later GPUs:
+    ``torch.backends.cudnn.allow_tf32`` is on by default) or to bfloat16
+    (oneDNN with ``torch.set_float32_matmul_precision("medium")``), an
+    example's contribution to the sum can exceed C by about 10⁻³ of C,
+    which breaks the sensitivity the noise is calibrated to. Inside this
+    context they round as float32 does (a contribution exceeds C by float32
+    rounding only, ~10⁻⁷ relative); the settings in force before are
+    restored on exit, through the API the caller used (the legacy
+    ``allow_tf32`` flags and ``set_float32_matmul_precision``, and the
+    per-backend ``fp32_precision`` of torch >= 2.9).
+
+    The settings are process-wide: another thread's products run in full
+    precision meanwhile too.
+    """
+    matmul = torch.get_float32_matmul_precision()
+    saved = _precisions()
+    try:  # the legacy cuDNN flag (unreadable once a caller mixed the two APIs)
+        legacy_cudnn: bool | None = bool(torch.backends.cudnn.allow_tf32)
+    except RuntimeError:
+        legacy_cudnn = None
+    try:
+        torch.set_float32_matmul_precision("highest")
+        if legacy_cudnn is not None:
+            torch.backends.cudnn.allow_tf32 = False
+        _set_precisions(dict.fromkeys(saved, "ieee"))
+        yield
+    finally:
+        torch.set_float32_matmul_precision(matmul)
+        if legacy_cudnn is not None:
+            torch.backends.cudnn.allow_tf32 = legacy_cudnn
+        _set_precisions(saved)
 
 
 class ChunkKernel(Protocol):
@@ -189,4 +249,10 @@ def accumulate(
             sums[name].view(-1).addmv_(flat.T, factor)
     else:
         flat.mul_(factor[:, None])
-        sums[name].view(sums[name].shape[0], -1).index_add_(0, seg, flat)
+        rows = sums[name].view(sums[name].shape[0], -1)
+        if rows.device.type == "cpu":
+            rows.index_add_(0, seg, flat)
+        else:  # CUDA's index_add_ adds floats atomically, in no fixed order;
+            # the sort-based accumulating index_put_ sums in a fixed order, so
+            # a round (and its replay on resume) gives the same bits
+            rows.index_put_((seg,), flat, accumulate=True)
