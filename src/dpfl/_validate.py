@@ -31,6 +31,13 @@ NOISE_RANGE = (1e-3, 1e6)
 #: before that.
 MAX_EPSILON = 500.0
 
+#: The largest ε a noise multiplier is calibrated to. Past it no guarantee is
+#: left (e^100 is about 2.7e43), and the noise such a budget allows is so
+#: small that the accounting's cost to price it grows without bound (calibrating
+#: DP-FedAvg to ε = 500 searched for minutes). A budget up to
+#: :data:`MAX_EPSILON` may still guard a run whose σ is given.
+MAX_CALIBRATED_EPSILON = 100.0
+
 #: The largest seed: numpy's and torch's generators take 64-bit seeds.
 MAX_SEED = 2**63 - 1
 

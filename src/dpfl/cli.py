@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, NoReturn
 
 from dpfl._validate import (
+    MAX_CALIBRATED_EPSILON,
     MAX_EPSILON,
     MAX_ROUNDS,
     MAX_SEED,
@@ -191,6 +192,14 @@ _POSITIVE = _Domain(float, 0.0, math.inf, low_open=True, high_open=True)
 _EPSILON = _Domain(
     float, 0.0, MAX_EPSILON, low_open=True, why=" (e^epsilon must stay finite)"
 )
+_CALIBRATED_EPSILON = _Domain(
+    float,
+    0.0,
+    MAX_CALIBRATED_EPSILON,
+    low_open=True,
+    why=" (no guarantee is left past it, and the noise it allows is too small "
+    "to price in bounded time)",
+)
 _ROUNDS = _ints(1, MAX_ROUNDS, " (the range the accounting answers in bounded time)")
 _RECORDS = _ints(1, MAX_RECORDS, " (the accounting's memory grows with it)")
 _NOISE = _Domain(
@@ -242,7 +251,8 @@ FLAG_DOMAINS: dict[str, _Domain] = {
     "hidden": _ints(1, 100_000),
 }
 
-#: Per-command overrides of :data:`FLAG_DOMAINS` (``prog`` suffix -> dest).
+#: Per-command overrides of :data:`FLAG_DOMAINS` (``prog`` suffix -> dest; a
+#: command's first word covers all its schemes, e.g. ``"calibrate"``).
 FLAG_DOMAINS_BY_COMMAND: dict[str, dict[str, _Domain]] = {
     # the training audits run real rounds on the digits (1,347 records)
     "audit dp-fedavg": {
@@ -257,6 +267,8 @@ FLAG_DOMAINS_BY_COMMAND: dict[str, dict[str, _Domain]] = {
     },
     # the demo trains four runs of --rounds rounds each
     "demo": {"rounds": _ints(1, 10_000)},
+    # every `calibrate SCHEME`: the ε a noise multiplier is calibrated to
+    "calibrate": {"epsilon": _CALIBRATED_EPSILON},
 }
 
 
@@ -271,7 +283,8 @@ def _check_flags(parser: argparse.ArgumentParser) -> None:
             continue
         command = parser.prog.partition(" ")[2]
         domain = FLAG_DOMAINS_BY_COMMAND.get(command, {}).get(action.dest)
-        domain = domain or FLAG_DOMAINS.get(action.dest)
+        group = FLAG_DOMAINS_BY_COMMAND.get(command.partition(" ")[0], {})
+        domain = domain or group.get(action.dest) or FLAG_DOMAINS.get(action.dest)
         if domain is None or domain.kind is not action.type:
             raise TypeError(  # a programming error: a new flag without a domain
                 f"flag {action.option_strings} of {parser.prog!r} has no domain"
@@ -2031,8 +2044,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.epsilon is None:
             args.delta = args.default_delta
     try:
-        with _quiet(), _answer_in_time(args):
-            outcome = args.handler(args)
+        with _quiet():
+            with _answer_in_time(args):  # the answer; a --plot is extra work
+                outcome = args.handler(args)
             if isinstance(outcome, Report):
                 print(
                     outcome.to_json(_inputs(args))

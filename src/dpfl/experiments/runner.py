@@ -28,9 +28,12 @@ folder ``output_dir/name/`` holding
     analysis and its status; beside an unproven analysis, the proven ε; and
     every other analysis of the scheme with its status.
 ``run.json``
-    The run's frozen definition (data, model, algorithm, privacy with σ as
-    calibrated, seed, rounds) and its digest, written when the run starts
-    (:mod:`dpfl.experiments.rundir`).
+    The run's identity, written when the run starts
+    (:mod:`dpfl.experiments.rundir`): its frozen definition (data, model,
+    algorithm, privacy with σ as calibrated, seed, rounds), the fingerprints
+    of its key and data, its noise stream, and their digest.
+``secret.key``
+    The run's secret noise key (owner-only), made by the run.
 ``.lock``
     The folder's lock: one ``dpfl train`` or ``dpfl resume`` at a time.
 
@@ -66,19 +69,28 @@ order that depends on the thread count): ``run.json`` records the count the
 run started with and an in-process replay uses it; resuming on another kind
 of machine or executor with rounds to replay stops at the first of them.
 
+Before any work, a run (and ``dpfl train --check``) passes :func:`prepare`:
+the data's files, sizes and δ against what the configuration already bounds,
+the data read, σ calibrated within a time limit, the model's size against
+memory and time (:mod:`dpfl.experiments.checks`). A new run refuses a folder
+that holds a key, ledger, checkpoint or ``run.json``, and makes its own key.
+
 Before resuming, the folder is checked: ``config.yaml``'s frozen keys against
 ``run.json`` (``noise_multiplier: 0`` written into a stopped run's config is
-refused, and a calibrated σ is never calibrated again), the ledger's and
-checkpoint's checksums and their run digest, the checkpoint's ledger position
-against the ledger, each ledger entry against what the frozen algorithm
-charges, and a missing ledger beside a run that started. Any failure is an
-error naming the file; nothing is ever reset to zero spend. The checksums
-catch accidents and careless edits, not someone with write access who
-recomputes them.
+refused, and a calibrated σ is never calibrated again), the key file (its
+mode, and its fingerprint against ``run.json``'s), the data's fingerprint, the
+recorded noise stream, the ledger's and checkpoint's checksums and their run
+identity, the checkpoint's ledger position against the ledger and its model
+against the ledger's digest for that round, each ledger entry against what
+the frozen algorithm charges, and a missing ledger beside a run that started.
+Any failure is an error naming the file; nothing is ever reset to zero spend.
+The checksums catch accidents, careless edits and files mixed from two runs,
+not someone with write access who forges a whole consistent folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -89,13 +101,14 @@ from typing import Any
 
 import yaml
 
-from dpfl._deadline import ANSWER_SECONDS, TimeLimitExceeded, time_limit
+from dpfl._deadline import TimeLimitExceeded, time_limit
 from dpfl._files import atomic_write as _atomic_write
 from dpfl._files import read_jsonl
+from dpfl._validate import MAX_CALIBRATED_EPSILON
 from dpfl.accounting import events as ev
 from dpfl.accounting import schemes
 from dpfl.accounting.ledger import Budget, PrivacyLedger, ledger_class
-from dpfl.errors import DpflError, InvalidParameterError
+from dpfl.errors import BudgetExceededError, DpflError, InvalidParameterError
 from dpfl.experiments import rundir
 from dpfl.experiments.config import (
     ConfigError,
@@ -114,6 +127,7 @@ from dpfl.sim.callbacks import (
 from dpfl.sim.callbacks import progress as progress_callback
 
 __all__ = [
+    "CALIBRATION_SECONDS",
     "CHECKPOINT",
     "CONFIG",
     "GUARANTEE",
@@ -129,6 +143,14 @@ __all__ = [
 ]
 
 log = logging.getLogger("dpfl.experiments")
+
+#: The longest a run's calibration of σ may take (seconds) before it is
+#: refused, naming the budget: a bound on inputs no one limit catches (the
+#: extreme budgets are refused at once: privacy.epsilon above
+#: :data:`~dpfl._validate.MAX_CALIBRATED_EPSILON`, privacy.delta below
+#: :data:`~dpfl._validate.MIN_DELTA`). Calibrations of ordinary budgets take
+#: seconds to a minute or two on a laptop.
+CALIBRATION_SECONDS = 600.0
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
@@ -296,29 +318,47 @@ def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
     algorithm's scheme does not offer, an unproven analysis or mechanism
     without ``privacy.allow_unproven``, and δ >= 1/n without
     ``privacy.allow_large_delta``; it calibrates σ when it is not given,
-    planning for the guard that will run.
+    planning for the guard that will run. Here too: a budget above
+    :data:`~dpfl._validate.MAX_CALIBRATED_EPSILON` to calibrate to is refused,
+    a calibration that runs past :data:`CALIBRATION_SECONDS` is refused, a
+    given σ is priced for one round as the guard will price it, and the
+    accounting's own refusals (a privacy loss it cannot price) come back as
+    one line naming the keys, never its internal message.
     """
     from dpfl.sim.algorithms import algorithm_class
     from dpfl.sim.algorithms.base import DataStats
     from dpfl.sim.plan import plan_privacy
 
     priv = config.privacy
+    cls, stats = algorithm_class(config.algorithm.name), DataStats.of(dataset)
+    calibrates = (
+        priv.noise_multiplier is None
+        and cls.resolve_noise(config.algorithm.params, stats) is None
+    )
+    if calibrates and priv.epsilon > MAX_CALIBRATED_EPSILON:
+        raise ConfigError(
+            f"privacy.epsilon must be <= {MAX_CALIBRATED_EPSILON:g} when the noise "
+            "multiplier is calibrated (privacy.noise_multiplier null): past it no "
+            "guarantee is left, and the noise it allows is too small to price in "
+            f"bounded time; got {priv.epsilon:g}; give privacy.noise_multiplier "
+            "to run under a larger budget"
+        )
     target = (
         f"privacy.epsilon {priv.epsilon:g} at privacy.delta {priv.delta:g} over "
         f"{config.rounds} rounds"
     )
     try:
         with time_limit(
-            ANSWER_SECONDS,
+            CALIBRATION_SECONDS,
             f"the noise multiplier for {target} was not found within "
-            f"{ANSWER_SECONDS:g} s (the accounting's cost grows as epsilon grows "
-            "and delta shrinks); use a smaller privacy.epsilon, a larger "
+            f"{CALIBRATION_SECONDS:g} s (the accounting's cost grows as epsilon "
+            "grows and delta shrinks); use a smaller privacy.epsilon, a larger "
             "privacy.delta, or give privacy.noise_multiplier",
         ):
             plan = plan_privacy(
-                algorithm_class(config.algorithm.name),
+                cls,
                 config.algorithm.params,
-                DataStats.of(dataset),
+                stats,
                 epsilon=priv.epsilon,
                 delta=priv.delta,
                 rounds=config.rounds,
@@ -331,6 +371,16 @@ def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
                 error=ConfigError,
                 logger=log,
             )
+            tree = config.to_dict()
+            tree["algorithm"]["params"] = plan.params.to_dict()
+            tree["privacy"]["noise_multiplier"] = plan.noise_multiplier
+            if plan.event is not None:
+                tree["privacy"]["analysis"] = (
+                    plan.analysis if priv.guard == "accountant" else None
+                )
+            resolved = config_from_dict(tree)
+            if plan.event is not None and not plan.calibrated:
+                _price_one_round(resolved, plan.event)
     except (ConfigError, TimeLimitExceeded):
         raise
     except InvalidParameterError as exc:
@@ -343,20 +393,34 @@ def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
             raise ConfigError(f"algorithm.params.{exc}") from None
         if not _raised_in_accounting(exc):
             raise
+        sigma = priv.noise_multiplier
         raise ConfigError(
-            f"{target} is beyond what the accounting can price for this "
-            "algorithm (its privacy loss at the noise such a budget needs "
-            "overflows the numerical range); use a smaller privacy.epsilon or "
-            "a larger privacy.delta"
+            f"{target} "
+            + ("" if sigma is None else f"with privacy.noise_multiplier {sigma:g} ")
+            + "is beyond what the accounting can price for this algorithm (the "
+            "privacy loss at such a small noise overflows its numerical range); "
+            + (
+                "use a smaller privacy.epsilon or a larger privacy.delta"
+                if sigma is None
+                else "use a larger privacy.noise_multiplier"
+            )
         ) from None
-    tree = config.to_dict()
-    tree["algorithm"]["params"] = plan.params.to_dict()
-    tree["privacy"]["noise_multiplier"] = plan.noise_multiplier
-    if plan.event is not None:
-        tree["privacy"]["analysis"] = (
-            plan.analysis if priv.guard == "accountant" else None
-        )
-    return config_from_dict(tree)
+    return resolved
+
+
+def _price_one_round(config: RunConfig, event: ev.Event) -> None:
+    """Price one round as the run's guard will, before the run (σ given).
+
+    A budget that does not admit even one round is the run's to report (it
+    stops at once, "budget reached"); a noise the accounting cannot price
+    raises here, before any work, instead of in round 1.
+    """
+    ledger = _ledger(config, Path("."))
+    ledger.path = None
+    if ledger.budget is None:
+        return
+    with contextlib.suppress(BudgetExceededError):
+        ledger.check(event)
 
 
 def _raised_in_accounting(exc: BaseException) -> bool:
