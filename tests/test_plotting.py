@@ -172,3 +172,20 @@ def test_personalised_accuracy_is_labelled(tmp_path: Path, figures: list) -> Non
     (other / "config.yaml").write_text("algorithm:\n  name: dp-fedavg\n")
     plot_runs([other], tmp_path / "fig2.png")
     assert figures[-1]["axes"][0]["ylabel"].startswith("test accuracy")
+
+
+def test_an_image_path_without_a_suffix_writes_png_pdf_and_svg(tmp_path):
+    # `dpfl plot --out NAME` promises a .png with a .pdf and an .svg beside it;
+    # a name without a suffix is that PNG (it once wrote NAME.png alone and
+    # reported NAME).
+    import matplotlib.pyplot as plt
+
+    from dpfl.errors import InvalidParameterError
+    from dpfl.plotting import save_figure
+
+    paths = save_figure(plt.figure(), tmp_path / "curves")
+    assert [p.name for p in paths] == ["curves.png", "curves.pdf", "curves.svg"]
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
+    with pytest.raises(InvalidParameterError, match=r"suffix must be one of .*\.png"):
+        save_figure(plt.figure(), tmp_path / "curves.bogus")
+    assert not (tmp_path / "curves.bogus").exists()

@@ -57,15 +57,30 @@ def save_figure(fig: Any, out_path: str | Path) -> list[Path]:
     out_path : str or Path
         The image to write; its suffix picks the format. PNGs are written at
         :data:`DPI` dots per inch, with ``.pdf`` and ``.svg`` (vector, for a
-        paper) of the same name beside them.
+        paper) of the same name beside them. A path without a suffix is a
+        PNG (``out`` writes ``out.png``, ``out.pdf`` and ``out.svg``).
 
     Returns
     -------
     list of Path
-        The files written, ``out_path`` first.
+        The files written, the main image first.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        If the suffix names no format matplotlib writes.
     """
     plt = _pyplot()
     out = Path(out_path)
+    if not out.suffix:
+        out = out.with_name(out.name + ".png")
+    kinds = fig.canvas.get_supported_filetypes()
+    if out.suffix.lower().lstrip(".") not in kinds:
+        plt.close(fig)
+        raise InvalidParameterError(
+            f"the image's suffix must be one of "
+            f"{', '.join('.' + k for k in sorted(kinds))}; got {str(out_path)!r}"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     paths = [out]
     if out.suffix.lower() == ".png":
