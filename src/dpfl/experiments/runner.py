@@ -309,7 +309,7 @@ def _executor(config: RunConfig) -> Any:
     )
 
 
-def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
+def _resolve(config: RunConfig, dataset: Any, *, started: bool = False) -> RunConfig:
     """Check the privacy settings against the algorithm; fill in analysis and σ.
 
     :func:`dpfl.sim.plan.plan_privacy` (shared with :func:`dpfl.make_private`)
@@ -321,7 +321,8 @@ def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
     planning for the guard that will run. Here too: a budget above
     :data:`~dpfl._validate.MAX_CALIBRATED_EPSILON` to calibrate to is refused,
     a calibration that runs past :data:`CALIBRATION_SECONDS` is refused, a
-    given σ is priced for one round as the guard will price it, and the
+    given σ is priced for one round as the guard will price it (for a run
+    that starts: a started one was priced when it started), and the
     accounting's own refusals (a privacy loss it cannot price) come back as
     one line naming the keys, never its internal message.
     """
@@ -379,7 +380,7 @@ def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
                     plan.analysis if priv.guard == "accountant" else None
                 )
             resolved = config_from_dict(tree)
-            if plan.event is not None and not plan.calibrated:
+            if plan.event is not None and not plan.calibrated and not started:
                 _price_one_round(resolved, plan.event)
     except (ConfigError, TimeLimitExceeded):
         raise
@@ -470,7 +471,7 @@ class Prepared:
     parameters: int
 
 
-def prepare(config: RunConfig) -> Prepared:
+def prepare(config: RunConfig, *, started: bool = False) -> Prepared:
     """Every check a run makes before its first round, and what it builds.
 
     The one validation path of ``dpfl train`` (:func:`run`) and ``dpfl train
@@ -490,6 +491,8 @@ def prepare(config: RunConfig) -> Prepared:
     ----------
     config : RunConfig
         The run.
+    started : bool
+        The run is resumed (its σ was priced when it started).
 
     Returns
     -------
@@ -508,7 +511,7 @@ def prepare(config: RunConfig) -> Prepared:
     dataset = _build_dataset(config)
     if dataset.test_labels is None or len(dataset.test_labels) == 0:
         log.info("the data has no test set: no test loss or accuracy is reported")
-    config = _resolve(config, dataset)
+    config = _resolve(config, dataset, started=started)
     device = _device(config.device)
     parameters = checks.check_model_size(config, dataset, device)
     algorithm = _build_algorithm(config, dataset)
@@ -595,7 +598,7 @@ def _run_locked(
     if resume and not started:
         _check_unstarted(run_dir)
 
-    prepared = prepare(config)
+    prepared = prepare(config, started=started)
     config, dataset, algorithm = prepared.config, prepared.dataset, prepared.algorithm
 
     from dpfl.sim.loop import Trainer
