@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("tqdm")
 
 from dpfl.accounting import events as ev  # noqa: E402
+from dpfl.accounting import schemes  # noqa: E402
 from dpfl.accounting.accountant import Accountant  # noqa: E402
 from dpfl.accounting.ledger import PrivacyLedger  # noqa: E402
 from dpfl.errors import DpflError  # noqa: E402
@@ -209,17 +210,18 @@ def test_nonprivate_run_charges_nothing(tmp_path):
 @pytest.mark.slow  # .ci/run runs it (-m slow)
 def test_calibrated_run_meets_budget_tightly(tmp_path):
     # With no noise multiplier the run calibrates one: the resolved sigma must
-    # meet the budget under the guard's own computation (the default analysis,
-    # wcs, at the ledger's 2% bracket), 1% less noise must not (the calibrator
-    # stops at 0.2% in sigma), and the run completes all its rounds.
+    # meet the budget under the guard's own computation (the scheme's default
+    # analysis, sound, at the ledger's 2% bracket), 1% less noise must not (the
+    # calibrator stops at 0.2% in sigma), and the run completes all its rounds.
     cfg = tiny(tmp_path, rounds=5, privacy={"epsilon": 2.0, "noise_multiplier": None})
     res = run(cfg, progress=False)
     sigma = res.config.privacy.noise_multiplier
-    assert res.config.privacy.analysis == "wcs"
+    analysis = res.config.privacy.analysis
+    assert analysis == schemes.scheme_of(run_event(1.0)).default == "sound"
     assert res.stopped == "completed" and res.epsilon <= 2.0
 
     def eps(s):
-        acc = Accountant("wcs", tolerance=0.02)
+        acc = Accountant(analysis, tolerance=0.02)
         return acc.compose(run_event(s), 5).epsilon(1e-5).upper
 
     assert eps(sigma) <= 2.0 < eps(0.99 * sigma)
@@ -235,7 +237,7 @@ def test_calibrated_run_meets_budget_tightly(tmp_path):
         record_probability=Q,
         records_per_client=D,
         noise_multiplier=sigma,
-        analysis="wcs",
+        analysis=analysis,
     )
     assert b.upper == pytest.approx(2.0, rel=0.03)
 
