@@ -86,6 +86,17 @@ def copies(runs: dict[str, Path], tmp_path: Path) -> dict[str, Path]:
     return out
 
 
+def _recompute_run_json(run_dir: Path, **changes: Any) -> str:
+    """Edit run.json and recompute its run digest as dpfl's code does."""
+    manifest = json.loads((run_dir / "run.json").read_text())
+    manifest.update(changes)
+    identity = {k: manifest[k] for k in ("frozen", "key", "data", "stream_version")}
+    manifest["run"] = digest(identity)
+    (run_dir / "run.json").write_text(json.dumps(manifest))
+    rundir.read_manifest(run_dir)  # its checksum holds
+    return str(manifest["run"])
+
+
 def test_the_runs_resume_as_they_are(copies: dict[str, Path]) -> None:
     # The baseline every refusal below departs from; A and B share a
     # configuration (their frozen definitions are equal), not a key.
@@ -122,11 +133,7 @@ def test_a_copied_key_with_run_json_recomputed_is_refused(
     # own code: the ledger and checkpoint still name B's identity and key.
     a, b = copies["a"], copies["b"]
     shutil.copy(a / "secret.key", b / "secret.key")
-    manifest = json.loads((b / "run.json").read_text())
-    manifest["key"] = json.loads((a / "run.json").read_text())["key"]
-    identity = {k: manifest[k] for k in ("frozen", "key", "data", "stream_version")}
-    manifest["run"] = digest(identity)
-    (b / "run.json").write_text(json.dumps(manifest))
+    _recompute_run_json(b, key=json.loads((a / "run.json").read_text())["key"])
     with pytest.raises(DpflError, match="ledger.json belongs to another run"):
         resume(b, progress=False)
 
@@ -175,6 +182,71 @@ def test_run_json_names_the_key_without_holding_it(runs: dict[str, Path]) -> Non
     assert manifest["stream_version"] == secure_noise.STREAM_VERSION
     ledger = PrivacyLedger.load(runs["a"] / "ledger.json")
     assert ledger.key == manifest["key"] and ledger.run == manifest["run"]
+
+
+# -- run.json and the ledger ------------------------------------------------------
+def test_a_copied_run_json_is_refused(copies: dict[str, Path]) -> None:
+    # A and B share a configuration: their frozen definitions alone cannot
+    # tell the two run.json files apart; their key fingerprints do.
+    shutil.copy(copies["b"] / "run.json", copies["a"] / "run.json")
+    with pytest.raises(DpflError, match=r"a/secret.key is not this run's key"):
+        resume(copies["a"], progress=False)
+
+
+def test_swapped_run_json_files_are_refused(copies: dict[str, Path]) -> None:
+    a, b = copies["a"] / "run.json", copies["b"] / "run.json"
+    ma, mb = a.read_bytes(), b.read_bytes()
+    a.write_bytes(mb)
+    b.write_bytes(ma)
+    for d in (copies["a"], copies["b"]):
+        with pytest.raises(DpflError, match="is not this run's key"):
+            resume(d, progress=False)
+
+
+def test_a_copied_ledger_is_refused(copies: dict[str, Path]) -> None:
+    # Same configuration, same rounds, same events: before, the two ledgers
+    # differed in nothing their checks read, and B's went on in A's folder.
+    shutil.copy(copies["b"] / "ledger.json", copies["a"] / "ledger.json")
+    with pytest.raises(DpflError, match=r"a/ledger.json belongs to another run"):
+        resume(copies["a"], progress=False)
+
+
+def test_swapped_ledgers_are_refused(copies: dict[str, Path]) -> None:
+    a, b = copies["a"] / "ledger.json", copies["b"] / "ledger.json"
+    la, lb = a.read_bytes(), b.read_bytes()
+    a.write_bytes(lb)
+    b.write_bytes(la)
+    for d in (copies["a"], copies["b"]):
+        with pytest.raises(DpflError, match="ledger.json belongs to another run"):
+            resume(d, progress=False)
+
+
+def test_another_runs_ledger_with_recomputed_chain_is_refused(
+    copies: dict[str, Path],
+) -> None:
+    # B's ledger given A's header (run digest, key fingerprint), its chain
+    # recomputed by dpfl's own code: it loads, and names A; but its chain
+    # covers B's models, not the one A's checkpoint was taken at.
+    a, b = copies["a"], copies["b"]
+    ours = PrivacyLedger.load(a / "ledger.json")
+    theirs = PrivacyLedger.load(b / "ledger.json")
+    forged = type(theirs)(
+        theirs.budget,
+        analysis=theirs.analysis,
+        tolerance=theirs.tolerance,
+        run=ours.run,
+        key=ours.key,
+    )
+    for entry in theirs.entries:
+        forged._append(entry)  # each link recomputed, as the ledger does
+    forged.save(a / "ledger.json")
+    reread = PrivacyLedger.load(a / "ledger.json")  # its checksums hold
+    assert (reread.run, reread.key) == (ours.run, ours.key)
+    assert [e.digest for e in reread.entries] != [e.digest for e in ours.entries]
+    with pytest.raises(DpflError, match=r"a/checkpoint.pt"):
+        resume(a, progress=False)
+    assert PrivacyLedger.load(a / "ledger.json").released == 4
+    assert not (a / "guarantee.json").exists()
 
 
 # -- the checkpoint --------------------------------------------------------------
@@ -269,12 +341,8 @@ def _write_csv(path: Path, clients: list[int]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_changed_data_is_refused_without_a_round_to_replay(tmp_path: Path) -> None:
-    # The issue: a record moved from one client to another between a kill
-    # and the resume went unseen when no round was replayed.
-    csv = tmp_path / "data.csv"
-    clients = [i % 10 for i in range(120)]
-    _write_csv(csv, clients)
+def _csv_config(tmp_path: Path, csv: Path) -> Any:
+    """The tiny run on a CSV file whose client column partitions it."""
     tree = tiny_config(tmp_path, "csv").to_dict()
     tree["data"] = {
         "name": "csv",
@@ -284,7 +352,16 @@ def test_changed_data_is_refused_without_a_round_to_replay(tmp_path: Path) -> No
         "options": {"client_column": "client", "test_fraction": 0.2},
     }
     tree["model"] = {"name": "mlp", "options": {"hidden": 4}}
-    cfg = config_from_dict(tree)
+    return config_from_dict(tree)
+
+
+def test_changed_data_is_refused_without_a_round_to_replay(tmp_path: Path) -> None:
+    # The issue: a record moved from one client to another between a kill
+    # and the resume went unseen when no round was replayed.
+    csv = tmp_path / "data.csv"
+    clients = [i % 10 for i in range(120)]
+    _write_csv(csv, clients)
+    cfg = _csv_config(tmp_path, csv)
     with pytest.MonkeyPatch.context() as mp:
         stop_after(mp, 4)
         with pytest.raises(RuntimeError, match="killed"):
@@ -296,6 +373,30 @@ def test_changed_data_is_refused_without_a_round_to_replay(tmp_path: Path) -> No
         resume(cfg.run_dir, progress=False)
     _write_csv(csv, clients)  # the data restored: the run continues
     assert resume(cfg.run_dir, progress=False).rounds_completed == 6
+
+
+def test_changed_data_with_run_json_recomputed_is_refused(tmp_path: Path) -> None:
+    # The fingerprint of the changed data computed by dpfl's own code, written
+    # into run.json with its checksum recomputed: the run's identity is then
+    # another, and the ledger (whose chain starts from it) is refused.
+    from dpfl.experiments.runner import prepare
+
+    csv = tmp_path / "data.csv"
+    clients = [i % 10 for i in range(120)]
+    _write_csv(csv, clients)
+    cfg = _csv_config(tmp_path, csv)
+    with pytest.MonkeyPatch.context() as mp:
+        stop_after(mp, 4)
+        with pytest.raises(RuntimeError, match="killed"):
+            run(cfg, progress=False)
+    moved = list(clients)
+    moved[7] = (moved[7] + 1) % 10
+    _write_csv(csv, moved)
+    data = rundir.data_fingerprint(prepare(cfg, started=True).dataset)
+    assert data != json.loads((cfg.run_dir / "run.json").read_text())["data"]
+    _recompute_run_json(cfg.run_dir, data=data)
+    with pytest.raises(DpflError, match="ledger.json belongs to another run"):
+        resume(cfg.run_dir, progress=False)
 
 
 def test_the_data_fingerprint_covers_records_and_partition() -> None:
