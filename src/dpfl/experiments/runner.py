@@ -90,7 +90,6 @@ not someone with write access who forges a whole consistent folder.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -416,12 +415,25 @@ def _price_one_round(config: RunConfig, event: ev.Event) -> None:
     stops at once, "budget reached"); a noise the accounting cannot price
     raises here, before any work, instead of in round 1.
     """
+    from dpfl.accounting.accountant import Accountant
+
     ledger = _ledger(config, Path("."))
     ledger.path = None
     if ledger.budget is None:
         return
-    with contextlib.suppress(BudgetExceededError):
+    try:
         ledger.check(event)
+    except BudgetExceededError:
+        # over the budget at once: the run's to report, unless no finite
+        # epsilon holds at all (a loss too heavy to price), the config's
+        one = Accountant(ledger.analysis).compose(event).epsilon(ledger.budget.delta)
+        if math.isinf(one.upper):
+            sigma = config.privacy.noise_multiplier
+            raise ConfigError(
+                f"privacy.noise_multiplier {sigma:g} leaves no finite epsilon for "
+                "even one round (the privacy loss at such a small noise is too "
+                "heavy to price); use a larger privacy.noise_multiplier"
+            ) from None
 
 
 def _raised_in_accounting(exc: BaseException) -> bool:
