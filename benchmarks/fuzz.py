@@ -15,7 +15,7 @@ inputs tried and how many gave
 * an unclear refusal (exit 2 but not one line, or not naming the value),
 * another exit status, or invalid ``--json`` output,
 
-the slowest answer, and the first few failures in full; then the command
+the slowest answer, and the first ten failures; then the command
 that produced the figures. Exit status 1 if any input failed.
 
 Families: every subcommand's flags parsed (all values drawn); the cheap
@@ -89,7 +89,7 @@ class Tally:
         self.slowest = max(self.slowest, time.monotonic() - start)
         if found is not None:
             self.failures[found[0]] += 1
-            if len(self.examples) < 3:
+            if len(self.examples) < 10:
                 self.examples.append(f"{found[0]}: {found[1][:600]}")
 
 

@@ -270,6 +270,44 @@ def test_a_model_whose_noise_takes_minutes_is_refused(
     assert "16 GB available" in line
 
 
+@pytest.mark.parametrize("hidden", [4.394177470235309e16, [786287122087998592]])
+def test_a_model_whose_size_overflows_is_refused(tmp_path: Path, hidden: Any) -> None:
+    # found by benchmarks/fuzz.py (--seed 1): torch's "Storage size
+    # calculation overflowed" traceback while the model was counted
+    change = {"model": {"options": {"hidden": hidden}}}
+    line = check_refuses(tmp_path, change, "model")
+    assert "too large to exist" in line
+
+
+def test_a_participation_probability_of_5e_324_is_refused(tmp_path: Path) -> None:
+    # found by benchmarks/fuzz.py (--seed 1): p q n underflowed to 0 and the
+    # round's scale 1 / (p q n) raised ZeroDivisionError (under the ols
+    # analysis, which prices such a round at once)
+    change = {
+        "algorithm": {"params": {"participation_probability": 5e-324}},
+        "privacy": {"analysis": "ols"},
+    }
+    line = check_refuses(tmp_path, change, "participation_probability")
+    assert "too small" in line
+
+
+def test_a_round_that_cannot_be_priced_in_time_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A given sigma is priced for one round before the run, as `dpfl account`
+    # prices it: within its time limit (50 s; 1 s here). Under the sound
+    # analysis, p = 1e-30 took minutes for one round (the run would price
+    # every round so); a plain round takes about a second.
+    import dpfl._deadline
+
+    monkeypatch.setattr(dpfl._deadline, "ANSWER_SECONDS", 1.0)
+    start = time.monotonic()
+    change = {"algorithm": {"params": {"participation_probability": 1e-30}}}
+    line = check_refuses(tmp_path, change, "privacy.noise_multiplier 1")
+    assert "was not priced within 1 s" in line and "privacy.analysis sound" in line
+    assert time.monotonic() - start < 30
+
+
 def test_an_idx_header_of_2_to_the_64_is_refused(tmp_path: Path) -> None:
     # the size wrapped around to 0 (a ValueError traceback)
     folder = tmp_path / "idx"

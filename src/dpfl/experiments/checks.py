@@ -232,13 +232,23 @@ def model_parameters(config: RunConfig, dataset: Any) -> int:
 
     from dpfl.models import build_model
 
-    with torch.device("meta"):
-        model = build_model(
-            config.model.name,
-            input_shape=dataset.input_shape,
-            num_classes=dataset.num_classes,
-            **config.model.options,
-        )
+    try:
+        with torch.device("meta"):
+            model = build_model(
+                config.model.name,
+                input_shape=dataset.input_shape,
+                num_classes=dataset.num_classes,
+                **config.model.options,
+            )
+    except (RuntimeError, OverflowError) as exc:
+        if "overflow" not in str(exc).lower():
+            raise
+        # a layer's element count past what an index holds (2^63)
+        raise ConfigError(
+            f"model {config.model.name!r} with these model.options is too large "
+            "to exist (a layer's element count overflows 64 bits); use a smaller "
+            "model"
+        ) from None
     return int(sum(p.numel() for p in model.parameters()))
 
 

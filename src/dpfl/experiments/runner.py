@@ -101,6 +101,7 @@ from typing import Any
 
 import yaml
 
+from dpfl import _deadline
 from dpfl._deadline import TimeLimitExceeded, time_limit
 from dpfl._files import atomic_write as _atomic_write
 from dpfl._files import read_jsonl
@@ -321,8 +322,9 @@ def _resolve(config: RunConfig, dataset: Any, *, started: bool = False) -> RunCo
     planning for the guard that will run. Here too: a budget above
     :data:`~dpfl._validate.MAX_CALIBRATED_EPSILON` to calibrate to is refused,
     a calibration that runs past :data:`CALIBRATION_SECONDS` is refused, a
-    given σ is priced for one round as the guard will price it (for a run
-    that starts: a started one was priced when it started), and the
+    given σ is priced for one round as the guard will price it, within
+    :data:`~dpfl._deadline.ANSWER_SECONDS` (for a run that starts: a started
+    one was priced when it started), and the
     accounting's own refusals (a privacy loss it cannot price) come back as
     one line naming the keys, never its internal message.
     """
@@ -381,7 +383,21 @@ def _resolve(config: RunConfig, dataset: Any, *, started: bool = False) -> RunCo
                 )
             resolved = config_from_dict(tree)
             if plan.event is not None and not plan.calibrated and not started:
-                _price_one_round(resolved, plan.event)
+                # one accounting query, as `dpfl account` answers: within its
+                # time (a noise or sampling so extreme that one round cannot
+                # be priced would stall every round of the run)
+                sigma = f"privacy.noise_multiplier {priv.noise_multiplier:g}"
+                if plan.analysis:
+                    sigma += f", privacy.analysis {plan.analysis}"
+                with time_limit(
+                    _deadline.ANSWER_SECONDS,
+                    f"one round of this run ({sigma}, under algorithm.params' "
+                    "sampling) was not priced within "
+                    f"{_deadline.ANSWER_SECONDS:g} s: the run would price "
+                    "every round so; use a larger privacy.noise_multiplier or "
+                    "less extreme sampling probabilities",
+                ):
+                    _price_one_round(resolved, plan.event)
     except (ConfigError, TimeLimitExceeded):
         raise
     except InvalidParameterError as exc:
@@ -482,7 +498,8 @@ def prepare(config: RunConfig, *, started: bool = False) -> Prepared:
     partitioned (a missing file, a wrong column, ...), the privacy settings
     against the algorithm and the data (an unproven analysis without
     ``privacy.allow_unproven``, δ >= 1/n, ...) with σ calibrated
-    (:func:`_resolve`, within :data:`~dpfl._deadline.ANSWER_SECONDS`), the
+    (:func:`_resolve`: a calibration within :data:`CALIBRATION_SECONDS`, a
+    given σ priced within :data:`~dpfl._deadline.ANSWER_SECONDS`), the
     model's size against memory and its secure noise against time
     (:func:`~dpfl.experiments.checks.check_model_size`), and the algorithm
     built on its device. Nothing is written.
