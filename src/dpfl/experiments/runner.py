@@ -386,12 +386,12 @@ def _resolve(config: RunConfig, dataset: Any, *, started: bool = False) -> RunCo
                 # one accounting query, as `dpfl account` answers: within its
                 # time (a noise or sampling so extreme that one round cannot
                 # be priced would stall every round of the run)
-                sigma = f"privacy.noise_multiplier {priv.noise_multiplier:g}"
+                given = f"privacy.noise_multiplier {priv.noise_multiplier:g}"
                 if plan.analysis:
-                    sigma += f", privacy.analysis {plan.analysis}"
+                    given += f", privacy.analysis {plan.analysis}"
                 with time_limit(
                     _deadline.ANSWER_SECONDS,
-                    f"one round of this run ({sigma}, under algorithm.params' "
+                    f"one round of this run ({given}, under algorithm.params' "
                     "sampling) was not priced within "
                     f"{_deadline.ANSWER_SECONDS:g} s: the run would price "
                     "every round so; use a larger privacy.noise_multiplier or "
