@@ -291,19 +291,25 @@ def test_a_participation_probability_of_5e_324_is_refused(tmp_path: Path) -> Non
     assert "too small" in line
 
 
+@pytest.mark.parametrize(("sigma", "named"), [(1.0, "1"), (None, "null")])
 def test_a_round_that_cannot_be_priced_in_time_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sigma: Any, named: str
 ) -> None:
-    # A given sigma is priced for one round before the run, as `dpfl account`
-    # prices it: within its time limit (50 s; 1 s here). Under the sound
-    # analysis, p = 1e-30 took minutes for one round (the run would price
-    # every round so); a plain round takes about a second.
+    # One round is priced before the run, as `dpfl account` prices it: within
+    # its time limit (50 s; 1 s here), at the given sigma or, before a
+    # calibration, at sigma = 1. Under the sound analysis, p = 1e-30 took
+    # minutes for one round (the run would price every round so), and its
+    # calibration ran into the 10-minute limit; a plain round takes about a
+    # second.
     import dpfl._deadline
 
     monkeypatch.setattr(dpfl._deadline, "ANSWER_SECONDS", 1.0)
     start = time.monotonic()
-    change = {"algorithm": {"params": {"participation_probability": 1e-30}}}
-    line = check_refuses(tmp_path, change, "privacy.noise_multiplier 1")
+    change = {
+        "algorithm": {"params": {"participation_probability": 1e-30}},
+        "privacy": {"noise_multiplier": sigma},
+    }
+    line = check_refuses(tmp_path, change, f"privacy.noise_multiplier {named}")
     assert "was not priced within 1 s" in line and "privacy.analysis sound" in line
     assert time.monotonic() - start < 30
 

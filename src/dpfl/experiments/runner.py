@@ -350,7 +350,73 @@ def _resolve(config: RunConfig, dataset: Any, *, started: bool = False) -> RunCo
         f"privacy.epsilon {priv.epsilon:g} at privacy.delta {priv.delta:g} over "
         f"{config.rounds} rounds"
     )
+
+    def planned(sigma: float | None) -> tuple[Any, RunConfig]:
+        """The plan for noise multiplier ``sigma``, and the resolved config."""
+        plan = plan_privacy(
+            cls,
+            config.algorithm.params,
+            stats,
+            epsilon=priv.epsilon,
+            delta=priv.delta,
+            rounds=config.rounds,
+            noise_multiplier=sigma,
+            analysis=priv.analysis,
+            guard=priv.guard,
+            allow_unproven=priv.allow_unproven,
+            allow_large_delta=priv.allow_large_delta,
+            keys="privacy.",
+            error=ConfigError,
+            logger=log,
+        )
+        tree = config.to_dict()
+        tree["algorithm"]["params"] = plan.params.to_dict()
+        tree["privacy"]["noise_multiplier"] = plan.noise_multiplier
+        if plan.event is not None:
+            tree["privacy"]["analysis"] = (
+                plan.analysis if priv.guard == "accountant" else None
+            )
+        return plan, config_from_dict(tree)
+
+    def priced_in_time(plan: Any, resolved: RunConfig, given: str, fix: str) -> None:
+        """Price one round as the guard will, within the answer time.
+
+        One accounting query, as ``dpfl account`` answers one: a noise or a
+        sampling so extreme that one round cannot be priced in that time
+        would stall every round of the run (and every step of a
+        calibration).
+        """
+        if plan.analysis:
+            given += f", privacy.analysis {plan.analysis}"
+        with time_limit(
+            _deadline.ANSWER_SECONDS,
+            f"one round of this run ({given}, under algorithm.params' sampling) "
+            f"was not priced within {_deadline.ANSWER_SECONDS:g} s: the run would "
+            f"price every round so; {fix}",
+        ):
+            _price_one_round(resolved, plan.event)
+
     try:
+        if calibrates and not started:
+            # one round at σ = 1 first: a calibration prices many noise
+            # multipliers, and one round the accounting cannot price in time
+            # would hold it for its whole time limit
+            # (only its time counts: a loss the accounting cannot price at 1
+            # may be priced at the calibrated noise)
+            probe, probed = planned(1.0)
+            if probe.event is not None:
+                try:
+                    priced_in_time(
+                        probe,
+                        probed,
+                        "privacy.noise_multiplier null, priced at 1 before calibrating",
+                        "use less extreme sampling probabilities",
+                    )
+                except TimeLimitExceeded:
+                    raise
+                except InvalidParameterError as exc:
+                    if not _raised_in_accounting(exc):
+                        raise
         with time_limit(
             CALIBRATION_SECONDS,
             f"the noise multiplier for {target} was not found within "
@@ -358,46 +424,15 @@ def _resolve(config: RunConfig, dataset: Any, *, started: bool = False) -> RunCo
             "grows and delta shrinks); use a smaller privacy.epsilon, a larger "
             "privacy.delta, or give privacy.noise_multiplier",
         ):
-            plan = plan_privacy(
-                cls,
-                config.algorithm.params,
-                stats,
-                epsilon=priv.epsilon,
-                delta=priv.delta,
-                rounds=config.rounds,
-                noise_multiplier=priv.noise_multiplier,
-                analysis=priv.analysis,
-                guard=priv.guard,
-                allow_unproven=priv.allow_unproven,
-                allow_large_delta=priv.allow_large_delta,
-                keys="privacy.",
-                error=ConfigError,
-                logger=log,
-            )
-            tree = config.to_dict()
-            tree["algorithm"]["params"] = plan.params.to_dict()
-            tree["privacy"]["noise_multiplier"] = plan.noise_multiplier
-            if plan.event is not None:
-                tree["privacy"]["analysis"] = (
-                    plan.analysis if priv.guard == "accountant" else None
-                )
-            resolved = config_from_dict(tree)
+            plan, resolved = planned(priv.noise_multiplier)
             if plan.event is not None and not plan.calibrated and not started:
-                # one accounting query, as `dpfl account` answers: within its
-                # time (a noise or sampling so extreme that one round cannot
-                # be priced would stall every round of the run)
-                given = f"privacy.noise_multiplier {priv.noise_multiplier:g}"
-                if plan.analysis:
-                    given += f", privacy.analysis {plan.analysis}"
-                with time_limit(
-                    _deadline.ANSWER_SECONDS,
-                    f"one round of this run ({given}, under algorithm.params' "
-                    "sampling) was not priced within "
-                    f"{_deadline.ANSWER_SECONDS:g} s: the run would price "
-                    "every round so; use a larger privacy.noise_multiplier or "
-                    "less extreme sampling probabilities",
-                ):
-                    _price_one_round(resolved, plan.event)
+                priced_in_time(
+                    plan,
+                    resolved,
+                    f"privacy.noise_multiplier {priv.noise_multiplier:g}",
+                    "use a larger privacy.noise_multiplier or less extreme "
+                    "sampling probabilities",
+                )
     except (ConfigError, TimeLimitExceeded):
         raise
     except InvalidParameterError as exc:
