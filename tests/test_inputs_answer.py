@@ -327,6 +327,33 @@ def test_an_idx_header_of_2_to_the_64_is_refused(tmp_path: Path) -> None:
     assert "18446744073709551616 bytes" in line
 
 
+def test_client_test_records_beyond_memory_are_refused(tmp_path: Path) -> None:
+    # found by benchmarks/fuzz.py (--seed 2): client_test_records 3.4e16
+    # (drawn with replacement, so no test set bounds it) raised numpy's
+    # MemoryError; now the size is checked from the configuration first
+    change = {
+        "data": {"partition": "iid", "records_per_client": None},
+        "algorithm": {
+            "name": "prifedsync",
+            "params": {REPLACE: True, "batch_size": 8, "local_steps": 2},
+        },
+    }
+    tree = _merge(TINY, change)
+    tree["data"].pop("records_per_client")
+    tree["data"]["options"] = {"client_test_records": 3.396447569848432e16}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    line = refused(
+        tmp_path, ["train", str(path), "--check"], "data.options.client_test_records"
+    )
+    assert "GB" in line
+    tree["data"]["options"] = {"client_test_records": 3}
+    path.write_text(yaml.safe_dump(tree))
+    with _inside(tmp_path):
+        status, _, err = run_cli(["train", str(path), "--check"])
+    assert status == 0, err
+
+
 # -- silent accepts ----------------------------------------------------------------
 @pytest.mark.parametrize(
     ("change", "named"),
