@@ -450,12 +450,14 @@ def _resolve(config: RunConfig, dataset: Any, *, started: bool = False) -> RunCo
             f"{target} "
             + ("" if sigma is None else f"with privacy.noise_multiplier {sigma:g} ")
             + "is beyond what the accounting can price for this algorithm (the "
-            "privacy loss at such a small noise overflows its numerical range); "
+            "privacy loss at such a small noise, or under such extreme sampling "
+            "probabilities, leaves its numerical range); "
             + (
                 "use a smaller privacy.epsilon or a larger privacy.delta"
                 if sigma is None
                 else "use a larger privacy.noise_multiplier"
             )
+            + " or less extreme sampling probabilities"
         ) from None
     return resolved
 
