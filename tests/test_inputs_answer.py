@@ -354,6 +354,34 @@ def test_client_test_records_beyond_memory_are_refused(tmp_path: Path) -> None:
     assert status == 0, err
 
 
+def test_a_norm_noise_the_accounting_cannot_hold_is_refused(tmp_path: Path) -> None:
+    # found by benchmarks/fuzz.py (--seed 3): LOCKS's norm noise, the ratio
+    # times sigma, of 1.4e-233 raised an OverflowError (its mu^2 is past a
+    # double), in `dpfl account locks` and in a run alike
+    argv = ["account", "locks", "--q1", "0.1", "--max-p2", "1", "--rounds", "3"]
+    argv += ["--noise-multiplier", "2", "--norm-noise-ratio", "6.94e-234"]
+    argv += ["--delta", "1e-5", "--json"]
+    line = refused(tmp_path, argv, "--norm-noise-ratio")
+    assert "6.94e-234 x 2" in line
+    change = {
+        "data": {"partition": "iid", "records_per_client": None},
+        "algorithm": {
+            "name": "locks",
+            "params": {REPLACE: True, "norm_noise_ratio": 1e-234},
+        },
+        "privacy": {"delta": 1e-3},
+    }
+    for sigma in (1.5, None):  # given, or calibrated
+        change["privacy"]["noise_multiplier"] = sigma
+        tree = _merge(TINY, change)
+        tree["data"].pop("records_per_client")
+        path = tmp_path / "run.yaml"
+        path.write_text(yaml.safe_dump(tree))
+        named = "algorithm.params.norm_noise_ratio"
+        line = refused(tmp_path, ["train", str(path), "--check"], named)
+        assert "below which the privacy loss overflows" in line
+
+
 # -- silent accepts ----------------------------------------------------------------
 @pytest.mark.parametrize(
     ("change", "named"),
