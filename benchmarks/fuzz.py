@@ -15,7 +15,7 @@ inputs tried and how many gave
 * an unclear refusal (exit 2 but not one line, or not naming the value),
 * another exit status, or invalid ``--json`` output,
 
-the slowest answer, and the first few failures in full; then the command
+the slowest answer, and the first ten failures; then the command
 that produced the figures. Exit status 1 if any input failed.
 
 Families: every subcommand's flags parsed (all values drawn); the cheap
@@ -68,8 +68,18 @@ class Tally:
         self.examples: list[str] = []
         self.slowest = 0.0
 
-    def run(self, argv: list[str], invalid: list[str], named: bool, **kw: Any) -> None:
-        """Run ``dpfl argv`` and count what it did."""
+    def run(
+        self,
+        argv: list[str],
+        invalid: list[str],
+        named: bool,
+        context: str = "",
+        **kw: Any,
+    ) -> None:
+        """Run ``dpfl argv`` and count what it did.
+
+        ``context``: shown with a failure (the configuration file it read).
+        """
         self.tried += 1
         start = time.monotonic()
         found: tuple[str, str] | None
@@ -89,8 +99,11 @@ class Tally:
         self.slowest = max(self.slowest, time.monotonic() - start)
         if found is not None:
             self.failures[found[0]] += 1
-            if len(self.examples) < 3:
-                self.examples.append(f"{found[0]}: {found[1][:600]}")
+            if len(self.examples) < 10:
+                shown = f"{found[0]}: {found[1][:600]}"
+                if context:
+                    shown += f" <- given: {context[:1500]}"
+                self.examples.append(shown)
 
 
 @contextlib.contextmanager
@@ -193,7 +206,12 @@ def paths(t: Tally, n: int, s: int) -> None:
 def _check(t: Tally, text: bytes, invalid: list[str], named: bool) -> None:
     with _folder() as tmp:
         (tmp / "run.yaml").write_bytes(text)
-        t.run(["train", "run.yaml", "--check"], invalid, named)
+        shown = text.decode("utf-8", "replace")
+        try:  # one line: the configuration in YAML's flow style
+            shown = yaml.safe_dump(yaml.safe_load(text), default_flow_style=True)
+        except Exception:  # not YAML, too deep, a huge integer: shown as text
+            pass
+        t.run(["train", "run.yaml", "--check"], invalid, named, context=shown)
 
 
 def not_configurations(t: Tally, n: int, s: int) -> None:

@@ -272,6 +272,50 @@ def test_a_model_whose_noise_takes_minutes_is_refused(
     assert "16 GB available" in line
 
 
+@pytest.mark.parametrize("hidden", [4.394177470235309e16, [786287122087998592]])
+def test_a_model_whose_size_overflows_is_refused(tmp_path: Path, hidden: Any) -> None:
+    # found by benchmarks/fuzz.py (--seed 1): torch's "Storage size
+    # calculation overflowed" traceback while the model was counted
+    change = {"model": {"options": {"hidden": hidden}}}
+    line = check_refuses(tmp_path, change, "model")
+    assert "too large to exist" in line
+
+
+def test_a_participation_probability_of_5e_324_is_refused(tmp_path: Path) -> None:
+    # found by benchmarks/fuzz.py (--seed 1): p q n underflowed to 0 and the
+    # round's scale 1 / (p q n) raised ZeroDivisionError (under the ols
+    # analysis, which prices such a round at once)
+    change = {
+        "algorithm": {"params": {"participation_probability": 5e-324}},
+        "privacy": {"analysis": "ols"},
+    }
+    line = check_refuses(tmp_path, change, "participation_probability")
+    assert "too small" in line
+
+
+@pytest.mark.parametrize(("sigma", "named"), [(1.0, "1"), (None, "null")])
+def test_a_round_that_cannot_be_priced_in_time_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sigma: Any, named: str
+) -> None:
+    # One round is priced before the run, as `dpfl account` prices it: within
+    # its time limit (50 s; 1 s here), at the given sigma or, before a
+    # calibration, at sigma = 1. Under the sound analysis, p = 1e-30 took
+    # minutes for one round (the run would price every round so), and its
+    # calibration ran into the 10-minute limit; a plain round takes about a
+    # second.
+    import dpfl._deadline
+
+    monkeypatch.setattr(dpfl._deadline, "ANSWER_SECONDS", 1.0)
+    start = time.monotonic()
+    change = {
+        "algorithm": {"params": {"participation_probability": 1e-30}},
+        "privacy": {"noise_multiplier": sigma},
+    }
+    line = check_refuses(tmp_path, change, f"privacy.noise_multiplier {named}")
+    assert "was not priced within 1 s" in line and "privacy.analysis sound" in line
+    assert time.monotonic() - start < 30
+
+
 def test_an_idx_header_of_2_to_the_64_is_refused(tmp_path: Path) -> None:
     # the size wrapped around to 0 (a ValueError traceback)
     folder = tmp_path / "idx"
@@ -283,6 +327,61 @@ def test_an_idx_header_of_2_to_the_64_is_refused(tmp_path: Path) -> None:
     change = {"data": {"name": "idx", "path": str(folder), "partition": "iid"}}
     line = check_refuses(tmp_path, change, "IDX header promises")
     assert "18446744073709551616 bytes" in line
+
+
+def test_client_test_records_beyond_memory_are_refused(tmp_path: Path) -> None:
+    # found by benchmarks/fuzz.py (--seed 2): client_test_records 3.4e16
+    # (drawn with replacement, so no test set bounds it) raised numpy's
+    # MemoryError; now the size is checked from the configuration first
+    change = {
+        "data": {"partition": "iid", "records_per_client": None},
+        "algorithm": {
+            "name": "prifedsync",
+            "params": {REPLACE: True, "batch_size": 8, "local_steps": 2},
+        },
+    }
+    tree = _merge(TINY, change)
+    tree["data"].pop("records_per_client")
+    tree["data"]["options"] = {"client_test_records": 3.396447569848432e16}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    line = refused(
+        tmp_path, ["train", str(path), "--check"], "data.options.client_test_records"
+    )
+    assert "GB" in line
+    tree["data"]["options"] = {"client_test_records": 3}
+    path.write_text(yaml.safe_dump(tree))
+    with _inside(tmp_path):
+        status, _, err = run_cli(["train", str(path), "--check"])
+    assert status == 0, err
+
+
+def test_a_norm_noise_the_accounting_cannot_hold_is_refused(tmp_path: Path) -> None:
+    # found by benchmarks/fuzz.py (--seed 3): LOCKS's norm noise, the ratio
+    # times sigma, of 1.4e-233 raised an OverflowError (its mu^2 is past a
+    # double), in `dpfl account locks` and in a run alike
+    argv = ["account", "locks", "--q1", "0.1", "--max-p2", "1", "--rounds", "3"]
+    argv += ["--noise-multiplier", "2", "--norm-noise-ratio", "6.94e-234"]
+    argv += ["--delta", "1e-5", "--json"]
+    line = refused(tmp_path, argv, "--norm-noise-ratio")
+    assert "6.94e-234 x 2" in line
+    change = {
+        "data": {"partition": "iid", "records_per_client": None},
+        "algorithm": {
+            "name": "locks",
+            "params": {REPLACE: True, "norm_noise_ratio": 1e-234},
+        },
+        "privacy": {"delta": 1e-3},
+    }
+    for sigma in (1.5, None):  # given, or calibrated
+        change["privacy"]["noise_multiplier"] = sigma
+        tree = _merge(TINY, change)
+        tree["data"].pop("records_per_client")
+        path = tmp_path / "run.yaml"
+        path.write_text(yaml.safe_dump(tree))
+        named = "algorithm.params.norm_noise_ratio"
+        line = refused(tmp_path, ["train", str(path), "--check"], named)
+        assert "below which the privacy loss overflows" in line
 
 
 # -- silent accepts ----------------------------------------------------------------

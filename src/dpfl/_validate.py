@@ -228,3 +228,25 @@ def check_count(name: str, value: object, *, minimum: int = 0) -> int:
     if int(value) < minimum:
         raise InvalidParameterError(f"{name} must be >= {minimum}; got {shown(value)}")
     return int(value)
+
+
+def check_norm_noise(ratio: float, noise_multiplier: float) -> float:
+    """LOCKS's norm noise multiplier ``σ_n = ratio · σ_g``, at least ``NOISE_RANGE[0]``.
+
+    The norms' noise is the run's noise multiplier times ``norm_noise_ratio``:
+    below :data:`NOISE_RANGE`'s lower end its privacy loss overflows, as a
+    noise multiplier's would (a ratio of 1e-234 raised an ``OverflowError``).
+
+    Raises
+    ------
+    InvalidParameterError
+        Naming ``norm_noise_ratio``, the product and its factors.
+    """
+    sigma_n = ratio * noise_multiplier
+    if not sigma_n >= NOISE_RANGE[0]:
+        raise InvalidParameterError(
+            f"norm_noise_ratio x the noise multiplier (the norms' noise "
+            f"multiplier) must be >= {NOISE_RANGE[0]:g}, below which the privacy "
+            f"loss overflows; got {ratio:g} x {noise_multiplier:g} = {sigma_n:g}"
+        )
+    return sigma_n

@@ -1314,11 +1314,11 @@ def _locks_args(p: argparse.ArgumentParser, calibrate: bool) -> None:
 
 
 def _locks_event(a: argparse.Namespace, sigma: float) -> Any:
+    from dpfl._validate import check_norm_noise
     from dpfl.accounting import events as ev
 
-    return ev.TwoStage(
-        a.q1, 1, a.max_p2, ev.Gaussian(a.norm_noise_ratio * sigma), ev.Gaussian(sigma)
-    )
+    sigma_n = check_norm_noise(a.norm_noise_ratio, sigma)
+    return ev.TwoStage(a.q1, 1, a.max_p2, ev.Gaussian(sigma_n), ev.Gaussian(sigma))
 
 
 def account_locks(a: argparse.Namespace) -> Report:

@@ -157,8 +157,9 @@ def check_data_size(config: RunConfig) -> None:
     Raises
     ------
     ConfigError
-        If generated data would not fit in the memory available (naming
-        ``data.num_clients`` and the sizes), or δ >= 1/n for every data set
+        If generated data, or the clients' drawn test rows
+        (``data.options.client_test_records``), would not fit in the memory
+        available (naming the keys and the sizes), or δ >= 1/n for every data set
         the configuration can describe (n at most the records it holds)
         without ``privacy.allow_large_delta``.
     """
@@ -174,6 +175,20 @@ def check_data_size(config: RunConfig) -> None:
                 f"may take at most {DATA_SHARE:.0%} of the {_gb(free)} available "
                 "(the model and its training need the rest): use fewer clients, "
                 "records or features"
+            )
+    tests = data.options.get("client_test_records")
+    if tests is not None and data.num_clients:
+        # each client's test rows are drawn (with replacement where a label
+        # has fewer): clients x rows indices, however small the test set
+        size = int(data.num_clients) * int(tests) * _INDEX
+        free = available_memory()
+        if size > DATA_SHARE * free:
+            raise ConfigError(
+                f"data.options.client_test_records {tests} for data.num_clients "
+                f"{data.num_clients} draws {int(data.num_clients) * int(tests):.3g} "
+                f"test rows taking about {_gb(size)}; the data may take at most "
+                f"{DATA_SHARE:.0%} of the {_gb(free)} available: use fewer test "
+                "records per client"
             )
     per = data.records_per_client or data.options.get("records_per_client")
     equal = data.partition == "equal-size" or generated is not None
@@ -232,13 +247,23 @@ def model_parameters(config: RunConfig, dataset: Any) -> int:
 
     from dpfl.models import build_model
 
-    with torch.device("meta"):
-        model = build_model(
-            config.model.name,
-            input_shape=dataset.input_shape,
-            num_classes=dataset.num_classes,
-            **config.model.options,
-        )
+    try:
+        with torch.device("meta"):
+            model = build_model(
+                config.model.name,
+                input_shape=dataset.input_shape,
+                num_classes=dataset.num_classes,
+                **config.model.options,
+            )
+    except (RuntimeError, OverflowError) as exc:
+        if "overflow" not in str(exc).lower():
+            raise
+        # a layer's element count past what an index holds (2^63)
+        raise ConfigError(
+            f"model {config.model.name!r} with these model.options is too large "
+            "to exist (a layer's element count overflows 64 bits); use a smaller "
+            "model"
+        ) from None
     return int(sum(p.numel() for p in model.parameters()))
 
 

@@ -100,6 +100,7 @@ from typing import Any
 
 import yaml
 
+from dpfl import _deadline
 from dpfl._deadline import TimeLimitExceeded, time_limit
 from dpfl._files import atomic_write as _atomic_write
 from dpfl._files import read_jsonl
@@ -320,8 +321,9 @@ def _resolve(config: RunConfig, dataset: Any, *, started: bool = False) -> RunCo
     planning for the guard that will run. Here too: a budget above
     :data:`~dpfl._validate.MAX_CALIBRATED_EPSILON` to calibrate to is refused,
     a calibration that runs past :data:`CALIBRATION_SECONDS` is refused, a
-    given σ is priced for one round as the guard will price it (for a run
-    that starts: a started one was priced when it started), and the
+    given σ is priced for one round as the guard will price it, within
+    :data:`~dpfl._deadline.ANSWER_SECONDS` (for a run that starts: a started
+    one was priced when it started), and the
     accounting's own refusals (a privacy loss it cannot price) come back as
     one line naming the keys, never its internal message.
     """
@@ -347,7 +349,73 @@ def _resolve(config: RunConfig, dataset: Any, *, started: bool = False) -> RunCo
         f"privacy.epsilon {priv.epsilon:g} at privacy.delta {priv.delta:g} over "
         f"{config.rounds} rounds"
     )
+
+    def planned(sigma: float | None) -> tuple[Any, RunConfig]:
+        """The plan for noise multiplier ``sigma``, and the resolved config."""
+        plan = plan_privacy(
+            cls,
+            config.algorithm.params,
+            stats,
+            epsilon=priv.epsilon,
+            delta=priv.delta,
+            rounds=config.rounds,
+            noise_multiplier=sigma,
+            analysis=priv.analysis,
+            guard=priv.guard,
+            allow_unproven=priv.allow_unproven,
+            allow_large_delta=priv.allow_large_delta,
+            keys="privacy.",
+            error=ConfigError,
+            logger=log,
+        )
+        tree = config.to_dict()
+        tree["algorithm"]["params"] = plan.params.to_dict()
+        tree["privacy"]["noise_multiplier"] = plan.noise_multiplier
+        if plan.event is not None:
+            tree["privacy"]["analysis"] = (
+                plan.analysis if priv.guard == "accountant" else None
+            )
+        return plan, config_from_dict(tree)
+
+    def priced_in_time(plan: Any, resolved: RunConfig, given: str, fix: str) -> None:
+        """Price one round as the guard will, within the answer time.
+
+        One accounting query, as ``dpfl account`` answers one: a noise or a
+        sampling so extreme that one round cannot be priced in that time
+        would stall every round of the run (and every step of a
+        calibration).
+        """
+        if plan.analysis:
+            given += f", privacy.analysis {plan.analysis}"
+        with time_limit(
+            _deadline.ANSWER_SECONDS,
+            f"one round of this run ({given}, under algorithm.params' sampling) "
+            f"was not priced within {_deadline.ANSWER_SECONDS:g} s: the run would "
+            f"price every round so; {fix}",
+        ):
+            _price_one_round(resolved, plan.event)
+
     try:
+        if calibrates and not started:
+            # one round at σ = 1 first: a calibration prices many noise
+            # multipliers, and one round the accounting cannot price in time
+            # would hold it for its whole time limit
+            # (only its time counts: a loss the accounting cannot price at 1
+            # may be priced at the calibrated noise)
+            probe, probed = planned(1.0)
+            if probe.event is not None:
+                try:
+                    priced_in_time(
+                        probe,
+                        probed,
+                        "privacy.noise_multiplier null, priced at 1 before calibrating",
+                        "use less extreme sampling probabilities",
+                    )
+                except TimeLimitExceeded:
+                    raise
+                except InvalidParameterError as exc:
+                    if not _raised_in_accounting(exc):
+                        raise
         with time_limit(
             CALIBRATION_SECONDS,
             f"the noise multiplier for {target} was not found within "
@@ -355,32 +423,15 @@ def _resolve(config: RunConfig, dataset: Any, *, started: bool = False) -> RunCo
             "grows and delta shrinks); use a smaller privacy.epsilon, a larger "
             "privacy.delta, or give privacy.noise_multiplier",
         ):
-            plan = plan_privacy(
-                cls,
-                config.algorithm.params,
-                stats,
-                epsilon=priv.epsilon,
-                delta=priv.delta,
-                rounds=config.rounds,
-                noise_multiplier=priv.noise_multiplier,
-                analysis=priv.analysis,
-                guard=priv.guard,
-                allow_unproven=priv.allow_unproven,
-                allow_large_delta=priv.allow_large_delta,
-                keys="privacy.",
-                error=ConfigError,
-                logger=log,
-            )
-            tree = config.to_dict()
-            tree["algorithm"]["params"] = plan.params.to_dict()
-            tree["privacy"]["noise_multiplier"] = plan.noise_multiplier
-            if plan.event is not None:
-                tree["privacy"]["analysis"] = (
-                    plan.analysis if priv.guard == "accountant" else None
-                )
-            resolved = config_from_dict(tree)
+            plan, resolved = planned(priv.noise_multiplier)
             if plan.event is not None and not plan.calibrated and not started:
-                _price_one_round(resolved, plan.event)
+                priced_in_time(
+                    plan,
+                    resolved,
+                    f"privacy.noise_multiplier {priv.noise_multiplier:g}",
+                    "use a larger privacy.noise_multiplier or less extreme "
+                    "sampling probabilities",
+                )
     except (ConfigError, TimeLimitExceeded):
         raise
     except InvalidParameterError as exc:
@@ -398,12 +449,14 @@ def _resolve(config: RunConfig, dataset: Any, *, started: bool = False) -> RunCo
             f"{target} "
             + ("" if sigma is None else f"with privacy.noise_multiplier {sigma:g} ")
             + "is beyond what the accounting can price for this algorithm (the "
-            "privacy loss at such a small noise overflows its numerical range); "
+            "privacy loss at such a small noise, or under such extreme sampling "
+            "probabilities, leaves its numerical range); "
             + (
                 "use a smaller privacy.epsilon or a larger privacy.delta"
                 if sigma is None
                 else "use a larger privacy.noise_multiplier"
             )
+            + " or less extreme sampling probabilities"
         ) from None
     return resolved
 
@@ -494,7 +547,8 @@ def prepare(config: RunConfig, *, started: bool = False) -> Prepared:
     partitioned (a missing file, a wrong column, ...), the privacy settings
     against the algorithm and the data (an unproven analysis without
     ``privacy.allow_unproven``, δ >= 1/n, ...) with σ calibrated
-    (:func:`_resolve`, within :data:`~dpfl._deadline.ANSWER_SECONDS`), the
+    (:func:`_resolve`: a calibration within :data:`CALIBRATION_SECONDS`, a
+    given σ priced within :data:`~dpfl._deadline.ANSWER_SECONDS`), the
     model's size against memory and its secure noise against time
     (:func:`~dpfl.experiments.checks.check_model_size`), and the algorithm
     built on its device. Nothing is written.

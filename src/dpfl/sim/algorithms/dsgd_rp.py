@@ -303,9 +303,25 @@ class DsgdRandomParticipation(FederatedAlgorithm):
         self.velocity = torch.zeros_like(self.weights)
 
     def _scale(self, records: int) -> float:
-        """``1 / (p q n)`` for ``n`` records held by the online clients."""
+        """``1 / (p q n)`` for ``n`` records held by the online clients.
+
+        Raises
+        ------
+        InvalidParameterError
+            If ``p q n`` is so small that its inverse is not a finite double
+            (``participation_probability: 5e-324``): the round's sum would be
+            scaled by infinity.
+        """
         p = self.params
-        return 1.0 / (p.participation_probability * p.record_probability * records)
+        expected = p.participation_probability * p.record_probability * records
+        if not expected > 0 or not math.isfinite(1.0 / expected):
+            raise InvalidParameterError(
+                f"participation_probability ({p.participation_probability!r}) x "
+                f"record_probability ({p.record_probability!r}) x {records} records "
+                "is too small to scale a round by its inverse (a double overflows); "
+                "use larger probabilities"
+            )
+        return 1.0 / expected
 
     # -- Algorithm 1, one round -----------------------------------------------------
     def select(self, round_index: int, server: Streams) -> Cohort:

@@ -123,6 +123,7 @@ import torch
 from dpfl._validate import (
     check_count,
     check_nonnegative,
+    check_norm_noise,
     check_positive,
     check_probability,
 )
@@ -354,7 +355,7 @@ class Locks(FederatedAlgorithm):
         """
         p = cast(LocksParams, params)
         return cls.sampler(p, stats).event(
-            p.norm_noise_ratio * noise_multiplier, noise_multiplier
+            check_norm_noise(p.norm_noise_ratio, noise_multiplier), noise_multiplier
         )
 
     @classmethod
