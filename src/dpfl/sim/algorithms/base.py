@@ -84,8 +84,17 @@ class AlgorithmParams:
         object.__setattr__(self, name, value)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data (YAML/JSON ready)."""
-        return dataclasses.asdict(self)
+        """Plain data (YAML/JSON ready).
+
+        A ``server_optimizer`` that is the default plain SGD step is left
+        out, so the configuration (and the digest of a run folder) of a run
+        with the default server step is what it was before server optimisers
+        were a parameter, and such runs still resume.
+        """
+        out = dataclasses.asdict(self)
+        if out.get("server_optimizer") == {"name": "sgd"}:
+            del out["server_optimizer"]
+        return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -387,6 +387,10 @@ class DpFedAvgParams(AlgorithmParams):
             If the schedule is malformed or m_t is not in ``[1, K]``.
         """
         raw = schedule_value(self.cohort_size, round_index, name="cohort_size")
+        if not math.isfinite(raw):
+            raise InvalidParameterError(
+                f"cohort_size (round {round_index}) must be a finite count; got {raw!r}"
+            )
         m = check_count(f"cohort_size (round {round_index})", round(raw), minimum=1)
         if num_clients is not None and m > num_clients:
             raise InvalidParameterError(
