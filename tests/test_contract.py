@@ -85,6 +85,23 @@ SPECS: dict[str, tuple[dict, float, str, float]] = {
         "mlp",
         1e-5,
     ),
+    # DP-FedNova (normalised updates) with the FedAdam server optimiser, so an
+    # optimiser with state is under contract too (exact resume of its moments):
+    # float32 rounding only, as DP-FedAvg.
+    "dp-fednova": (
+        dict(
+            cohort_size=4,
+            local_epochs=1,
+            batch_size=8,
+            learning_rate=0.1,
+            clip=0.1,
+            server_optimizer={"name": "adam", "tau": 0.01},
+            server_learning_rate=0.01,
+        ),
+        1.0,
+        "mlp",
+        1e-5,
+    ),
     # Non-private FedAvg (σ = 0: no event; the guard and pricing tests skip it)
     # with FedProx's proximal local objective, so the objective is under
     # contract too: float32 rounding only.

@@ -161,9 +161,9 @@ class CanaryHook:
     Wraps, on the algorithm *object* only (nothing in the engine changes),
     ``client_steps`` (the batched cohort step: the real clients' messages are
     computed by the algorithm itself, the canaries' are written) and the step
-    where the noisy sum becomes the update (``apply_update`` for DP-FedAvg,
-    ``estimate`` for DP-DSGD), where the white-box observer reads the noisy
-    sum.
+    where the noisy sum becomes the update (``server_update`` for DP-FedAvg:
+    the released noisy average, before any server optimiser; ``estimate`` for
+    DP-DSGD), where the white-box observer reads the noisy sum.
 
     Parameters
     ----------
@@ -211,9 +211,9 @@ class CanaryHook:
         self._inner_steps = algorithm.client_steps
         algorithm.client_steps = self._client_steps  # type: ignore[method-assign]
         if self.level == "client":
-            self._inner_apply = algorithm.apply_update
+            self._inner_update = algorithm.server_update
             self._inner_server = algorithm.server_step
-            algorithm.apply_update = self._apply_update  # type: ignore[method-assign]
+            algorithm.server_update = self._server_update  # type: ignore[method-assign]
             algorithm.server_step = self._server_step  # type: ignore[method-assign]
         else:
             self._inner_estimate = algorithm.estimate  # type: ignore[attr-defined]
@@ -280,10 +280,12 @@ class CanaryHook:
         self._cohort_size = float(cohort.info["cohort_size"])
         return self._inner_server(cohort, messages, server)
 
-    def _apply_update(self, delta: torch.Tensor, *, scale: float = 1.0) -> None:
+    def _server_update(
+        self, delta: torch.Tensor, *, learning_rate: float = 1.0
+    ) -> torch.Tensor:
         noisy_sum = delta.detach().double() * self._cohort_size
         self._observe(noisy_sum)
-        self._inner_apply(delta, scale=scale)
+        return self._inner_update(delta, learning_rate=learning_rate)
 
     def _estimate(self, cohort: Any, messages: Messages) -> Any:
         estimate, norm = self._inner_estimate(cohort, messages)

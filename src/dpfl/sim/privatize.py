@@ -34,7 +34,16 @@ by default a :class:`~dpfl.sim.secure_noise.SecureGenerator` (a secret,
 cryptographically secure stream with a floating-point-safe Gaussian
 sampler), or, for a run that asks for reproducible noise, a seeded
 :class:`torch.Generator` (not secure: anyone with the seed can draw the same
-noise). Every draw goes through :func:`~dpfl.sim.secure_noise.fill_normal_`.
+noise).
+
+**One door.** Every Gaussian draw of the simulation goes through
+:func:`gaussian_noise_` (which hands it to
+:func:`~dpfl.sim.secure_noise.fill_normal_` or, for one generator per row,
+:func:`~dpfl.sim.secure_noise.fill_normal_rows_`): the privatizers here,
+:func:`gaussian_noise_like` and :func:`gaussian_noise_rows` (per-client noise of
+local DP-SGD steps), the background draws of :class:`PendingNoise` and the
+noisy count of adaptive clipping (:func:`noisy_count`). No algorithm draws
+noise any other way.
 """
 
 from __future__ import annotations
@@ -62,11 +71,71 @@ __all__ = [
     "NoiseOnlyMessages",
     "PendingNoise",
     "Privatizer",
+    "gaussian_noise_",
     "gaussian_noise_like",
     "gaussian_noise_rows",
+    "noisy_count",
 ]
 
 Params = dict[str, torch.Tensor]
+
+
+def gaussian_noise_(
+    out: torch.Tensor,
+    generator: NoiseGenerator | Sequence[NoiseGenerator],
+    std: float = 1.0,
+    *,
+    draw: int | None = None,
+) -> torch.Tensor:
+    """Fill ``out`` with ``N(0, std²)`` noise, in place: the one door to noise.
+
+    Parameters
+    ----------
+    out : torch.Tensor
+        Floating tensor on the generator's device.
+    generator : torch.Generator, SecureGenerator, or a sequence of them
+        The source; a sequence gives one generator per row of a 2-D ``out``
+        (row ``j`` from ``generator[j]``, as if drawn one after another).
+    std : float
+        Standard deviation (not re-validated: the callers check it).
+    draw : int or None
+        A :class:`~dpfl.sim.secure_noise.SecureGenerator`'s draw index taken
+        earlier with ``reserve()`` (a draw made later or on another thread);
+        ``None``: the generator's next draw.
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+    """
+    if isinstance(generator, torch.Generator | SecureGenerator):
+        if draw is not None:
+            if not isinstance(generator, SecureGenerator):
+                raise InvalidParameterError(
+                    "draw is for a SecureGenerator's reserved draw; got a "
+                    f"{type(generator).__name__}"
+                )
+            return generator.normal_(out, std, draw=draw)
+        return fill_normal_(out, generator, std)
+    return fill_normal_rows_(out, generator, std)
+
+
+def noisy_count(count: float, std: float, generator: NoiseGenerator) -> float:
+    """``count + N(0, std²)``: a scalar count released with Gaussian noise.
+
+    The count of adaptive clipping (Andrew et al. 2021, Algorithm 1: how many
+    updates were under the bound) is drawn in float64 from one draw of
+    ``generator`` on its device.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        If ``std`` is negative or not finite, or ``generator`` is neither kind.
+    """
+    std = check_nonnegative("std", std)
+    _check_generator(generator)
+    z = torch.empty((), device=generator.device, dtype=torch.float64)
+    return count + float(gaussian_noise_(z, generator)) * std
 
 
 def gaussian_noise_like(
@@ -163,7 +232,7 @@ def gaussian_noise_rows(
     device = devices.pop() if devices else like.device
     dtype = like.dtype if like.is_floating_point() else torch.float32
     out = torch.empty(like.shape, dtype=dtype, device=device)
-    fill_normal_rows_(out, generators)
+    gaussian_noise_(out, generators)
     return out.mul_(std).to(device=like.device)
 
 
@@ -222,7 +291,7 @@ def _standard_normal_like(
     """
     buffers = _noise_buffers(params, generator.device)
     for buf in buffers:
-        fill_normal_(buf, generator)
+        gaussian_noise_(buf, generator)
     return _noise_views(
         buffers,
         {name: tuple(t.shape) for name, t in params.items()},
@@ -425,14 +494,14 @@ class PendingNoise:
 
             def draw() -> list[torch.Tensor]:
                 for buf, index in zip(buffers, indices):
-                    generator.normal_(buf, std, draw=index)
+                    gaussian_noise_(buf, generator, std, draw=index)
                 return buffers
 
         else:
 
             def draw() -> list[torch.Tensor]:
                 for buf in buffers:
-                    fill_normal_(buf, generator, std)
+                    gaussian_noise_(buf, generator, std)
                 return buffers
 
         if (

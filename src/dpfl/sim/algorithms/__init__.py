@@ -20,6 +20,7 @@ from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.algorithms import (  # noqa: F401  (each import registers one algorithm)
     dp_fedavg,
+    dp_fednova,
     dsgd_rp,
     fedavg,
     locks,

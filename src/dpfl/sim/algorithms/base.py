@@ -41,15 +41,16 @@ import torch
 from torch import nn
 
 from dpfl._validate import check_count, check_nonnegative
-from dpfl.accounting.events import Event
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.models.losses import classification_loss
+from dpfl.sim.algorithms.privacy import PrivacyHooks
 from dpfl.sim.evaluation import evaluate_model
 from dpfl.sim.grad import check_finite, stack_params
 from dpfl.sim.local import client_local_sgd, cohort_local_sgd, pad_cohort
 from dpfl.sim.objectives import LocalObjective
 from dpfl.sim.randomness import Streams
+from dpfl.sim.server_opt import ServerOptimizer, make_server_optimizer
 
 __all__ = [
     "ALGORITHMS",
@@ -83,8 +84,17 @@ class AlgorithmParams:
         object.__setattr__(self, name, value)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data (YAML/JSON ready)."""
-        return dataclasses.asdict(self)
+        """Plain data (YAML/JSON ready).
+
+        A ``server_optimizer`` that is the default plain SGD step is left
+        out, so the configuration (and the digest of a run folder) of a run
+        with the default server step is what it was before server optimisers
+        were a parameter, and such runs still resume.
+        """
+        out = dataclasses.asdict(self)
+        if out.get("server_optimizer") == {"name": "sgd"}:
+            del out["server_optimizer"]
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,8 +419,16 @@ def algorithm_class(name: str) -> type[FederatedAlgorithm]:
 
 
 # -- the algorithm ----------------------------------------------------------------
-class FederatedAlgorithm(abc.ABC):
+class FederatedAlgorithm(PrivacyHooks):
     """Base of the federated algorithms: holds the model, data and shared parts.
+
+    What a round needs is here: the round contract (:meth:`setup`,
+    :meth:`select`, :meth:`client_step`, :meth:`client_steps`,
+    :meth:`server_step`, :meth:`held_state`, :meth:`extra_state`), the
+    server's last two seams (:meth:`server_update`: the server optimiser,
+    then :meth:`apply_update`) and the weights toolkit. What privacy needs
+    (``round_event`` and the other accounting hooks) is inherited from
+    :class:`~dpfl.sim.algorithms.privacy.PrivacyHooks`.
 
     The global model's parameters are views into one flat buffer,
     :attr:`weights` (``[d]``), so server updates are single operations.
@@ -448,9 +466,6 @@ class FederatedAlgorithm(abc.ABC):
     name: ClassVar[str]
     #: The parameters' dataclass.
     Params: ClassVar[type[AlgorithmParams]]
-    #: Record the participants of each round in the ledger (client-level,
-    #: per-participant accounting).
-    per_client_accounting: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -502,6 +517,10 @@ class FederatedAlgorithm(abc.ABC):
             raise InvalidParameterError("dataset has no training records")
         self.model = model.to(self.device)
         self.weights = self._flatten_model()
+        # Parameters with a ``server_optimizer`` field choose it; others step by SGD.
+        self.server_optimizer: ServerOptimizer = make_server_optimizer(
+            getattr(params, "server_optimizer", None)
+        )
         self.setup()
 
     def _flatten_model(self) -> torch.Tensor:
@@ -644,6 +663,33 @@ class FederatedAlgorithm(abc.ABC):
         )
         return self.flatten(stacked, lead=1) - weights, counts
 
+    # -- the server's last seams: optimiser, then apply -------------------------------
+    def server_update(
+        self, delta: torch.Tensor, *, learning_rate: float = 1.0
+    ) -> torch.Tensor:
+        """The server optimiser's step from the round's (noisy) average ``delta``.
+
+        ``w += learning_rate · s``, ``s`` the direction :attr:`server_optimizer`
+        makes of ``delta`` (``delta`` itself for the default SGD;
+        :mod:`dpfl.sim.server_opt`). It reads only the released aggregate and
+        its own state, so it is post-processing: it changes no guarantee.
+
+        Returns
+        -------
+        torch.Tensor
+            The direction ``s`` (``[d]``).
+
+        Raises
+        ------
+        dpfl.errors.NonFiniteUpdateError
+            If ``delta`` holds NaN or Inf; the weights and the optimiser's
+            state are unchanged.
+        """
+        check_finite({"update": delta}, "model update")
+        step = self.server_optimizer.direction(delta.to(self.weights.dtype))
+        self.apply_update(step, scale=learning_rate)
+        return step
+
     def apply_update(self, delta: torch.Tensor, *, scale: float = 1.0) -> None:
         """``weights += scale · delta``, after checking ``delta`` is finite.
 
@@ -655,97 +701,7 @@ class FederatedAlgorithm(abc.ABC):
         check_finite({"update": delta}, "model update")
         self.weights.add_(delta.to(self.weights.dtype), alpha=scale)
 
-    # -- accounting (pure, no model) ------------------------------------------------
-    @classmethod
-    @abc.abstractmethod
-    def round_event(
-        cls,
-        params: AlgorithmParams,
-        stats: DataStats,
-        noise_multiplier: float,
-        round_index: int = 0,
-    ) -> Event:
-        """The accounting event of round ``round_index`` at noise multiplier σ > 0.
-
-        The event of the sampler and privatizer the round uses, built without
-        a model: :func:`dpfl.accounting.calibrate.calibrate_noise_multiplier`
-        calibrates σ through it. It depends on the round only where a
-        parameter is a per-round schedule.
-        """
-
-    @classmethod
-    def unproven_reason(cls, params: AlgorithmParams) -> str | None:
-        """Why these parameters give no proven bound (None: they do)."""
-        return None
-
-    @classmethod
-    def valid_analyses(cls, params: AlgorithmParams) -> tuple[str, ...] | None:
-        """The only analyses that describe these parameters' mechanism (None: any).
-
-        An algorithm whose setting changes what the adversary sees (e.g.
-        participation made visible to the server) narrows the analyses that
-        hold; :func:`dpfl.sim.plan.plan_privacy` refuses any other, even with
-        ``allow_unproven``, since it would not describe the mechanism run.
-        """
-        return None
-
-    @classmethod
-    def resolve_noise(
-        cls, params: AlgorithmParams, stats: DataStats
-    ) -> tuple[float, AlgorithmParams] | None:
-        """σ set by the parameters themselves (e.g. a per-round local ε), if any.
-
-        Returns ``(σ, params without that setting)``, or ``None`` (default):
-        σ comes from ``privacy.noise_multiplier``.
-        """
-        return None
-
-    @classmethod
-    def paper_report(
-        cls,
-        params: AlgorithmParams,
-        stats: DataStats,
-        noise_multiplier: float,
-        ledger: Any,
-        delta: float,
-    ) -> dict[str, Any] | None:
-        """The paper's own privacy figures for a run, with caveats (None: none)."""
-        return None
-
-    def event(self, round_index: int = 0) -> Event | None:
-        """The event of round ``round_index`` (``None``: non-private, not charged)."""
-        if not self.private:
-            return None
-        return type(self).round_event(
-            self.params, self.stats, self.noise_multiplier, round_index
-        )
-
-    def realised_event(self, cohort: Cohort) -> Event | None:
-        """The event as the round realised it, when it learns facts during the round.
-
-        It must price as :meth:`event` (the ledger checked that one). Default
-        ``None``: the round realised :meth:`event`.
-        """
-        return None
-
-    def ledger_extra(self, cohort: Cohort) -> dict[str, Any] | None:
-        """Extra facts of the round for the ledger entry (default none)."""
-        return None
-
     # -- the round --------------------------------------------------------------------
-    @property
-    def messages_are_releases(self) -> bool:
-        """Whether a client's message is itself a private release.
-
-        True when the clients privatize what they send (client-side noise):
-        the server, or anyone who sees a message, sees a release the event
-        prices, so a round whose messages reached the server is charged even
-        if it is abandoned before the server step
-        (:meth:`dpfl.sim.loop.Trainer.abandon_round`). False (default): the
-        server privatizes (central noise) and only its update is a release.
-        """
-        return False
-
     def held_state(self, client: int) -> dict[str, torch.Tensor]:
         """What ``client`` holds between rounds, as the server's copy has it.
 
@@ -815,6 +771,7 @@ class FederatedAlgorithm(abc.ABC):
                 k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()
             },
             "extra": self.extra_state(),
+            "server_optimizer": self.server_optimizer.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -840,6 +797,9 @@ class FederatedAlgorithm(abc.ABC):
                 f"state's model does not match this model: {exc}"
             ) from None
         self.load_extra_state(state["extra"])
+        self.server_optimizer.load_state_dict(
+            state.get("server_optimizer", {}), like=self.weights
+        )
 
     def __repr__(self) -> str:
         """Return the name, σ and parameters."""

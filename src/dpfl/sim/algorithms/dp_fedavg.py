@@ -116,12 +116,13 @@ from dpfl.sim.algorithms.base import (
     register,
 )
 from dpfl.sim.objectives import make_objective
-from dpfl.sim.privatize import CentralGaussian
+from dpfl.sim.privatize import CentralGaussian, noisy_count
 from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling import FixedCohortSampler, PoissonClientSampler
-from dpfl.sim.secure_noise import fill_normal_
+from dpfl.sim.server_opt import check_server_optimizer
 
 __all__ = [
+    "Aggregate",
     "DpFedAvg",
     "DpFedAvgParams",
     "between_client_variance",
@@ -300,7 +301,14 @@ class DpFedAvgParams(AlgorithmParams):
     sampling : {"fixed", "poisson"}
         Fixed-size cohorts (Algorithm 1) or Poisson client sampling at m_t/K.
     server_learning_rate : float
-        Multiplies the noisy average before it is added (paper: 1).
+        η, the server optimiser's step size (paper: 1, with SGD).
+    server_optimizer : dict
+        How the server steps from the noisy average:
+        ``{"name": "sgd"}`` (default, the paper's ``w += η · average``),
+        ``momentum`` (DP-FedAvgM), ``adam`` (DP-FedAdam), ``yogi`` or
+        ``adagrad``, with their options (:mod:`dpfl.sim.server_opt`). It is
+        post-processing of the noisy average: the guarantee does not depend
+        on it.
     local_objective : dict
         What clients minimise locally: ``{"name": "erm"}`` (default) or a
         registered objective with its options (:mod:`dpfl.sim.objectives`),
@@ -322,8 +330,12 @@ class DpFedAvgParams(AlgorithmParams):
     local_objective: dict[str, Any] = dataclasses.field(
         default_factory=lambda: {"name": "erm"}
     )
+    server_optimizer: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: {"name": "sgd"}
+    )
 
     def __post_init__(self) -> None:
+        self._set("server_optimizer", check_server_optimizer(self.server_optimizer))
         self._set("cohort_size", _freeze_schedule(self.cohort_size))
         self.cohort_at(0)  # validates the schedule's form
         make_objective(self.local_objective)  # validates its name and options
@@ -375,6 +387,10 @@ class DpFedAvgParams(AlgorithmParams):
             If the schedule is malformed or m_t is not in ``[1, K]``.
         """
         raw = schedule_value(self.cohort_size, round_index, name="cohort_size")
+        if not math.isfinite(raw):
+            raise InvalidParameterError(
+                f"cohort_size (round {round_index}) must be a finite count; got {raw!r}"
+            )
         m = check_count(f"cohort_size (round {round_index})", round(raw), minimum=1)
         if num_clients is not None and m > num_clients:
             raise InvalidParameterError(
@@ -417,6 +433,31 @@ class DpFedAvgParams(AlgorithmParams):
 
 
 # --------------------------------------------------------------- the algorithm
+@dataclasses.dataclass
+class Aggregate:
+    """What :meth:`DpFedAvg.aggregate` hands the privatize step.
+
+    Attributes
+    ----------
+    total : torch.Tensor
+        ``[d]``: the sum of the clipped updates.
+    bound : float
+        The round's clipping bound S.
+    norms : torch.Tensor
+        ``[m]`` float64: the updates' norms ζ_k (before clipping).
+    participants : int
+        Updates received.
+    metrics : dict of str to float
+        The diagnostics (Geyer et al. §3), when any update arrived.
+    """
+
+    total: torch.Tensor
+    bound: float
+    norms: torch.Tensor
+    participants: int
+    metrics: dict[str, float]
+
+
 @register
 class DpFedAvg(FederatedAlgorithm):
     """Client-level DP-FedAvg (name ``"dp-fedavg"``).
@@ -555,13 +596,60 @@ class DpFedAvg(FederatedAlgorithm):
             updates = updates * factor.to(updates.dtype)[:, None]
         return Messages(updates, {"norm": norms})
 
+    # -- the server step: aggregate -> privatize -> server optimiser -> apply -------
     def server_step(
         self, cohort: Cohort, messages: Messages, server: Streams
     ) -> dict[str, float]:
-        """S; Σ clipped + N(0, σ_Δ²S²); / m_t; adaptive C_{t+1}; w += η_s · average."""
+        """S; Σ clipped + N(0, σ_Δ²S²); / m_t; adaptive C_{t+1}; the server's step.
+
+        The seams, in order: :meth:`aggregate` (the clipped sum and the
+        diagnostics), :meth:`privatize` (the round's noise: update sum, then
+        the adaptive count), the server optimiser and the step
+        (:meth:`~dpfl.sim.algorithms.base.FederatedAlgorithm.server_update`,
+        post-processing of the noisy average).
+        """
         p = self.params
         m_t = int(cohort.info["cohort_size"])
         c_t = float(cohort.info["clip_bound"])
+        agg = self.aggregate(messages, c_t)
+        total, fraction, noise_std = self.privatize(agg, m_t, c_t, server)
+        metrics = agg.metrics
+        next_bound = c_t
+        if fraction is not None:
+            next_bound = c_t * math.exp(
+                -p.clip_learning_rate * (fraction - p.target_quantile)
+            )
+            metrics["noisy_fraction_under"] = fraction
+            metrics["clip_bound_next"] = next_bound
+
+        average = total / m_t
+        self.server_update(average, learning_rate=p.server_learning_rate)
+        self.clip_bound = next_bound
+        self.communication_cost += agg.participants
+        metrics.update(
+            participants=float(agg.participants),
+            cohort_size=float(m_t),
+            noise_multiplier=float(self.noise_multiplier),
+            clip_bound=agg.bound,
+            clip_bound_private=0.0 if p.clipping == "median" else 1.0,
+            clipped_fraction=(
+                float((agg.norms > agg.bound).double().mean())
+                if agg.participants
+                else 0.0
+            ),
+            communication_cost=float(self.communication_cost),
+            noise_std=noise_std,
+            update_norm=float(average.norm()),
+        )
+        return metrics
+
+    def aggregate(self, messages: Messages, clip_bound: float) -> Aggregate:
+        """The bound S, the sum of the clipped updates and Geyer's diagnostics.
+
+        S is ``clip_bound`` (fixed or adaptive: the clients clipped to it) or
+        the cohort's median norm (the server clips).
+        """
+        p = self.params
         vectors = messages.vectors
         m_real = int(vectors.shape[0])
         norms = (
@@ -570,12 +658,11 @@ class DpFedAvg(FederatedAlgorithm):
             else torch.zeros(0, dtype=torch.float64, device=vectors.device)
         )
         metrics: dict[str, float] = {}
-
         # Clipping bound S, and each update's clip factor min(1, S/ζ_k).
         if p.clipping == "median" and m_real:
             bound = float(torch.quantile(norms, 0.5))
         else:
-            bound = c_t
+            bound = clip_bound
         if bound > 0:
             factor = (bound / norms).clamp(max=1.0)
         else:  # median of all-zero updates: nothing to send
@@ -591,53 +678,38 @@ class DpFedAvg(FederatedAlgorithm):
             metrics["update_scale"] = update_scale(unclipped)
             metrics["update_norm_median"] = float(torch.quantile(norms, 0.5))
         total = clipped.sum(0) if m_real else torch.zeros_like(self.weights)
+        return Aggregate(total, bound, norms, m_real, metrics)
 
-        # Central Gaussian noise (update first, then the adaptive count).
-        noise_std = 0.0
-        if self.private and bound > 0:
-            sigma_update = p.update_noise_multiplier(self.noise_multiplier, m_t)
-            privatizer = CentralGaussian(noise_multiplier=sigma_update, clip=bound)
+    def privatize(
+        self, agg: Aggregate, cohort_size: int, clip_bound: float, server: Streams
+    ) -> tuple[torch.Tensor, float | None, float]:
+        """The round's releases: the noisy sum, then the adaptive bound's noisy count.
+
+        Returns
+        -------
+        tuple
+            ``(Σ clipped + N(0, σ_Δ² S²), b̃_t or None, σ_Δ S)``: the noisy sum,
+            the noisy fraction of norms under C_t (adaptive clipping only) and
+            the std of the sum's noise (0 when not private).
+        """
+        p = self.params
+        total, noise_std = agg.total, 0.0
+        if self.private and agg.bound > 0:
+            sigma_update = p.update_noise_multiplier(self.noise_multiplier, cohort_size)
+            privatizer = CentralGaussian(noise_multiplier=sigma_update, clip=agg.bound)
             total = privatizer.add_noise(
                 {"update": total},
-                num_participants=m_real,
+                num_participants=agg.participants,
                 num_available=self.stats.num_clients,
                 generator=server.generator,
             )["update"]
-            noise_std = sigma_update * bound
-        next_bound = c_t
-        if p.clipping == "adaptive":
-            count = float((norms <= c_t).double().sum()) - 0.5 * m_real
-            if self.private:
-                z = fill_normal_(
-                    torch.empty(
-                        (), device=server.generator.device, dtype=torch.float64
-                    ),
-                    server.generator,
-                )
-                count += float(z) * p.count_noise(m_t)
-            frac = count / m_t + 0.5
-            next_bound = c_t * math.exp(
-                -p.clip_learning_rate * (frac - p.target_quantile)
-            )
-            metrics["noisy_fraction_under"] = frac
-            metrics["clip_bound_next"] = next_bound
-
-        average = total / m_t
-        self.apply_update(average, scale=p.server_learning_rate)  # checks finiteness
-        self.clip_bound = next_bound
-        self.communication_cost += m_real
-        metrics.update(
-            participants=float(m_real),
-            cohort_size=float(m_t),
-            noise_multiplier=float(self.noise_multiplier),
-            clip_bound=bound,
-            clip_bound_private=0.0 if p.clipping == "median" else 1.0,
-            clipped_fraction=float((norms > bound).double().mean()) if m_real else 0.0,
-            communication_cost=float(self.communication_cost),
-            noise_std=noise_std,
-            update_norm=float(average.norm()),
-        )
-        return metrics
+            noise_std = sigma_update * agg.bound
+        if p.clipping != "adaptive":
+            return total, None, noise_std
+        count = float((agg.norms <= clip_bound).double().sum()) - 0.5 * agg.participants
+        if self.private:
+            count = noisy_count(count, p.count_noise(cohort_size), server.generator)
+        return total, count / cohort_size + 0.5, noise_std
 
     # -- state ----------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:

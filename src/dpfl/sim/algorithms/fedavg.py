@@ -41,6 +41,7 @@ from dpfl.sim.algorithms.base import (
 from dpfl.sim.objectives import make_objective
 from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling import FixedCohortSampler
+from dpfl.sim.server_opt import check_server_optimizer
 
 __all__ = ["FedAvg", "FedAvgParams"]
 
@@ -68,6 +69,10 @@ class FedAvgParams(AlgorithmParams):
         What clients minimise: ``{"name": "erm"}`` (default) or a registered
         objective with its options (:mod:`dpfl.sim.objectives`), e.g.
         ``{"name": "proximal", "mu": 0.01}`` (FedProx).
+    server_optimizer : dict
+        The server's step from the average: ``{"name": "sgd"}`` (default),
+        ``momentum`` (FedAvgM), ``adam`` (FedAdam), ``yogi`` or ``adagrad``
+        with their options, η_s as the step size (:mod:`dpfl.sim.server_opt`).
     """
 
     cohort_size: int = 10
@@ -79,8 +84,12 @@ class FedAvgParams(AlgorithmParams):
     local_objective: dict[str, Any] = dataclasses.field(
         default_factory=lambda: {"name": "erm"}
     )
+    server_optimizer: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: {"name": "sgd"}
+    )
 
     def __post_init__(self) -> None:
+        self._set("server_optimizer", check_server_optimizer(self.server_optimizer))
         self._set(
             "cohort_size", check_count("cohort_size", self.cohort_size, minimum=1)
         )
@@ -178,7 +187,7 @@ class FedAvg(FederatedAlgorithm):
     def server_step(
         self, cohort: Cohort, messages: Messages, server: Streams
     ) -> dict[str, float]:
-        """Server: w ← w + η_s · Σ_k ω_k Δ_k, ω_k = n_k / n_S (or 1/m)."""
+        """Server: Δ = Σ_k ω_k Δ_k, ω_k = n_k / n_S (or 1/m); w ← w + η_s · opt(Δ)."""
         vectors = messages.vectors
         if self.params.weighting == "records":
             weights = messages.scalars["records"]
@@ -191,7 +200,7 @@ class FedAvg(FederatedAlgorithm):
                 device=vectors.device,
             )
         average = (weights.to(vectors.dtype)[:, None] * vectors).sum(dim=0)
-        self.apply_update(average, scale=self.params.server_learning_rate)
+        self.server_update(average, learning_rate=self.params.server_learning_rate)
         return {
             "participants": float(len(cohort.participants)),
             "update_norm": float(torch.linalg.vector_norm(average)),
