@@ -26,9 +26,10 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
+from dpfl._runtime import openmp_defaults
 from dpfl._validate import MAX_EPSILON, MAX_ROUNDS, MAX_SEED, NOISE_RANGE
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.errors import DpflError, InvalidParameterError
@@ -1945,35 +1946,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_subcommands(sub)  # registered always: a missing extra is named on use
     _check_flags(parser)
     return parser
-
-
-#: Rounds an idle OpenMP worker spins before it sleeps (GNU libgomp, the
-#: OpenMP of torch's Linux wheels), for the training commands. libgomp's
-#: default, 300,000, keeps each worker busy for milliseconds after every
-#: parallel region, so the thread that draws a round's noise while the
-#: gradients are computed shares a core with a spinner. With 10,000 the
-#: non-private round is as fast as with the default and the DP round hides
-#: its noise draw (paper scenario 1, 2 cores: DP/non-private 1.26 vs 1.31 in
-#: random order, 1.31-1.34 vs 1.39-1.41 in fixed order; notes/engine.md).
-GOMP_SPINCOUNT = "10000"
-
-
-def openmp_defaults(env: MutableMapping[str, str], spin: str = GOMP_SPINCOUNT) -> None:
-    """Set ``GOMP_SPINCOUNT`` in ``env`` unless it names a wait policy or spin.
-
-    Only acts on a process that loads torch (and so libgomp) afterwards: the
-    command line does so lazily, and ``benchmarks/engine.py`` for its timed
-    subprocesses.
-
-    Parameters
-    ----------
-    env : mutable mapping of str to str
-        An environment (``os.environ`` or a child's copy); modified.
-    spin : str
-        The spin count to set.
-    """
-    if "OMP_WAIT_POLICY" not in env:
-        env.setdefault("GOMP_SPINCOUNT", spin)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
