@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 import dpfl
-from dpfl.cli import AUDIT_FIGURES, DEFAULT_DELTA, build_parser, main
+from dpfl.cli.audit import AUDIT_FIGURES
+from dpfl.cli.main import build_parser, main
 from dpfl.experiments import runner
 from dpfl.experiments.config import load_config
+from dpfl.papers.base import DEFAULT_DELTA
 
 PRESET = Path(__file__).resolve().parent.parent / "presets" / "dp-fedavg-digits.yaml"
 
@@ -202,7 +204,7 @@ class Block:
         if name.split(".")[0] in ("torch", "ray"):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, Block())
-from dpfl.cli import main
+from dpfl.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 

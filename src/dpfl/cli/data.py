@@ -12,7 +12,7 @@ import importlib.util
 import os
 from typing import Any
 
-__all__ = ["add_data_subcommand"]
+__all__ = ["add_subcommands"]
 
 # Data sets that need no files, and how they come.
 _BUILT_IN = {
@@ -77,7 +77,7 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_data_subcommand(subparsers: Any) -> None:
+def add_subcommands(subparsers: Any) -> None:
     """Register ``dpfl data`` with its ``list`` and ``fetch`` subcommands.
 
     Parameters
