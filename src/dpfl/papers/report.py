@@ -26,6 +26,7 @@ from typing import Any
 from dpfl.errors import DpflError
 
 __all__ = [
+    "Formula",
     "Report",
     "account",
     "basis_notes",
@@ -38,6 +39,7 @@ __all__ = [
     "scheme_analyses",
     "strict_json",
     "terms",
+    "with_",
 ]
 
 #: A paper's own pricing of one analysis:
@@ -270,13 +272,13 @@ def bound(
     if epsilon is not None:
         b = acc.delta(epsilon)
         out = {"delta": b.upper, "delta_lower": b.lower, "epsilon": epsilon}
-        if not lower:
-            del out["delta_lower"]
-        return out
-    b = acc.epsilon(float(delta))  # type: ignore[arg-type]
-    out = {"epsilon": b.upper, "epsilon_lower": b.lower, "delta": float(delta)}  # type: ignore[arg-type]
+    elif delta is not None:
+        b = acc.epsilon(delta)
+        out = {"epsilon": b.upper, "epsilon_lower": b.lower, "delta": delta}
+    else:
+        raise TypeError("give delta or epsilon")
     if not lower:
-        del out["epsilon_lower"]
+        out.pop("delta_lower" if epsilon is not None else "epsilon_lower")
     return out
 
 
