@@ -17,8 +17,9 @@ def test_record_and_spend_matches_accountant():
     ledger = PrivacyLedger()
     for _ in range(20):
         ledger.record(EVENT)
-    # The ledger prices exactly the composed events (same code path, same bound).
-    direct = Accountant().compose(EVENT, 20).epsilon(1e-5)
+    # The ledger prices exactly the composed events (same code path, same bound,
+    # at the ledger's tolerance).
+    direct = Accountant(tolerance=ledger.tolerance).compose(EVENT, 20).epsilon(1e-5)
     assert ledger.epsilon(1e-5) == direct
 
 
@@ -96,15 +97,17 @@ def test_per_client_spend_counts_the_worst_clients_rounds():
         ledger.record(release, participants=parts)
     assert ledger.epsilon(1e-5).upper == pytest.approx(joined(2), rel=1e-12)
     # Under the paper's reading every round is amplified and counts for all.
-    assert ledger.epsilon(1e-5, analysis="paper") == Accountant("paper").compose(
-        release, 2
-    ).epsilon(1e-5)
+    assert ledger.epsilon(1e-5, analysis="paper") == Accountant(
+        "paper", tolerance=ledger.tolerance
+    ).compose(release, 2).epsilon(1e-5)
     # An event that already prices client sampling holds for everyone every round.
     sampled = ClientPoisson(0.5, Gaussian(4.0))
     ledger = PrivacyLedger()
     for parts in ([1], [2], [3]):
         ledger.record(sampled, participants=parts)
-    assert ledger.epsilon(1e-5) == Accountant().compose(sampled, 3).epsilon(1e-5)
+    assert ledger.epsilon(1e-5) == Accountant(tolerance=ledger.tolerance).compose(
+        sampled, 3
+    ).epsilon(1e-5)
 
 
 def test_flush_appends_a_journal_and_load_replays_it(tmp_path):
@@ -325,3 +328,46 @@ def test_guard_reads_each_recorded_round_once(monkeypatch):
         ledger.check(EVENT)  # as the Trainer does before each round
         ledger.record(EVENT)
     assert calls["n"] <= 4 * 2_000
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 6), st.sampled_from([0, 1, 2])), max_size=6),
+        max_size=25,
+    )
+)
+def test_incremental_front_matches_the_brute_force_rule(rounds):
+    # Random two-stage-like histories: each round charges some units one of
+    # three Gaussian costs. The incrementally kept frontier (non-dominated
+    # profiles, each named by its smallest unit, in increasing order) equals
+    # the one computed from scratch over every unit's charges; the guard's
+    # front() is the frontier's profile of largest mu^2 (all costs Gaussian).
+    from dpfl.accounting.ledger import _dominated, _Spend
+
+    costs = [Gaussian(1.0), Gaussian(2.0), Gaussian(3.0)]
+    spend = _Spend(None)
+    for charges in rounds:
+        for unit, c in charges:
+            spend._charge(unit, spend._intern(costs[c]))
+    units = spend.units
+    profiles = {}
+    for unit in sorted(units):
+        key = frozenset(units[unit].items())
+        profiles.setdefault(key, (unit, units[unit]))
+    expected = sorted(
+        (u, c)
+        for u, c in profiles.values()
+        if not any(c != d and _dominated(c, d) for _, d in profiles.values())
+    )
+    got = spend.frontier()
+    if not units:
+        assert got == [(None, {})]
+        return
+    assert [(u, dict(c)) for u, c in got] == [(u, dict(c)) for u, c in expected]
+
+    def mu2(c):
+        return sum(n / e.noise_multiplier**2 for e, n in c.items())
+
+    (worst,) = spend.front()
+    assert mu2(worst) == max(mu2(c) for _, c in expected)

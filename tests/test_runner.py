@@ -118,10 +118,11 @@ def test_tiny_run_writes_all_files(tmp_path):
     event = run_event(SIGMA)
     ledger = PrivacyLedger.load(d / "ledger.json")
     assert ledger.rounds == 6 and all(e.event == event for e in ledger.entries)
-    # epsilon reported = the accountant's upper bound for 6 such rounds
-    # (same code path; the independent check of the value is the accounting
-    # tests' job). Tolerance: exact equality of the same computation.
-    expected = (  # the default analysis (sound) at the ledger's tolerance
+    # epsilon reported = the accountant's upper bound for 6 such rounds at the
+    # ledger's tolerance, under the default analysis (sound) (same code path;
+    # the independent check of the value is the accounting tests' job).
+    # Tolerance: exact equality of the same computation.
+    expected = (
         Accountant(tolerance=ledger.tolerance).compose(event, 6).epsilon(1e-5).upper
     )
     assert res.epsilon == pytest.approx(expected, rel=1e-12)

@@ -19,11 +19,12 @@ import functools
 import math
 from typing import Any, TypeAlias
 
+import numpy as np
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from dpfl._validate import check_count, check_delta, check_nonnegative
 from dpfl.accounting import events as ev
-from dpfl.accounting import gaussian, pld, schemes
+from dpfl.accounting import gaussian, mixture, pld, schemes
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.accounting.bounds import Bound
 from dpfl.errors import InvalidParameterError, UnsupportedEventError
@@ -172,27 +173,45 @@ class Accountant:
         return list(self._events)
 
     # -- queries --------------------------------------------------------------
-    def _composed(self, h: float) -> PldPair:
-        """The composition of every event at grid step ``h``: (upper, lower)."""
+    def _counts(self) -> dict[ev.Event, int]:
+        """Each distinct canonical event and how often it is composed.
+
+        Self-compositions are unrolled (``SelfComposed(e, k)`` ``n`` times is
+        ``e`` ``k n`` times), so that every composition of a query is one
+        certified FFT tilted for that query.
+        """
         counts: dict[ev.Event, int] = {}
         for e, n in self._events:
             key = canonical(e)
+            while isinstance(key, ev.SelfComposed):
+                n *= key.count
+                key = canonical(key.event)
             counts[key] = counts.get(key, 0) + n
-        parts = [
-            pld.compose_bounds(
-                *_cached_price(e, schemes.resolve_analysis(e, self.analysis), h), n
-            )
-            for e, n in counts.items()
-        ]
-        if len(parts) > 1:
-            # compositions may have been coarsened to fit memory: one grid
-            ups = pld.common_step([u for u, _ in parts])
-            lows = pld.common_step([low for _, low in parts])
-            parts = list(zip(ups, lows))
-        up, lo = parts[0]
-        for u, low in parts[1:]:
-            up, lo = up.compose(u), lo.compose(low)
-        return up, lo
+        return counts
+
+    def _parts(self, h: float) -> list[pld.Part]:
+        """Every distinct event's one-round PLDs at step ``h``, with its count.
+
+        Check-in and two-stage rounds become :class:`pld.MixturePart` (each
+        label's one-step PLDs and its number of steps), so that a round of
+        ``K`` local steps is never composed on its own before the rounds are.
+        """
+        parts: list[pld.Part] = []
+        for e, n in self._counts().items():
+            mix = _mixture_part(e, self.analysis, h, n)
+            if mix is not None:
+                parts.append(mix)
+            else:
+                up, lo = _cached_price(e, schemes.resolve_analysis(e, self.analysis), h)
+                parts.append((up, lo, n))
+        plds = [q for part in parts for q in _held(part)]
+        # pylint: disable-next=protected-access
+        if len({q._pmf_remove._discretization for q in plds}) > 1:
+            # one-round PLDs may come on coarser grids: move them to one grid
+            ups = iter(pld.common_step([q for part in parts for q in _held(part, 0)]))
+            lows = iter(pld.common_step([q for part in parts for q in _held(part, 1)]))
+            parts = [_regridded(part, ups, lows) for part in parts]
+        return parts
 
     def _bracket(
         self, *, delta: float | None = None, epsilon: float | None = None
@@ -200,14 +219,19 @@ class Accountant:
         """The bracket and the path that answered it (``Bound.method``).
 
         ``"gaussian-exact"``: plain Gaussians (also Poisson sampling with
-        probability 1), exactly mu-GDP in closed form. ``"pld"``: the refined
-        PLD bracket. ``"pld-coarse"``: a composition needed a coarser grid than
-        the refinement asked for, to stay within the memory cap (still sound,
-        wider). ``"rdp-fallback"``: for Poisson-subsampled Gaussians whose PLD
-        bracket did not reach the tolerance, Renyi DP gave a smaller certified
-        upper value; the lower value is still the optimistic PLD's.
-        ``"rdp-fallback-no-lower"``: the PLD ran out of memory (the cap should
-        prevent it); RDP above and the trivial 0 below.
+        probability 1), exactly mu-GDP in closed form. ``"gdp-mixture"``:
+        public-label mixtures of Gaussians (check-in, two-stage) and plain
+        Gaussians, whose composition is a mixture of mu-GDP curves over the
+        participation counts, summed exactly (:mod:`dpfl.accounting.mixture`).
+        ``"pld"``: the refined, certified PLD bracket. ``"pld-coarse"``: a
+        composition needed a coarser grid than the refinement asked for, to
+        stay within the memory cap (still certified, wider). ``"rdp-fallback"``:
+        for Poisson-subsampled Gaussians whose PLD bracket did not reach the
+        tolerance, a smaller certified upper value from Renyi DP or from the
+        unsampled Gaussian's closed form (:func:`_fallback_upper`); the lower
+        value is still the PLD's. ``"rdp-fallback-no-lower"``: the PLD ran out
+        of memory (the cap should prevent it); that upper value and the
+        trivial 0 below.
         """
         if not self._events:
             return Bound.exact(0.0, "exact")
@@ -216,32 +240,37 @@ class Accountant:
             if delta is not None:
                 return _gaussian_epsilon_bound(delta, mu)
             return _gaussian_delta_bound(float(epsilon), mu)  # type: ignore[arg-type]
+        exact = _mixture_bound(self._events, self.analysis, delta, epsilon)
+        if exact is not None:
+            return exact
         try:
-            result = pld.refine_bound(
-                self._composed,
-                count=1,
+            result = pld.refine_parts(
+                self._parts,
                 delta=delta,
                 epsilon=epsilon,
                 tolerance=self.tolerance,
                 initial_discretization=(
-                    self.discretization or _default_discretization(self._events)
+                    self.discretization
+                    or _default_discretization(self._events, self.tolerance)
                 ),
                 max_grid_points=self.max_support,
             )
         except MemoryError:
-            # Last resort (the composition cap should prevent this): RDP above,
-            # and only the trivial 0 below, said so by the method's name.
-            rdp_up = _rdp_upper(self._events, delta=delta, epsilon=epsilon)
+            # Last resort (the composition cap should prevent this): a closed
+            # upper value, and only the trivial 0 below, said so by the name.
+            rdp_up = _fallback_upper(self._events, delta=delta, epsilon=epsilon)
             if rdp_up is None:
                 raise
             return Bound(0.0, 0.5 * rdp_up, rdp_up, "rdp-fallback-no-lower")
         b = result.bound
         method = "pld-coarse" if result.coarse else "pld"
         if not result.converged:
-            rdp_up = _rdp_upper(self._events, delta=delta, epsilon=epsilon)
-            if rdp_up is not None and rdp_up < b.upper:
-                lo = min(b.lower, rdp_up)
-                return Bound(lo, 0.5 * (lo + rdp_up), rdp_up, "rdp-fallback")
+            rdp_up = _fallback_upper(self._events, delta=delta, epsilon=epsilon)
+            # Only the upper value is replaced; the PLD's lower value is a
+            # valid lower bound and stays (a fallback below it cannot be
+            # right, so it is not taken).
+            if rdp_up is not None and b.lower <= rdp_up < b.upper:
+                return Bound(b.lower, 0.5 * (b.lower + rdp_up), rdp_up, "rdp-fallback")
         return dataclasses.replace(b, method=method)
 
     def describe(self) -> list[dict[str, Any]]:
@@ -284,8 +313,15 @@ def gaussian_pld_pair(
             noise_std=noise_multiplier,
             value_discretization=discretization,
             relative_spacing=min(0.05, 100.0 * discretization),
+            tail_mass=_ROUND_TAIL,
         )
     return up, lo
+
+
+#: Mass of one round's loss cut off at the top (it goes to +infinity in the
+#: upper PLD): 1e5 rounds then leave 1e-19 at +infinity, far below the
+#: smallest delta (1e-15) a query asks about.
+_ROUND_TAIL = 1e-24
 
 
 def _unit_gaussian(event: ev.Event) -> float | None:
@@ -470,24 +506,89 @@ def _(event: ev.RecordPoisson, *, analysis: str, discretization: float) -> PldPa
     return _poisson_of_gaussian(event.sampling_probability, event.event, discretization)
 
 
+def _mixture_part(
+    event: ev.Event, analysis: str | None, h: float, count: int
+) -> pld.MixturePart | None:
+    """A check-in or two-stage event as a :class:`pld.MixturePart` (else None).
+
+    Each role (exclusive, as :func:`_exclusive` makes them) releases its cost:
+    ``SelfComposed(e, K)`` is ``K`` steps of ``e``, priced once. Check-in
+    under the paper's analysis is priced as Poisson sampling instead.
+    """
+    if isinstance(event, ev.CheckIn):
+        if schemes.resolve_analysis(event, analysis) == "paper":
+            return None
+    elif not isinstance(event, ev.TwoStage):
+        return None
+    weights, ups, lows, powers = [], [], [], []
+    for weight, cost in _exclusive(schemes.participant_costs(event)):
+        if weight <= 0:
+            continue
+        steps = 1
+        inner = canonical(cost)
+        while isinstance(inner, ev.SelfComposed):
+            steps *= inner.count
+            inner = canonical(inner.event)
+        up, lo = _cached_price(inner, "exact", h)
+        weights.append(weight)
+        ups.append(up)
+        lows.append(lo)
+        powers.append(steps)
+    if not weights:
+        return None
+    return pld.MixturePart(
+        tuple(weights), tuple(ups), tuple(lows), tuple(powers), count
+    )
+
+
+def _held(part: pld.Part, side: int | None = None) -> list[PLD]:
+    """The PLDs of a part: both sides, or only the upper (0) or lower (1)."""
+    if isinstance(part, pld.MixturePart):
+        sides = [part.uppers, part.lowers]
+        return [q for i, qs in enumerate(sides) if side in (None, i) for q in qs]
+    return [q for i, q in enumerate(part[:2]) if side in (None, i)]
+
+
+def _regridded(part: pld.Part, ups: Any, lows: Any) -> pld.Part:
+    """``part`` with its PLDs taken, in order, from the regridded iterators."""
+    if isinstance(part, pld.MixturePart):
+        k = len(part.weights)
+        return dataclasses.replace(
+            part,
+            uppers=tuple(next(ups) for _ in range(k)),
+            lowers=tuple(next(lows) for _ in range(k)),
+        )
+    return (next(ups), next(lows), part[2])
+
+
 @functools.lru_cache(maxsize=64)
 def _cached_price(event: ev.Event, analysis: str, h: float) -> PldPair:
     return price(event, analysis=analysis, discretization=h)
 
 
-def _default_discretization(items: list[tuple[ev.Event, int]]) -> float:
+def _default_discretization(
+    items: list[tuple[ev.Event, int]], tolerance: float
+) -> float:
     """A starting grid: the finest any of the events asks for."""
-    total = sum(n for _, n in items)
-    return float(min(_start_grid(e, total) for e, _ in items))
+    return float(min(_start_grid(e, tolerance) for e, _ in items))
 
 
-def _start_grid(event: ev.Event, total: int) -> float:
+def _start_grid(event: ev.Event, tolerance: float) -> float:
+    """A grid whose bracket is about ``tolerance`` wide; refinement goes finer.
+
+    The one-round PLDs are second-order accurate in the step ``h``, and for
+    Poisson-subsampled Gaussians the bracket's relative width is about
+    ``2000 h^2`` whatever the number of rounds (1e2 to 1e5 measured), so the
+    first grid aims there; each refinement halves it, and refinement stops
+    once the bracket is within the tolerance.
+    """
     inner = event.event if isinstance(event, ev.SelfComposed) else event
     if isinstance(inner, (ev.WithoutReplacement, ev.FixedCohort)):
-        # Symmetrised C_p(G) PLDs on a uniform grid: accurate (second order)
-        # at 1e-3 already (docs/analyses.md), and their cost grows as 1/h.
-        return 1e-3
-    return min(1e-4, max(1e-6, 1e-3 / math.sqrt(total)))
+        # Symmetrised C_p(G) PLDs on a uniform grid: second order and tight
+        # (about 2e-3 relative at 1e-2, 1e-4 at 3e-3), and their cost grows
+        # as 1/h.
+        return 1e-2 if tolerance >= 5e-3 else 1e-3
+    return min(1e-2, max(1e-6, 0.8 * math.sqrt(tolerance / 2000.0)))
 
 
 def _gaussian_mu(items: list[tuple[ev.Event, int]]) -> float | None:
@@ -537,6 +638,158 @@ def _gaussian_delta_bound(epsilon: float, mu: float) -> Bound:
     return Bound(lo, d, up, "gaussian-exact")
 
 
+def _gaussian_mu2(event: ev.Event) -> float | None:
+    """``mu^2`` of a (self-composed) Gaussian release, or None for other events."""
+    event = canonical(event)
+    reps = 1
+    while isinstance(event, ev.SelfComposed):
+        reps *= event.count
+        event = canonical(event.event)
+    if isinstance(event, ev.Gaussian):
+        return reps * (event.sensitivity / event.noise_multiplier) ** 2
+    return None
+
+
+def _public_gaussian_roles(
+    event: ev.Event, analysis: str | None
+) -> list[tuple[float, float]] | None:
+    """The roles ``(probability, mu^2)`` of a public-label mixture of Gaussians.
+
+    Check-in (except under the paper's analysis, which prices it as Poisson
+    sampling) and two-stage rounds, whose per-role costs are Gaussian; None
+    for any other event.
+    """
+    if isinstance(event, ev.CheckIn):
+        if schemes.resolve_analysis(event, analysis) == "paper":
+            return None
+    elif not isinstance(event, ev.TwoStage):
+        return None
+    roles = []
+    for weight, cost in _exclusive(schemes.participant_costs(event)):
+        mu2 = _gaussian_mu2(cost)
+        if mu2 is None:
+            return None
+        roles.append((weight, mu2))
+    return roles
+
+
+def _mixture_bound(
+    items: list[tuple[ev.Event, int]],
+    analysis: str | None,
+    delta: float | None,
+    epsilon: float | None,
+) -> Bound | None:
+    """The exact GDP-mixture bracket (:mod:`dpfl.accounting.mixture`), or None.
+
+    Applies to compositions of check-in and two-stage rounds of Gaussians (and
+    plain Gaussians); None for any other event or when the enumeration of the
+    participation counts would be too long (the PLD answers then).
+    """
+    constant = 0.0
+    factors: dict[tuple[tuple[float, float], ...], int] = {}
+    for event, count in items:
+        inner = canonical(event)
+        while isinstance(inner, ev.SelfComposed):
+            count *= inner.count
+            inner = canonical(inner.event)
+        mu2 = _gaussian_mu2(inner)
+        if mu2 is not None:
+            constant += count * mu2
+            continue
+        roles = _public_gaussian_roles(inner, analysis)
+        if roles is None:
+            return None
+        key = tuple(roles)
+        factors[key] = factors.get(key, 0) + count
+    if not factors:
+        return None
+    mix = mixture.GdpMixture.build(
+        [(n, list(roles)) for roles, n in factors.items()], constant
+    )
+    if mix is None:
+        return None
+    if delta is not None:
+        return mix.epsilon_bound(delta)
+    return mix.delta_bound(float(epsilon))  # type: ignore[arg-type]
+
+
+def _fallback_upper(
+    items: list[tuple[ev.Event, int]],
+    *,
+    delta: float | None,
+    epsilon: float | None,
+) -> float | None:
+    """A closed upper value for compositions of (Poisson-subsampled) Gaussians.
+
+    The smaller of two certified values:
+
+    * Renyi DP (:func:`_rdp_upper`), over orders from 1.01 to 10^6;
+    * the closed form of the same Gaussians without sampling: a subsampled
+      Gaussian pair is dominated by the Gaussian's (joint convexity of the
+      hockey-stick divergence, in both directions), domination survives
+      composition, and the composed Gaussians are exactly mu-GDP (Dong, Roth
+      & Su 2022, Cor. 3.3). Exact at sampling probabilities near 1, where
+      RDP's conversion loses a few percent.
+
+    None when an event is of another kind.
+    """
+    rdp_value = _rdp_upper(items, delta=delta, epsilon=epsilon)
+    if rdp_value is None:
+        return None
+    total = 0.0
+    for event, count in items:
+        inner = canonical(event)
+        while isinstance(inner, ev.SelfComposed):
+            count *= inner.count
+            inner = canonical(inner.event)
+        if isinstance(inner, ev.PoissonSampled):
+            inner = inner.event
+        mu2 = _gaussian_mu2(inner)
+        if mu2 is None:
+            return rdp_value
+        total += count * mu2
+    mu = math.sqrt(total)
+    if delta is not None:
+        closed = _gaussian_epsilon_bound(delta, mu).upper
+    else:
+        closed = _gaussian_delta_bound(float(epsilon), mu).upper  # type: ignore[arg-type]
+    return min(rdp_value, closed)
+
+
+#: Integer Renyi orders beyond dp_accounting's defaults (which stop at 1024):
+#: tiny sampling rates with large noise need orders in the thousands and
+#: beyond. Their RDP is computed by :func:`_log_a_int` (vectorised).
+_LARGE_ORDERS = tuple(
+    int(a) for a in np.unique(np.round(np.geomspace(1100.0, 1e6, 32)))
+)
+
+
+def _log_a_int(q: float, sigma: float, alpha: int) -> float:
+    """An upper bound on ``log A_alpha`` of the sampled Gaussian, integer alpha.
+
+    ``A_alpha = sum_k C(alpha, k) (1-q)^(alpha-k) q^k exp((k^2 - k)/(2 sigma^2))``
+    (Mironov, Talwar & Zhang 2019, Sec. 3.3; dp_accounting's
+    ``_compute_log_a_int``, a Python loop), summed in log space at once. The
+    log-binomials come from ``gammaln`` (a few ulps each); a relative margin
+    of ``64 u`` on the largest term's magnitude covers them.
+    """
+    from scipy import special  # pylint: disable=import-outside-toplevel
+
+    k = np.arange(alpha + 1, dtype=float)
+    terms = (
+        special.gammaln(alpha + 1.0)
+        - special.gammaln(k + 1.0)
+        - special.gammaln(alpha - k + 1.0)
+        + k * math.log(q)
+        + (alpha - k) * math.log1p(-q)
+        + (k * k - k) / (2.0 * sigma * sigma)
+    )
+    top = float(np.max(terms))
+    value = top + math.log(float(np.sum(np.exp(terms - top))))
+    scale = float(np.max(np.abs(terms))) + special.gammaln(alpha + 1.0)
+    return float(value + 64 * 2.0**-53 * (scale + alpha))
+
+
 def _rdp_upper(
     items: list[tuple[ev.Event, int]],
     *,
@@ -547,15 +800,17 @@ def _rdp_upper(
 
     Mironov, Talwar and Zhang 2019 ("Renyi differential privacy of the
     sampled Gaussian mechanism") for each event, summed over the
-    composition, converted to (epsilon, delta) by dp_accounting (Balle et
-    al. 2020, Theorem 21). Looser than a converged PLD but certified at any
-    number of rounds for a few milliseconds. ``None`` when an event is of
-    another kind.
+    composition, at dp_accounting's default orders (1.1 to 1024) and at
+    integer orders up to 10^6 (:data:`_LARGE_ORDERS`), converted to
+    (epsilon, delta) by dp_accounting (Balle et al. 2020, Theorem 21).
+    Looser than a converged PLD but certified at any number of rounds.
+    ``None`` when an event is of another kind.
     """
     from dp_accounting import dp_event
-    from dp_accounting.rdp import rdp_privacy_accountant
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 
-    acc = rdp_privacy_accountant.RdpAccountant()
+    acc = rdp_acc.RdpAccountant()
+    large = np.zeros(len(_LARGE_ORDERS))
     for event, count in items:
         inner = canonical(event)
         while isinstance(inner, ev.SelfComposed):
@@ -574,9 +829,18 @@ def _rdp_upper(
                 dp_event.PoissonSampledDpEvent(rate, dp_event.GaussianDpEvent(sigma)),
                 count,
             )
+        for n, alpha in enumerate(_LARGE_ORDERS):
+            if rate >= 1.0:
+                one = alpha / (2.0 * sigma * sigma)
+            else:
+                one = _log_a_int(rate, sigma, alpha) / (alpha - 1)
+            large[n] += count * one
+    # pylint: disable=protected-access
+    orders = [*acc._orders, *_LARGE_ORDERS]
+    rdp = np.concatenate([np.asarray(acc._rdp, dtype=float), large])
     with _quiet():
         if delta is not None:
-            value = float(acc.get_epsilon(delta))
+            value = float(rdp_acc.compute_epsilon(orders, rdp, delta)[0])
         else:
-            value = float(acc.get_delta(float(epsilon)))  # type: ignore[arg-type]
+            value = float(rdp_acc.compute_delta(orders, rdp, float(epsilon))[0])  # type: ignore[arg-type]
     return value if math.isfinite(value) else None

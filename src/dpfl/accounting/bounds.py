@@ -28,9 +28,9 @@ class Bound:
     upper : float
         The certified (pessimistic) value; this is what dpfl reports.
     method : str
-        Which computation answered (e.g. ``"gaussian-exact"``, ``"pld"``,
-        ``"pld-coarse"``, ``"rdp-fallback"``); empty where not recorded. Not
-        part of equality.
+        Which computation answered (e.g. ``"gaussian-exact"``,
+        ``"gdp-mixture"``, ``"pld"``, ``"pld-coarse"``, ``"rdp-fallback"``);
+        empty where not recorded. Not part of equality.
     """
 
     lower: float

@@ -61,8 +61,9 @@ from dpfl._files import digest as _digest
 from dpfl._files import fault
 from dpfl._validate import check_delta, check_positive
 from dpfl.accounting import events as ev
-from dpfl.accounting import rdp, schemes
+from dpfl.accounting import gaussian, rdp, schemes
 from dpfl.accounting.accountant import Accountant, canonical
+from dpfl.accounting.accountant import _gaussian_mu2 as _accountant_mu2
 from dpfl.accounting.bounds import Bound
 from dpfl.errors import (
     BudgetExceededError,
@@ -167,31 +168,60 @@ def _key(counts: Counter[ev.Event]) -> Profile:
     return tuple(sorted(counts.items(), key=lambda item: repr(item[0])))
 
 
-def _dominated(a: Counter[ev.Event], b: Counter[ev.Event]) -> bool:
+def _gaussian_mu2(charges: Counter[ev.Event]) -> float | None:
+    """Total ``mu^2`` of charges that are all (self-composed) Gaussians, or None."""
+    total = 0.0
+    for event, count in charges.items():
+        mu2 = _accountant_mu2(event)
+        if mu2 is None:
+            return None
+        total += count * mu2
+    return total
+
+
+def _dominated(a: Counter[Any], b: Counter[Any]) -> bool:
     """Whether ``a`` charges no event more often than ``b``."""
-    return all(b[e] >= n for e, n in a.items())
+    return all(b.get(e, 0) >= n for e, n in a.items())
+
+
+_Profile = frozenset[tuple[int, int]]
 
 
 @dataclasses.dataclass
 class _Spend:
     """Who has been charged what, under one analysis, kept incrementally.
 
-    :meth:`update` reads only the entries appended since its last call, so
-    keeping it current costs O(new entries) a round.
+    :meth:`update` reads only the entries appended since its last call, and
+    each charge updates the set of non-dominated profiles (:meth:`front`) in
+    time independent of how many units were charged before: a unit's new
+    profile dominates its old one, so the front only ever gains that profile
+    (unless another front profile dominates it) and loses the profiles it
+    dominates, or the old one once no unit holds it. Keeping it current thus
+    costs O(new charges x front size) a round. Events are interned to small
+    integers, so a charge hashes integers, not events.
 
     Attributes
     ----------
     common : Counter
         Canonical events charged to every unit.
-    units : dict
-        Per unit, the canonical events charged to it alone (per-participant
-        schemes).
     """
 
     analysis: str | None
     seen: int = 0
     common: Counter[ev.Event] = dataclasses.field(default_factory=Counter)
-    units: dict[int, Counter[ev.Event]] = dataclasses.field(default_factory=dict)
+    # interned events; per unit, the interned events charged to it alone
+    _ids: dict[ev.Event, int] = dataclasses.field(default_factory=dict)
+    _events: list[ev.Event] = dataclasses.field(default_factory=list)
+    _mu2: list[float | None] = dataclasses.field(default_factory=list)
+    _units: dict[int, Counter[int]] = dataclasses.field(default_factory=dict)
+    # each unit's profile, the units holding each profile, each profile's
+    # counts, and the non-dominated profiles
+    _profile: dict[int, _Profile] = dataclasses.field(default_factory=dict)
+    _members: dict[_Profile, set[int]] = dataclasses.field(default_factory=dict)
+    _counts: dict[_Profile, Counter[int]] = dataclasses.field(default_factory=dict)
+    _front: set[_Profile] = dataclasses.field(default_factory=set)
+    # for a profile off the front, a front profile that dominated it
+    _witness: dict[_Profile, _Profile] = dataclasses.field(default_factory=dict)
 
     def update(self, entries: Sequence[LedgerEntry]) -> _Spend:
         if len(entries) < self.seen:  # the history was replaced: start over
@@ -200,32 +230,102 @@ class _Spend:
             if entry.participants is not None and schemes.per_participant(
                 entry.event, self.analysis
             ):
-                for unit, cost in schemes.charges(
-                    entry.event, entry.participants, entry.extra
-                ).items():
-                    self.units.setdefault(unit, Counter())[canonical(cost)] += 1
+                interned: dict[int, int] = {}  # id(cost) -> event id, this round
+                costs = schemes.charges(entry.event, entry.participants, entry.extra)
+                charge = self._charge
+                for unit, cost in costs.items():
+                    key = interned.get(id(cost))
+                    if key is None:
+                        key = interned[id(cost)] = self._intern(canonical(cost))
+                    charge(unit, key)
             else:
                 self.common[canonical(entry.event)] += 1
         self.seen = len(entries)
         return self
 
+    def _intern(self, event: ev.Event) -> int:
+        key = self._ids.get(event)
+        if key is None:
+            key = self._ids[event] = len(self._events)
+            self._events.append(event)
+            self._mu2.append(_accountant_mu2(event))
+        return key
+
+    def _charge(self, unit: int, cost: int) -> None:
+        units, members = self._units, self._members
+        own = units.get(unit)
+        if own is None:
+            own = units[unit] = Counter()
+            old = None
+        else:
+            old = self._profile[unit]
+        own[cost] = own.get(cost, 0) + 1
+        new = frozenset(own.items())
+        self._profile[unit] = new
+        witness = None if old is None else self._witness.get(old)
+        if old is not None:
+            leaving = members[old]
+            leaving.discard(unit)
+            if not leaving:
+                del members[old], self._counts[old]
+                self._witness.pop(old, None)
+                self._front.discard(old)
+        holders = members.get(new)
+        if holders is not None:
+            holders.add(unit)
+            return
+        members[new] = {unit}
+        counts = self._counts[new] = Counter(own)
+        # another profile charging at least as much of everything? The one
+        # that dominated the old profile usually still does: tried first.
+        if witness in self._front and _dominated(counts, self._counts[witness]):
+            self._witness[new] = witness
+            return
+        for f in self._front:
+            if _dominated(counts, self._counts[f]):
+                self._witness[new] = f
+                return
+        self._front -= {f for f in self._front if _dominated(self._counts[f], counts)}
+        self._front.add(new)
+
+    def _named(self, counts: Counter[int]) -> Counter[ev.Event]:
+        return Counter({self._events[k]: n for k, n in counts.items()})
+
+    @property
+    def units(self) -> dict[int, Counter[ev.Event]]:
+        """Per unit, the canonical events charged to it alone (built on use)."""
+        return {unit: self._named(c) for unit, c in self._units.items()}
+
+    def own(self, unit: int) -> Counter[ev.Event]:
+        """The canonical events charged to ``unit`` alone."""
+        return self._named(self._units.get(unit, Counter()))
+
+    def front(self) -> list[Counter[ev.Event]]:
+        """The non-dominated profiles' charges (without their units).
+
+        When every charge is a Gaussian, only the profile of largest total
+        ``mu^2`` (the most exposed: its composition is mu-GDP and epsilon
+        grows with mu) is returned.
+        """
+        if not self._units:
+            return [Counter()]
+        mu2 = [0.0 if m is None else m for m in self._mu2]
+        if all(m is not None for m in self._mu2):
+            worst = max(self._front, key=lambda f: sum(n * mu2[k] for k, n in f))
+            return [self._named(self._counts[worst])]
+        return [self._named(self._counts[f]) for f in self._front]
+
     def frontier(self) -> list[tuple[int | None, Counter[ev.Event]]]:
         """The units whose own charges no other unit's dominate (one per profile).
 
-        Only these can be the worst-off unit. ``(None, empty)`` when no unit
+        Only these can be the worst-off unit; each profile is represented by
+        its smallest unit, in increasing order. ``(None, empty)`` when no unit
         has been charged alone.
         """
-        if not self.units:
+        if not self._units:
             return [(None, Counter())]
-        by_profile: dict[Profile, tuple[int, Counter[ev.Event]]] = {}
-        for unit in sorted(self.units):
-            by_profile.setdefault(_key(self.units[unit]), (unit, self.units[unit]))
-        profiles = list(by_profile.values())
-        return [
-            (u, c)
-            for u, c in profiles
-            if not any(c is not d and _dominated(c, d) and c != d for _, d in profiles)
-        ]
+        firsts = sorted((min(self._members[f]), f) for f in self._front)
+        return [(unit, self._named(self._counts[f])) for unit, f in firsts]
 
 
 class PrivacyLedger:
@@ -275,6 +375,7 @@ class PrivacyLedger:
         self._compact = False  # rewrite the snapshot at the next flush
         self._spend: dict[str | None, _Spend] = {}
         self._priced: dict[tuple[str | None, Profile, float], Bound] = {}
+        self._mu2_cap: float | None = None  # largest Gaussian mu^2 in budget
 
     # -- recording ------------------------------------------------------------
     @property
@@ -535,7 +636,7 @@ class PrivacyLedger:
         """ε of one client: the rounds charged to everyone and its own charges."""
         name = analysis or self.analysis
         spend = self._summary(name)
-        own = spend.units.get(int(client), Counter())
+        own = spend.own(int(client))
         return self._bound(spend.common + own, self._delta(delta), name)
 
     # -- the guard ------------------------------------------------------------
@@ -555,7 +656,7 @@ class PrivacyLedger:
             nxt = canonical(next(iter(costs.values()))[0])
         else:
             nxt = canonical(event)
-        for _, own in spend.frontier():
+        for own in spend.front():
             charges = spend.common + own
             charges[nxt] += 1
             if not self._within_budget(charges):
@@ -577,8 +678,21 @@ class PrivacyLedger:
             return self._fits(event, count)
         if self.budget is None:
             return True
+        mu2 = _gaussian_mu2(charges)
+        if mu2 is not None:
+            # Gaussian charges only (per-participant schemes): the composition
+            # is mu-GDP with mu^2 their sum, within budget iff mu <= the mu of
+            # the budget's (epsilon, delta); found once, with a 1e-9 margin.
+            return mu2 <= self._mu2_budget()
         bound = self._bound(charges, self.budget.delta, self.analysis)
         return bound.upper <= self.budget.epsilon
+
+    def _mu2_budget(self) -> float:
+        if self._mu2_cap is None:
+            assert self.budget is not None
+            mu = gaussian.gdp_mu(epsilon=self.budget.epsilon, delta=self.budget.delta)
+            self._mu2_cap = (mu * (1.0 - 1e-9)) ** 2
+        return self._mu2_cap
 
     def _fits(self, event: ev.Event, count: int) -> bool:
         """Whether ``count`` rounds of ``event`` fit the budget (amortised).

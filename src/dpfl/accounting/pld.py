@@ -12,12 +12,14 @@ FFT composition); this module adds what it lacks:
   :func:`pld_from_label_mixture`;
 * :func:`pld_from_delta_curve` for any scheme whose hockey-stick curves are
   known;
-* self-composition with tight Chernoff truncation bounds and a memory cap
+* certified composition (:func:`self_compose`, :func:`bracket_parts`): an
+  exponentially tilted FFT whose round-off and truncation are bounded a
+  priori (:mod:`dpfl.accounting.tilted`), tilted for the query so that the
+  bounds hold at every delta down to the smallest, with a memory cap
   (:data:`MAX_COMPOSED_POINTS`: past it, the one round is rebuilt, or
   rebinned, on a coarser grid with sound rounding), and the bracketing
-  helpers :func:`compose_bounds`, :func:`epsilon_bound`, :func:`delta_bound`
-  and :func:`refine_bound`, which keep the FFT's roundoff
-  (:func:`roundoff_mass`) on the safe side of both bounds.
+  helpers :func:`compose_bounds`, :func:`epsilon_bound`, :func:`delta_bound`,
+  :func:`refine_bound` and :func:`refine_parts`.
 
 Conventions (dp_accounting's): ``pmf_remove`` is the PLD of
 ``(P, Q) = (M(D), M(D'))`` where ``D'`` has one record less, i.e. P is the
@@ -42,11 +44,13 @@ Soundness of the two discretisations.
 * Lower: merging every output whose privacy loss lies in
   ``(eps_j, eps_{j+1}]`` is a post-processing, so the merged pair is dominated
   by the true one. A second, randomised post-processing then moves every
-  merged loss exactly onto a grid point (see :func:`_garbled_grid_probs`), so
-  no loss is rounded (only the last carry, downwards) and mass below the
-  lowest point is dropped. The result is a pair dominated by the true one, so
-  its composition is a lower bound; its error is second order in the gaps,
-  like the upper bound's.
+  merged loss exactly onto a grid point (see :func:`_garbled_grid_probs`),
+  and a merged output that the outputs just above it cannot lift to the next
+  grid point is rounded down; mass below the lowest point is dropped. Every
+  loss ends at most where it was, and ``delta(eps)`` of one round and of any
+  composition is non-decreasing in every loss, so the composition's delta is
+  a lower bound; its error is second order in the gaps, like the upper
+  bound's, except for the outputs rounded down.
 """
 
 from __future__ import annotations
@@ -54,14 +58,12 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
-from scipy import fft as sp_fft
 from scipy import special
 
 from dpfl._validate import (
@@ -71,6 +73,7 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
+from dpfl.accounting import tilted
 from dpfl.accounting.bounds import Bound
 from dpfl.errors import InvalidParameterError
 
@@ -78,12 +81,15 @@ __all__ = [
     "MAX_COMPOSED_POINTS",
     "BracketResult",
     "MixturePair",
+    "MixturePart",
+    "bracket_parts",
     "common_step",
     "compose_bounds",
     "delta_bound",
     "epsilon_bound",
     "label_mixture_delta",
     "mixture_hockey_stick",
+    "pmf_delta_for_epsilon",
     "pmf_epsilon_for_delta",
     "label_sup_delta",
     "pld_bounds_from_curves",
@@ -92,7 +98,7 @@ __all__ = [
     "pld_from_label_mixture",
     "public_mixture",
     "refine_bound",
-    "roundoff_mass",
+    "refine_parts",
     "self_compose",
 ]
 
@@ -723,12 +729,15 @@ def _find_range(curve: CurveFn, tail: float) -> tuple[float, float]:
     ``eps_hi >= 0``: the smallest candidate with ``delta(eps_hi) <= tail``.
     ``eps_lo <= 0``: the largest candidate with ``P(L <= eps_lo) <= tail``.
     """
-    cand = 1e-4 * 2.0 ** (np.arange(0, 89) / 4.0)  # 1e-4 .. ~420
+    # 1e-12 .. ~670: tiny sampling rates with large noise have losses of
+    # 1e-9 and below (e^eps stays finite up there)
+    cand = 1e-12 * 2.0 ** (np.arange(0, 198) / 4.0)
     d_hi = curve(cand)[0]
     ok = np.nonzero(d_hi <= tail)[0]
     if ok.size == 0:
         raise InvalidParameterError(
-            "privacy loss tail too heavy: delta(eps) > tail_mass up to eps = 420"
+            "privacy loss tail too heavy: delta(eps) > tail_mass up to "
+            f"eps = {cand[-1]:.3g}"
         )
     eps_hi = float(cand[ok[0]])
     p_out = curve(-cand)[3]
@@ -754,49 +763,68 @@ def _connect_dots_probs(
     return np.maximum(0.0, v1 + v2), float(deltas[-1])
 
 
+#: How many merged outputs above it a carry of :func:`_garbled_grid_probs`
+#: may draw on before it is rounded down instead.
+_CARRY_REACH = 16
+
+
 def _garbled_grid_probs(
     h: float, k: np.ndarray, p_in: np.ndarray, q_in: np.ndarray
 ) -> np.ndarray:
-    """Optimistic masses on the grid from a post-processing of the true pair.
+    """Optimistic masses on the grid from the true pair, every loss moved down.
 
     ``p_in[j], q_in[j]`` are ``P(L > eps_j)``, ``Q(L > eps_j)`` at the support
     points ``eps_j = k_j h``. Step 1 merges all outputs whose loss lies in
-    ``(eps_j, eps_{j+1}]`` (loss ``l_j`` in that interval). Step 2 is a
-    randomised post-processing that moves every loss exactly onto a grid
-    point: a "carry" output (loss below the next grid point ``g``) absorbs the
+    ``(eps_j, eps_{j+1}]`` (loss ``l_j`` in that interval): a post-processing.
+    Step 2 moves every merged loss onto a grid point, from the bottom up: a
+    "carry" output (loss below the next grid point ``g``) absorbs the
     fraction of the following merged outputs (losses above ``g``) that makes
-    its likelihood ratio exactly ``e^g``; the rest of those outputs carries
-    on. Both steps are garblings, so the result is dominated by the true pair
-    (a valid lower bound that composes), with no rounding of losses except
-    the final carry, rounded down. Mass below ``eps_0`` is dropped.
+    its likelihood ratio exactly ``e^g`` (a randomised post-processing); the
+    rest of those outputs carries on. When the next ``16`` outputs cannot
+    lift a carry to ``g`` (at small sampling rates, a bulk of mass near loss 0
+    outweighs the whole tail), the carry is rounded down to the grid point
+    below it instead, so the tail, which decides ``delta``, is never used up
+    for the bulk. Mass below ``eps_0`` is dropped.
+
+    Every output ends at a loss at most its own, so ``delta(eps) = sum_l p_l
+    (1 - e^{eps - l})_+``, non-decreasing in every loss of every round, is a
+    lower bound for one round and for any composition; the error is second
+    order in the gaps except for carries rounded down.
 
     Returns the dense probabilities on indices ``k[0] .. k[-1]``.
     """
     p_in = np.minimum.accumulate(np.clip(p_in, 0.0, 1.0))
     q_in = np.minimum.accumulate(np.clip(q_in, 0.0, 1.0))
-    dp = np.maximum(-np.diff(p_in), 0.0)
-    dq = np.maximum(-np.diff(q_in), 0.0)
+    dp_a = np.maximum(-np.diff(p_in), 0.0)
+    dq_a = np.maximum(-np.diff(q_in), 0.0)
     # the top output: everything above the last point, loss > eps_last
-    dp = np.append(dp, p_in[-1])
-    dq = np.append(dq, q_in[-1])
+    dp = np.append(dp_a, p_in[-1]).tolist()
+    dq = np.append(dq_a, q_in[-1]).tolist()
     probs = np.zeros(int(k[-1] - k[0]) + 1)
-    grid = k.astype(float) * h
-    ex = np.exp(grid)
+    ex = np.exp(k.astype(float) * h).tolist()
+    idx = (k - k[0]).tolist()
+    last = k.size - 1
+    n = len(dp)
     cp = cq = 0.0  # carry masses
-    n = dp.size
     j = 0  # next merged output to absorb
     t = 1  # index of the grid target (the carry's loss is below grid[t])
     while j < n:
         if cp <= 0.0:
             cp, cq = dp[j], dq[j]
-            t = min(j + 1, k.size - 1)
+            t = min(j + 1, last)
             j += 1
             continue
         # raise the carry to exactly e^{grid[t]} by absorbing output j
         g = ex[t]
         need = g * cq - cp  # > 0 while the carry's loss is below grid[t]
         if need <= 0.0:
-            probs[k[t] - k[0]] += cp
+            probs[idx[t]] += cp
+            cp = cq = 0.0
+            continue
+        reach = sum(dp[i] - g * dq[i] for i in range(j, min(n, j + _CARRY_REACH)))
+        if reach < need and j + _CARRY_REACH < n:
+            # the outputs within reach cannot lift it: round it down
+            probs[idx[t - 1]] += cp
             cp = cq = 0.0
             continue
         gain = dp[j] - g * dq[j]  # > 0 when output j's loss exceeds grid[t]
@@ -812,19 +840,20 @@ def _garbled_grid_probs(
             cq += dq[j]
             j += 1
             continue
-        probs[k[t] - k[0]] += cp + lam * dp[j]
+        probs[idx[t]] += cp + lam * dp[j]
         cp = (1.0 - lam) * dp[j]
         cq = (1.0 - lam) * dq[j]
         j += 1
-        t = min(j, k.size - 1)
+        t = min(j, last)
     if cp > 0.0:
         # last carry: loss log(cp / cq) rounded down onto the grid
         if cq > 0:
             loss = math.log(cp / cq)
-            idx = int(np.searchsorted(grid, loss, side="right")) - 1
+            grid = k.astype(float) * h
+            at = int(np.searchsorted(grid, loss, side="right")) - 1
         else:
-            idx = k.size - 1
-        probs[k[max(idx, 0)] - k[0]] += cp
+            at = last
+        probs[idx[max(at, 0)]] += cp
     return probs
 
 
@@ -1164,98 +1193,81 @@ def _rebin(pmf: pld_pmf.DensePLDPmf, factor: int) -> pld_pmf.DensePLDPmf:
     )
 
 
-def _chernoff_window(
-    probs: np.ndarray, count: int, tail_mass_truncation: float
-) -> tuple[int, int]:
-    """Index window ``[lo, up]`` of the ``count``-fold sum (Chernoff bounds).
+def _fitted(
+    items: Sequence[tuple[Any, int]],
+    partners: Sequence[tuple[Any, int]] = (),
+    *,
+    delta: float | None = None,
+    epsilon: float | None = None,
+    level: float | None = None,
+    floor: float | None = None,
+    tail: float = 1e-15,
+) -> tuple[list[Any], list[Any], tilted.Plan]:
+    """The PMFs ready for :func:`tilted.compose`, coarsened to the memory cap.
 
-    At most ``tail_mass_truncation / 2`` lies outside on each side.
+    ``items`` (the pessimistic side) choose the tilt and window; ``partners``
+    (the optimistic side, may be empty) are composed on the same plan. Each
+    item is a PMF or ``("mix", rest, [(weight, PMF, power), ...])`` (a
+    :class:`tilted.Mix`), with its count. When
+    the FFT would exceed :data:`MAX_COMPOSED_POINTS` points, both sides move
+    to a grid a power of two coarser (:func:`_rebin`), or, inside
+    :func:`refine_bound`, the one round is rebuilt at that step
+    (:class:`_CoarserGridNeeded`).
     """
-    n = probs.size
-    up = (n - 1) * count
-    lo = 0
-    nz = np.nonzero(probs > 0)[0]
-    if tail_mass_truncation > 0 and nz.size:
-        logp = np.log(probs[nz])
-        idx = nz.astype(float)
-        log2t = math.log(2.0 / tail_mass_truncation)
-        span = max(n, 2)
-        for order in np.geomspace(1e-3, 1e3, 48) / span * 50:
-            for sgn in (1.0, -1.0):
-                lam = sgn * order
-                lm = float(special.logsumexp(idx * lam + logp))
-                b = (count * lm + log2t) / lam
-                if not math.isfinite(b):
-                    continue
-                if lam > 0:
-                    up = min(up, math.ceil(b))
-                else:
-                    lo = max(lo, math.floor(b))
-    lo = max(0, min(lo, (n - 1) * count))
-    up = max(lo, min(up, (n - 1) * count))
-    return lo, up
+    factor = 1
+    previous = math.inf
 
+    def prepared(spec: Any) -> tilted.Dist | tilted.Mix:
+        if isinstance(spec, tuple) and spec[0] == "mix":
+            return tilted.Mix(
+                [
+                    (w, tilted.Dist(_rebin(q.to_dense_pmf(), factor)), k)
+                    for w, q, k in spec[2]
+                ],
+                spec[1],
+            )
+        return tilted.Dist(_rebin(spec.to_dense_pmf(), factor))
 
-def _self_compose_pmf(
-    pmf: pld_pmf.PLDPmf,
-    count: int,
-    tail_mass_truncation: float,
-    max_points: int | None = None,
-) -> pld_pmf.DensePLDPmf:
-    """``count``-fold self-composition by one real FFT, tight Chernoff truncation.
-
-    dp_accounting's ``self_compose`` picks Chernoff orders relative to the
-    array length, which for fine grids (1e6 points) gives far wider ranges
-    than needed; here the orders are optimised in loss units.
-
-    When the composed window would exceed ``max_points`` grid points, the
-    one-round PMF (``max_points`` defaults to :data:`MAX_COMPOSED_POINTS`) is
-    first moved to a grid a power of two coarser (see
-    :func:`_rebin`: up for a pessimistic PMF, down for an optimistic one), so
-    memory stays bounded for any ``count`` and the bounds stay sound; the
-    result then has the coarser step.
-    """
-    dense = pmf.to_dense_pmf()
-    # pylint: disable=protected-access
-    if count > 1:
-        probs = np.asarray(dense._probs, dtype=float)
-        lo, up = _chernoff_window(probs, count, tail_mass_truncation)
-        need = max(up - lo + 1, probs.size)
-        cap = MAX_COMPOSED_POINTS if max_points is None else max_points
-        if need > cap:
-            factor = 1 << math.ceil(math.log2(need / cap))
-            if _REBUILD_COARSER.get():
-                raise _CoarserGridNeeded(dense._discretization * factor)
-            dense = _rebin(dense, factor)
-    h = dense._discretization
-    lower = dense._lower_loss
-    probs = np.asarray(dense._probs, dtype=float)
-    inf_mass = dense._infinity_mass
-    pess = dense._pessimistic_estimate
-    if count == 1:
-        return pld_pmf.DensePLDPmf(h, lower, probs.copy(), inf_mass, pess)
-    n = probs.size
-    lo, up = _chernoff_window(probs, count, tail_mass_truncation)
-    out_len = up - lo + 1
-    size = sp_fft.next_fast_len(max(out_len, n), real=True)
-    f = sp_fft.rfft(probs, size, workers=-1)
-    # f**count in polar form (numpy's complex power is about twice as slow)
-    with np.errstate(divide="ignore", under="ignore"):
-        mag = np.exp(count * np.log(np.abs(f)))
-    f = mag * np.exp(1j * (count * np.angle(f)))
-    conv = sp_fft.irfft(f, size, workers=-1)
-    del f, mag
-    out = np.roll(conv, -(lo % size))[:out_len]
-    new_inf = -math.expm1(count * math.log1p(-inf_mass)) if inf_mass < 1 else 1.0
-    if pess:
-        new_inf = min(1.0, new_inf + tail_mass_truncation)
-    return pld_pmf.DensePLDPmf(h, lower * count + lo, out, new_inf, pess)
+    while True:
+        ups = [(prepared(spec), n) for spec, n in items]
+        los = [(prepared(spec), n) for spec, n in partners]
+        plan = tilted.plan(
+            ups,
+            delta=delta,
+            epsilon=epsilon,
+            level=level,
+            floor=floor,
+            tail=tail,
+            partners=los,
+        )
+        need = tilted.window_length(ups, plan)
+        if los:
+            need = max(need, tilted.window_length(los, plan))
+        if need <= MAX_COMPOSED_POINTS or need >= previous:
+            # (a coarser grid that does not shrink the window cannot help)
+            return ups, los, plan
+        previous = need
+        more = 1 << math.ceil(math.log2(need / MAX_COMPOSED_POINTS))
+        if _REBUILD_COARSER.get() and factor == 1:
+            raise _CoarserGridNeeded(ups[0][0].step * more)
+        factor *= more
 
 
 def self_compose(
-    pld: PrivacyLossDistribution, count: int, *, tail_mass_truncation: float = 1e-15
+    pld: PrivacyLossDistribution,
+    count: int,
+    *,
+    tail_mass_truncation: float = 1e-15,
+    delta: float | None = None,
+    epsilon: float | None = None,
 ) -> PrivacyLossDistribution:
-    """Compose a PLD with itself ``count`` times (both directions).
+    """Compose a PLD with itself ``count`` times (both directions), certified.
+
+    The composition is a :mod:`dpfl.accounting.tilted` FFT whose round-off
+    and truncation are bounded a priori: a pessimistic input gives PMFs whose
+    ``delta(eps)`` is an upper bound on the true composition's at every
+    ``eps``, an optimistic input a lower bound, and either stays a bound when
+    composed again.
 
     Parameters
     ----------
@@ -1264,8 +1276,15 @@ def self_compose(
     count : int
         Number of rounds (>= 1).
     tail_mass_truncation : float, optional
-        Mass that may be cut from the tails: to +infinity for a pessimistic
-        PLD, dropped for an optimistic one.
+        Mass that may be cut from each tail: to +infinity (the top) or onto
+        the lowest kept loss (the bottom) for a pessimistic PLD, dropped for
+        an optimistic one.
+    delta, epsilon : float, optional
+        At most one: the query the result will answer. The composition is
+        then tilted so that its error is small relative to the tail that
+        decides that query, and kept on the window that decides it (other
+        queries stay bounds, only looser). Without either, the error is
+        uniform, about ``1e-16 log2(N)`` times the count.
 
     Returns
     -------
@@ -1280,12 +1299,14 @@ def self_compose(
     count = check_count("count", count, minimum=1)
     if count == 1:
         return pld
-    # pylint: disable=protected-access
-    rem = _self_compose_pmf(pld._pmf_remove, count, tail_mass_truncation)
-    if pld._symmetric:
-        return PrivacyLossDistribution(rem)
-    add = _self_compose_pmf(pld._pmf_add, count, tail_mass_truncation)
-    return PrivacyLossDistribution(rem, add)
+    check_probability("tail_mass_truncation", tail_mass_truncation)
+    out = []
+    for pmf in _pmfs_of(pld):
+        dists, _, plan = _fitted(
+            [(pmf, count)], delta=delta, epsilon=epsilon, tail=tail_mass_truncation
+        )
+        out.append(tilted.compose(dists, plan))
+    return PrivacyLossDistribution(*out)
 
 
 def _mix_pmfs(parts: Sequence[tuple[float, pld_pmf.PLDPmf]]) -> pld_pmf.DensePLDPmf:
@@ -1377,7 +1398,8 @@ def compose_bounds(
     Returns
     -------
     (PrivacyLossDistribution, PrivacyLossDistribution)
-        The composed upper and lower PLDs.
+        The composed upper and lower PLDs (certified envelopes, see
+        :func:`self_compose`).
     """
     return self_compose(pld_upper, count), self_compose(pld_lower, count)
 
@@ -1415,29 +1437,32 @@ def common_step(
     return out
 
 
-#: Mass that the Chernoff-truncated circular FFT may fold back into the
-#: window (the truncated tails), counted in the roundoff margin.
-_FOLDED_MASS = 1e-15
+def _tail_sums(
+    pmf: pld_pmf.PLDPmf,
+) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray]:
+    """``(h, inf, losses, G, C)`` of the PMF's losses from about 0 up.
 
-
-def roundoff_mass(pmf: pld_pmf.PLDPmf) -> float:
-    """Estimated total error (probability mass) of a PMF from FFT roundoff.
-
-    An FFT composition leaves absolute errors of about ``1e-16`` times the
-    largest probability in *every* grid point, with either sign. Where the
-    true mass is far below that (the tails that decide ``delta`` when delta is
-    small), the computed values are pure noise; half of the noise shows as
-    negative probabilities. The estimate is four times the negative mass (the
-    positive half twice over) plus the mass the truncated FFT can fold back.
-    It is measured on the PMF itself, so it covers every composition that
-    produced it. A hard a-priori bound exists (of order ``count u log2 N``
-    per point in the 2-norm) but exceeds ``delta`` itself at small delta on
-    fine grids; see notes/accounting-bounds.md.
+    ``C_i = sum_{j >= i} p_j e^{-(l_j - l_i)}`` and ``G_i = sum_{j > i} p_j
+    (1 - e^{-(l_j - l_i)})`` (so ``delta(l_i) = inf + G_i``), by the
+    recurrences ``C_{i-1} = p_{i-1} + e^{-h} C_i`` and ``G_{i-1} = G_i +
+    (1 - e^{-h}) C_i``: sums of non-negative terms only, so the relative
+    rounding error stays below :func:`tilted.summation_margin`.
     """
+    from scipy import signal  # pylint: disable=import-outside-toplevel
+
     # pylint: disable=protected-access
-    probs = np.asarray(pmf.to_dense_pmf()._probs, dtype=float)
-    neg = -float(np.sum(probs[probs < 0.0]))
-    return 4.0 * neg + _FOLDED_MASS
+    dense = pmf.to_dense_pmf()
+    inf_mass = float(dense._infinity_mass)
+    h = float(dense._discretization)
+    lower = int(dense._lower_loss)
+    start = max(0, -lower)  # only losses from about 0 matter for eps >= 0
+    probs = np.maximum(np.asarray(dense._probs[start:], dtype=float), 0.0)
+    losses = (lower + start + np.arange(probs.size)) * h
+    c_suf = signal.lfilter([1.0], [1.0, -math.exp(-h)], probs[::-1])[::-1]
+    g = np.zeros(probs.size)
+    if probs.size > 1:
+        g[:-1] = -math.expm1(-h) * np.cumsum(c_suf[:0:-1])[::-1]
+    return h, inf_mass, losses, g, c_suf
 
 
 def pmf_epsilon_for_delta(pmf: pld_pmf.PLDPmf, delta: float) -> float:
@@ -1445,47 +1470,45 @@ def pmf_epsilon_for_delta(pmf: pld_pmf.PLDPmf, delta: float) -> float:
 
     The same quantity as dp_accounting's ``get_epsilon_for_delta`` (a Python
     loop over every grid point, seconds on a 4e6-point PMF). On
-    ``(l_{i-1}, l_i]``, ``delta(eps) = inf_mass + S_i - e^{eps - l_i} C_i``
-    with ``S_i = sum_{j >= i} p_j`` and ``C_i = sum_{j >= i} p_j
-    e^{l_i - l_j}``; both are accumulated from the top (small terms first),
-    ``C`` by the recurrence ``C_{i-1} = p_{i-1} + e^{-h} C_i``, whose factor
-    below 1 keeps every term bounded (no overflow at any loss). Negative
-    probabilities (FFT roundoff, accounted by :func:`roundoff_mass`) count as
-    zero.
+    ``(l_{i-1}, l_i]``, ``delta(eps) = inf + G_i + C_i (1 - e^{eps - l_i})``
+    with the non-negative tail sums of :func:`_tail_sums` (no cancellation at
+    any loss or step). Negative probabilities count as zero.
     """
-    from scipy import signal  # pylint: disable=import-outside-toplevel
-
-    # pylint: disable=protected-access
-    dense = pmf.to_dense_pmf()
-    inf_mass = float(dense._infinity_mass)
+    h, inf_mass, losses, g, c_suf = _tail_sums(pmf)
     if inf_mass > delta:
         return math.inf
-    h = dense._discretization
-    lower = dense._lower_loss
-    # only losses above about 0 matter for eps >= 0
-    start = max(0, -lower)
-    probs = np.maximum(np.asarray(dense._probs[start:], dtype=float), 0.0)
-    if probs.size == 0:
+    if losses.size == 0:
         return 0.0
-    losses = (lower + start + np.arange(probs.size)) * h
-    s_suf = inf_mass + np.cumsum(probs[::-1])[::-1]
-    c_suf = signal.lfilter([1.0], [1.0, -math.exp(-h)], probs[::-1])[::-1]
-    # delta at eps = l_i counts the losses strictly above l_i
-    s_next = np.append(s_suf[1:], inf_mass)
-    c_next = np.append(c_suf[1:], 0.0)
-    d_at = s_next - math.exp(-h) * c_next
-    ok = np.nonzero(d_at <= delta)[0]
+    rest = delta - inf_mass
+    ok = np.nonzero(g <= rest)[0]
     if ok.size == 0:
         return math.inf
     i = int(ok[0])
-    if c_suf[i] <= 0.0:
-        return max(0.0, float(losses[i]))
-    num = s_suf[i] - delta
-    if num <= 0.0:
-        return max(0.0, float(losses[i - 1]) if i > 0 else 0.0)
-    eps = float(losses[i]) + math.log(num / c_suf[i])
     lo_edge = float(losses[i - 1]) if i > 0 else -math.inf
+    if c_suf[i] <= 0.0:
+        return max(0.0, lo_edge if i > 0 else float(losses[i]))
+    r = (rest - g[i]) / c_suf[i]  # = 1 - e^{eps - l_i}, in [0, 1)
+    if r >= 1.0:
+        return max(0.0, lo_edge if i > 0 else 0.0)
+    eps = float(losses[i]) + math.log1p(-r)
     return max(0.0, min(max(eps, lo_edge), float(losses[i])))
+
+
+def pmf_delta_for_epsilon(pmf: pld_pmf.PLDPmf, epsilon: float) -> float:
+    """``delta(eps) = inf + sum_{l > eps} p_l (1 - e^{eps - l})`` for one PMF.
+
+    A sum of non-negative terms (negative probabilities count as zero).
+    """
+    # pylint: disable=protected-access
+    dense = pmf.to_dense_pmf()
+    h = float(dense._discretization)
+    lower = int(dense._lower_loss)
+    probs = np.asarray(dense._probs, dtype=float)
+    first = max(0, int(math.floor(epsilon / h)) - lower)
+    losses = (lower + first + np.arange(probs.size - first)) * h
+    p = np.maximum(probs[first:], 0.0)
+    terms = np.where(losses > epsilon, p * -np.expm1(epsilon - losses), 0.0)
+    return float(dense._infinity_mass) + float(np.sum(terms))
 
 
 def _pmfs_of(p: PrivacyLossDistribution) -> list[pld_pmf.PLDPmf]:
@@ -1493,19 +1516,44 @@ def _pmfs_of(p: PrivacyLossDistribution) -> list[pld_pmf.PLDPmf]:
     return [p._pmf_remove] if p._symmetric else [p._pmf_remove, p._pmf_add]
 
 
+def _certified_epsilon(pmf: pld_pmf.PLDPmf, delta: float, *, upper: bool) -> float:
+    """epsilon(delta) of a certified composition or an exact PMF, on the safe side.
+
+    A :class:`tilted.CertifiedPmf` is read with its own error bound; any
+    other PMF is taken as exact, with the reading's rounding
+    (:func:`tilted.summation_margin`) on the safe side.
+    """
+    if isinstance(pmf, tilted.CertifiedPmf):
+        return pmf.epsilon_upper(delta) if upper else pmf.epsilon_lower(delta)
+    margin = tilted.summation_margin(pmf.size)
+    if upper:
+        eps = pmf_epsilon_for_delta(pmf, delta / (1.0 + margin))
+        return eps * (1 + 8 * tilted.UNIT_ROUNDOFF) if math.isfinite(eps) else eps
+    eps = pmf_epsilon_for_delta(pmf, min(delta * (1.0 + margin), 1.0))
+    return max(0.0, eps * (1 - 8 * tilted.UNIT_ROUNDOFF))
+
+
+def _certified_delta(pmf: pld_pmf.PLDPmf, epsilon: float, *, upper: bool) -> float:
+    """delta(epsilon) of a certified composition or an exact PMF, on the safe side."""
+    if isinstance(pmf, tilted.CertifiedPmf):
+        return pmf.delta_upper(epsilon) if upper else pmf.delta_lower(epsilon)
+    margin = tilted.summation_margin(pmf.size)
+    d = pmf_delta_for_epsilon(pmf, epsilon)
+    return min(1.0, d * (1.0 + margin)) if upper else max(0.0, d / (1.0 + margin))
+
+
 def epsilon_bound(
     upper: PrivacyLossDistribution, lower: PrivacyLossDistribution, delta: float
 ) -> Bound:
-    """Bracket epsilon(delta) between a lower and an upper PLD.
+    """Bracket epsilon(delta) between an upper and a lower PLD.
 
-    The FFT roundoff of each composed PMF (:func:`roundoff_mass`, ``nu``) is
-    kept on the safe side: the upper epsilon is read at ``delta - nu`` of the
-    pessimistic PMF and the lower at ``delta + nu`` of the optimistic one.
-    Where ``nu`` exceeds half of ``delta`` the pessimistic PMF cannot certify
-    anything and the upper bound is infinite. A lower value above the upper
-    one (roundoff beyond the estimate) is never clipped into a point: the
-    bracket is then the two values swapped, so it still holds the truth
-    whichever side erred.
+    The PLDs must be exact or certified envelopes (:func:`self_compose`,
+    :func:`compose_bounds`, :func:`refine_bound`): the upper value is the
+    pessimistic PLD's ``epsilon`` read at ``delta / (1 + s)`` and the lower
+    the optimistic PLD's read at ``delta (1 + s)``, ``s`` the relative
+    rounding bound of the reading (:func:`tilted.summation_margin`). A lower
+    value above the upper one (which certified inputs cannot give) is never
+    clipped into a point: the bracket is then the hull of the two.
 
     Parameters
     ----------
@@ -1520,18 +1568,8 @@ def epsilon_bound(
         ``lower <= true epsilon <= upper``; the estimate is the midpoint.
     """
     delta = check_delta("delta", delta)
-    eu = el = 0.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for pmf in _pmfs_of(upper):
-            nu = roundoff_mass(pmf)
-            if nu > 0.5 * delta:
-                eu = math.inf
-                break
-            eu = max(eu, pmf_epsilon_for_delta(pmf, delta - nu))
-        for pmf in _pmfs_of(lower):
-            nu = roundoff_mass(pmf)
-            el = max(el, pmf_epsilon_for_delta(pmf, min(delta + nu, 1.0)))
+    eu = max(_certified_epsilon(p, delta, upper=True) for p in _pmfs_of(upper))
+    el = max(_certified_epsilon(p, delta, upper=False) for p in _pmfs_of(lower))
     lo, hi = min(el, eu), max(el, eu)
     return Bound(lo, 0.5 * (lo + hi) if math.isfinite(hi) else hi, hi)
 
@@ -1539,10 +1577,10 @@ def epsilon_bound(
 def delta_bound(
     upper: PrivacyLossDistribution, lower: PrivacyLossDistribution, epsilon: float
 ) -> Bound:
-    """Bracket delta(epsilon) between a lower and an upper PLD.
+    """Bracket delta(epsilon) between an upper and a lower PLD.
 
-    The roundoff margin of :func:`epsilon_bound` is added to the upper and
-    taken from the lower value.
+    As :func:`epsilon_bound`: exact or certified PLDs, the reading's rounding
+    bound added to the upper value and taken from the lower one.
 
     Parameters
     ----------
@@ -1557,15 +1595,8 @@ def delta_bound(
         ``lower <= true delta <= upper``.
     """
     epsilon = check_nonnegative("epsilon", epsilon)
-    du = dl = 0.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for pmf in _pmfs_of(upper):
-            du = max(du, float(pmf.get_delta_for_epsilon(epsilon)) + roundoff_mass(pmf))
-        for pmf in _pmfs_of(lower):
-            dl = max(dl, float(pmf.get_delta_for_epsilon(epsilon)) - roundoff_mass(pmf))
-    du = min(max(du, 0.0), 1.0)
-    dl = min(max(dl, 0.0), 1.0)
+    du = max(_certified_delta(p, epsilon, upper=True) for p in _pmfs_of(upper))
+    dl = max(_certified_delta(p, epsilon, upper=False) for p in _pmfs_of(lower))
     lo, hi = min(dl, du), max(dl, du)
     return Bound(lo, 0.5 * (lo + hi), hi)
 
@@ -1595,6 +1626,182 @@ class BracketResult:
     gap: float
     converged: bool
     coarse: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class MixturePart:
+    """Rounds that draw a public label, then release a composition or nothing.
+
+    With probability ``weights[j]`` a round releases the ``powers[j]``-fold
+    composition of the mechanism whose one-step PLDs are ``uppers[j]``
+    (pessimistic) and ``lowers[j]`` (optimistic), and the adversary sees
+    which; otherwise it releases nothing. A check-in round of ``K`` local
+    steps is one such term. :func:`bracket_parts` composes it by evaluating
+    the round's transform ``rest + sum_j w_j X_j^k_j`` directly
+    (:class:`tilted.Mix`), so no inner composition is formed.
+
+    Attributes
+    ----------
+    weights : tuple of float
+        The labels' probabilities (summing to at most 1).
+    uppers, lowers : tuple of PrivacyLossDistribution
+        Each label's one-step PLDs, all on one grid.
+    powers : tuple of int
+        How many steps each label composes.
+    count : int
+        Number of rounds.
+    """
+
+    weights: tuple[float, ...]
+    uppers: tuple[PrivacyLossDistribution, ...]
+    lowers: tuple[PrivacyLossDistribution, ...]
+    powers: tuple[int, ...]
+    count: int
+
+
+#: One distinct event of a composition: its (upper, lower) one-round PLDs on
+#: one grid and how often it is composed, or a :class:`MixturePart`.
+Part = tuple[PrivacyLossDistribution, PrivacyLossDistribution, int] | MixturePart
+
+
+def _part_plds(part: Part) -> list[PrivacyLossDistribution]:
+    """Every PLD a part holds (upper ones first)."""
+    if isinstance(part, MixturePart):
+        return [*part.uppers, *part.lowers]
+    return [part[0], part[1]]
+
+
+def _part_uppers(part: Part) -> list[PrivacyLossDistribution]:
+    if isinstance(part, MixturePart):
+        return list(part.uppers)
+    return [part[0]]
+
+
+def _part_count(part: Part) -> int:
+    return part.count if isinstance(part, MixturePart) else part[2]
+
+
+def _side(part: Part, add: bool, pessimistic: bool) -> Any:
+    """One side and direction of a part, for :func:`_fitted`."""
+    if isinstance(part, MixturePart):
+        plds = part.uppers if pessimistic else part.lowers
+        rest = max(0.0, 1.0 - math.fsum(part.weights))
+        return (
+            "mix",
+            rest,
+            [
+                (w, _direction(q, add), k)
+                for w, q, k in zip(part.weights, plds, part.powers, strict=True)
+            ],
+        )
+    return _direction(part[0] if pessimistic else part[1], add)
+
+
+def _direction(p: PrivacyLossDistribution, add: bool) -> pld_pmf.PLDPmf:
+    # pylint: disable=protected-access
+    return p._pmf_add if add and not p._symmetric else p._pmf_remove
+
+
+def bracket_parts(
+    parts: Sequence[Part],
+    *,
+    delta: float | None = None,
+    epsilon: float | None = None,
+    hint: Sequence[float] | None = None,
+) -> tuple[Bound, float, tuple[float, ...]]:
+    """Bracket ``epsilon(delta)`` or ``delta(epsilon)`` of a composition.
+
+    Every part is composed by one certified, tilted FFT per direction and
+    side (:mod:`dpfl.accounting.tilted`), tilted for the query, so the
+    bracket holds at every ``delta`` the grid resolves, down to the smallest.
+
+    Parameters
+    ----------
+    parts : sequence of (PrivacyLossDistribution, PrivacyLossDistribution, int) \
+or MixturePart
+        For each distinct event: its pessimistic and optimistic one-round
+        PLDs (all on one grid) and its count, or a :class:`MixturePart`.
+    delta, epsilon : float, optional
+        Exactly one: the query.
+    hint : sequence of float, optional
+        For ``epsilon(delta)``: known lower values of each direction's answer
+        (remove, then add; the third value returned by an earlier call). The
+        tilt is then chosen for that loss (the Chernoff estimate of the
+        answer, used otherwise, can be far above it when the tail is a rare
+        event), and a composition whose error bound is not small at its
+        answer is redone with the tilt for its lower value.
+
+    Returns
+    -------
+    (Bound, float, tuple of float)
+        The bracket, the grid step of the compositions (coarser than the
+        parts' when the memory cap moved them) and each direction's lower
+        value.
+    """
+    if (delta is None) == (epsilon is None):
+        raise InvalidParameterError("give exactly one of delta and epsilon")
+    used = [part for part in parts if _part_count(part) > 0]
+    symmetric = all(
+        q._symmetric  # pylint: disable=protected-access
+        for part in used
+        for q in _part_plds(part)
+    )
+    upper = lower = 0.0
+    step = 0.0
+    lowers = []
+    for add in (False,) if symmetric else (False, True):
+        items_up = [(_side(part, add, True), _part_count(part)) for part in used]
+        items_lo = [(_side(part, add, False), _part_count(part)) for part in used]
+        floor: float | None = None
+        known = hint[int(add)] if hint is not None and len(hint) > int(add) else 0.0
+        level = known if delta is not None and known > 0 else None
+        extended: bool | None = None  # decided by the composition
+        tries = 0
+        while True:
+            tries += 1
+            du, dl, plan = _fitted(
+                items_up,
+                items_lo,
+                delta=delta,
+                epsilon=epsilon,
+                level=level,
+                floor=floor,
+            )
+            cu = tilted.compose(du, plan, extended=extended)
+            cl = tilted.compose(dl, plan, extended=extended)
+            step = max(step, du[0][0].step)
+            if delta is None:
+                eps = float(epsilon)  # type: ignore[arg-type]
+                hi, lo = cu.delta_upper(eps), cl.delta_lower(eps)
+                if tries < 2 and tilted._EXTENDED and cu.noise(eps) > 1e-3 * hi:
+                    extended = True  # the error bound matters: redo it finer
+                    continue
+                break
+            hi = cu.epsilon_upper(delta)
+            lo = cl.epsilon_lower(delta)
+            if tries >= 4:
+                break
+            # pylint: disable=protected-access
+            bottom = cu._lower_loss * cu._discretization
+            if floor is None and bottom > 0 and min(lo, hi) <= bottom + step:
+                # the answer sits at the window's foot: widen it to 0
+                floor = 0.0
+                continue
+            noisy = math.isfinite(hi) and cu.noise(hi) > 1e-3 * delta
+            if noisy and level is None:
+                # the tilt (from the Chernoff estimate) did not fit the answer:
+                # redo it for the loss of the lower value
+                level = max(lo, 0.0)
+                continue
+            if noisy and not extended and tilted._EXTENDED:
+                extended = True  # the error bound matters: redo it finer
+                continue
+            break
+        upper, lower = max(upper, hi), max(lower, lo)
+        lowers.append(lo)
+    lo_v, hi_v = min(lower, upper), max(lower, upper)
+    mid = 0.5 * (lo_v + hi_v) if math.isfinite(hi_v) else hi_v
+    return Bound(lo_v, mid, hi_v), step, tuple(lowers)
 
 
 def refine_bound(
@@ -1635,31 +1842,82 @@ def refine_bound(
     InvalidParameterError
         If neither or both of ``delta`` and ``epsilon`` are given.
     """
+    count = check_count("count", count, minimum=1)
+    return refine_parts(
+        lambda h: [(*build(h), count)],
+        delta=delta,
+        epsilon=epsilon,
+        tolerance=tolerance,
+        initial_discretization=initial_discretization,
+        max_grid_points=max_grid_points,
+    )
+
+
+def refine_parts(
+    build: Callable[[float], Sequence[Part]],
+    *,
+    delta: float | None = None,
+    epsilon: float | None = None,
+    tolerance: float = 0.02,
+    initial_discretization: float = 1e-4,
+    max_grid_points: int = 8_000_000,
+) -> BracketResult:
+    """:func:`refine_bound` for a composition of several distinct events.
+
+    Parameters
+    ----------
+    build : callable
+        ``h -> [(pld_upper, pld_lower, count), ...]``: each distinct event's
+        one-round PLDs at grid step ``h`` and its count.
+    delta, epsilon, tolerance, initial_discretization, max_grid_points
+        As in :func:`refine_bound`.
+
+    Returns
+    -------
+    BracketResult
+        The bracket, the grid step, the gap, and whether it converged.
+    """
     if (delta is None) == (epsilon is None):
         raise InvalidParameterError("give exactly one of delta and epsilon")
-    count = check_count("count", count, minimum=1)
     check_probability("tolerance", tolerance)
     h = check_positive("initial_discretization", initial_discretization)
     lo_v, hi_v = -math.inf, math.inf
     rebuilt = False
+    scaled = 0
+    stalls = 0
+    prev_gap = math.inf
+    known: tuple[float, ...] | None = None
     while True:
         # Over the memory cap, the one round is rebuilt at the coarser step
-        # (once; a second overflow is rebinned, see _self_compose_pmf).
+        # (once; a second overflow is rebinned, see _fitted).
         token = _REBUILD_COARSER.set(not rebuilt)
         try:
-            upper, lower = build(h)
-            cu, cl = compose_bounds(upper, lower, count)
+            parts = build(h)
+            scale = min(
+                _scale(p)
+                for part in parts
+                for u in _part_uppers(part)
+                for p in _pmfs_of(u)
+            )
+            if 0 < scale < h / 2 and scaled < 4 and not rebuilt:
+                # the grid is coarse against one round's losses (tiny
+                # sampling rates: losses of the order of the rate): rebuild
+                # on their scale
+                h, scaled = scale, scaled + 1
+                continue
+            b, step, lowers = bracket_parts(
+                parts, delta=delta, epsilon=epsilon, hint=known
+            )
         except _CoarserGridNeeded as need:
             h, rebuilt = need.step, True
             continue
         finally:
             _REBUILD_COARSER.reset(token)
         if delta is not None:
-            b = epsilon_bound(cu, cl, delta)
-        else:
-            b = delta_bound(cu, cl, float(epsilon))  # type: ignore[arg-type]
+            known = lowers if known is None else tuple(map(max, known, lowers))
+        own_gap = b.gap if b.upper > 0 else 0.0
         # Every bracket holds the truth, so their intersection does too; an
-        # empty intersection (roundoff beyond its estimate) keeps the hull.
+        # empty intersection (impossible for certified brackets) keeps the hull.
         new_lo, new_hi = max(lo_v, b.lower), min(hi_v, b.upper)
         if new_lo > new_hi:
             new_lo, new_hi = min(lo_v, b.lower), max(hi_v, b.upper)
@@ -1668,17 +1926,47 @@ def refine_bound(
         b = Bound(lo_v, mid, hi_v)
         gap = b.gap if b.upper > 0 else 0.0
         # pylint: disable=protected-access
-        steps = [
-            pmf.to_dense_pmf()._discretization for p in (cu, cl) for pmf in _pmfs_of(p)
-        ]
-        coarse = rebuilt or max(steps) > h * (1 + 1e-9)
-        best = BracketResult(b, max(steps), gap, gap <= tolerance, coarse)
+        own = max(
+            p._discretization
+            for part in parts
+            for q in _part_plds(part)
+            for p in _pmfs_of(q)
+        )
+        coarse = rebuilt or step > h * (1 + 1e-9) or own > h * (1 + 1e-9)
+        best = BracketResult(b, max(step, own), gap, gap <= tolerance, coarse)
         size = max(
-            upper._pmf_remove.size,  # pylint: disable=protected-access
-            upper._pmf_add.size,  # pylint: disable=protected-access
+            p.size for part in parts for u in _part_uppers(part) for p in _pmfs_of(u)
         )
         # A finer step cannot help once compositions are coarsened to fit the
         # memory cap, and the next step doubles the grid (the time model).
-        if best.converged or coarse or 2 * size > max_grid_points:
+        # Two finer grids in a row that did not narrow their own bracket while
+        # its lower value was informative (the error bound, not the grid,
+        # limits it): a third will not either.
+        stalled = b.lower > 0 and own_gap > 0.95 * prev_gap
+        stalls = stalls + 1 if stalled else 0
+        prev_gap = own_gap
+        if best.converged or coarse or stalls >= 2 or 2 * size > max_grid_points:
             return best
         h /= 2.0
+
+
+#: A grid step should resolve one round's losses: at most their standard
+#: deviation over this, and their span over 4 times this.
+_STEPS_PER_SCALE = 8
+
+
+def _scale(pmf: pld_pmf.PLDPmf) -> float:
+    """The largest grid step that resolves one PMF's losses (0 if a point)."""
+    # pylint: disable=protected-access
+    dense = pmf.to_dense_pmf()
+    probs = np.maximum(np.asarray(dense._probs, dtype=float), 0.0)
+    nz = np.flatnonzero(probs)
+    if nz.size < 2:
+        return 0.0
+    h = dense._discretization
+    w = probs[nz] / np.sum(probs[nz])
+    loss = (nz - nz[0]) * h
+    mean = float(np.sum(w * loss))
+    std = math.sqrt(float(np.sum(w * (loss - mean) ** 2)))
+    span = float(loss[-1])
+    return min(std, span / 4.0) / _STEPS_PER_SCALE

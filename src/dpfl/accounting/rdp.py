@@ -1,10 +1,12 @@
 """Rényi-DP (moments accountant) analyses: client-level DP-FedAvg and LOCKS.
 
-dp_accounting is the engine: its :class:`RdpAccountant` for RDP (with the
-improved RDP-to-DP conversion of Balle et al. 2020 unless stated otherwise)
-and its :class:`PLDAccountant` for tight privacy-loss distributions.  Its
-absl log messages and Python warnings are silenced here; orders it cannot
-evaluate are dropped by it, which only makes the bound more conservative.
+dp_accounting is the engine for RDP: its :class:`RdpAccountant` (with the
+improved RDP-to-DP conversion of Balle et al. 2020 unless stated otherwise).
+The PLD analyses (``"sound"``, ``"paper-pld"``) are dpfl's
+:class:`~dpfl.accounting.accountant.Accountant`, whose compositions are
+certified at every delta.  dp_accounting's absl log messages and Python
+warnings are silenced here; orders it cannot evaluate are dropped by it,
+which only makes the bound more conservative.
 
 DP-FedAvg (Geyer, Klein & Nabi 2017) analyses, by ``analysis`` (the
 default first; the statuses are those of
@@ -54,8 +56,10 @@ from dpfl._validate import (
     check_nonnegative,
     check_positive,
 )
-from dpfl.accounting import fdp, gaussian
+from dpfl.accounting import gaussian
 from dpfl.accounting._quiet import quiet as _quiet
+from dpfl.accounting.bounds import Bound
+from dpfl.accounting.events import FixedCohort, Gaussian
 from dpfl.errors import InvalidParameterError
 
 __all__ = [
@@ -82,8 +86,6 @@ _ORDERS = np.array(
 
 #: Abadi et al.'s moments: λ = 1..32, i.e. RDP orders 2..33.
 _ABADI_ORDERS = np.arange(2, 34, dtype=float)
-
-_PLD_INTERVAL = 1e-4
 
 
 def _check_analysis(analysis: str) -> str:
@@ -180,28 +182,6 @@ def _total_rdp(
     return total
 
 
-@functools.lru_cache(maxsize=256)
-def _round_pmf(analysis: str, clients: int, cohort: int, noise: float) -> Any:
-    """Pessimistic PLD pmf of one round for the PLD analyses."""
-    if analysis == "paper-pld":
-        from dp_accounting.pld import privacy_loss_distribution as pld_lib
-
-        with _quiet():
-            pld = pld_lib.from_gaussian_mechanism(
-                noise,
-                sampling_prob=cohort / clients,
-                value_discretization_interval=_PLD_INTERVAL,
-                use_connect_dots=True,
-            )
-        return pld
-    # Fixed cohort, replace-one client: C_{m/K}(G_{2/sigma}), symmetrised.
-    return fdp.subsampled_gaussian_pld(
-        noise_multiplier=noise / 2.0,
-        sampling_probability=cohort / clients,
-        value_discretization=_PLD_INTERVAL,
-    )
-
-
 def _rdp_delta(analysis: str, rdp: np.ndarray, epsilon: float) -> float:
     """δ(ε) from an RDP curve: Abadi et al.'s rule for "paper", else improved."""
     orders = _orders(analysis)
@@ -222,16 +202,29 @@ def _rdp_epsilon(analysis: str, rdp: np.ndarray, delta: float) -> float:
         )
 
 
-def _composed_pld(
-    analysis: str, clients: int, schedule: list[tuple[int, float]]
-) -> Any:
-    composed = None
-    with _quiet():
-        for (m, z), count in collections.Counter(schedule).items():
-            one = _round_pmf(analysis, clients, m, z)
-            part = one.self_compose(count) if count > 1 else one
-            composed = part if composed is None else composed.compose(part)
-    return composed
+def _pld_bound(
+    analysis: str,
+    clients: int,
+    schedule: list[tuple[int, float]],
+    *,
+    delta: float | None = None,
+    epsilon: float | None = None,
+) -> Bound:
+    """The certified PLD bracket of the rounds (``"sound"`` or ``"paper-pld"``).
+
+    Each round is ``FixedCohort(m, K, Gaussian(z))``, priced by the
+    :class:`~dpfl.accounting.accountant.Accountant` under the analysis (the
+    symmetrised ``C_{m/K}(G_{2/z})`` for ``"sound"``, the Poisson reading at
+    rate ``m/K`` for ``"paper-pld"``) and composed by its certified FFT.
+    """
+    from dpfl.accounting.accountant import Accountant
+
+    acc = Accountant(analysis)
+    for (m, z), count in collections.Counter(schedule).items():
+        acc.compose(FixedCohort(m, clients, Gaussian(z)), count)
+    if delta is not None:
+        return acc.epsilon(delta)
+    return acc.delta(float(epsilon))  # type: ignore[arg-type]
 
 
 def dp_fedavg_delta(
@@ -284,10 +277,7 @@ def dp_fedavg_delta(
     k, schedule = _schedule(clients, cohort_sizes, noise_multipliers, rounds)
     if analysis in _RDP:
         return _rdp_delta(analysis, _total_rdp(analysis, k, schedule), eps)
-    with _quiet():
-        return float(
-            min(1.0, _composed_pld(analysis, k, schedule).get_delta_for_epsilon(eps))
-        )
+    return float(min(1.0, _pld_bound(analysis, k, schedule, epsilon=eps).upper))
 
 
 def dp_fedavg_epsilon(
@@ -335,8 +325,7 @@ def dp_fedavg_epsilon(
     k, schedule = _schedule(clients, cohort_sizes, noise_multipliers, rounds)
     if analysis in _RDP:
         return _rdp_epsilon(analysis, _total_rdp(analysis, k, schedule), dlt)
-    with _quiet():
-        return float(_composed_pld(analysis, k, schedule).get_epsilon_for_delta(dlt))
+    return float(_pld_bound(analysis, k, schedule, delta=dlt).upper)
 
 
 def dp_fedavg_stop_round(
@@ -402,10 +391,7 @@ def dp_fedavg_stop_round(
         return None
 
     def exceeds(t: int) -> bool:
-        with _quiet():
-            return bool(
-                _composed_pld(analysis, k, schedule[:t]).get_delta_for_epsilon(eps) > q
-            )
+        return bool(_pld_bound(analysis, k, schedule[:t], epsilon=eps).upper > q)
 
     if not exceeds(t_max):
         return None

@@ -1,0 +1,1216 @@
+"""Certified composition of privacy-loss PMFs: an exponentially tilted FFT.
+
+A composition of privacy-loss distributions is a convolution of PMFs, done by
+FFT. In floating point the FFT leaves an absolute error of about
+``1e-16 log2(N)`` times the vector's 2-norm in *every* output point, of either
+sign. Where ``delta`` is small the tail that decides it holds far less mass
+than that floor, so an untilted FFT cannot certify anything there. This module
+composes *tilted* PMFs instead and bounds every error a priori.
+
+The argument
+------------
+Let ``x_i`` be the finite part of PMF ``i`` (losses ``l = k h`` on a grid of
+step ``h``), composed ``n_i`` times, and ``lam >= 0``. The tilt
+
+    x~_i[k] = x_i[k] exp(lam l_k - kappa_i),   kappa_i = log sum_k x_i[k] e^{lam l_k},
+
+is a probability vector, and the composition of the tilted PMFs is the tilted
+composition: ``y~[j] = y[j] exp(lam l_j - sum_i n_i kappa_i)`` (the exponent is
+additive in the losses). So ``y[j] = y~[j] U_j`` with
+``U_j = exp(sum_i n_i kappa_i - lam l_j)``, and an *absolute* error ``B`` in
+``y~`` becomes an error ``B U_j`` in ``y[j]``. ``U_j`` is the Chernoff bound
+``E[e^{lam L}] e^{-lam l_j}`` of the composed loss at ``l_j``: choosing ``lam``
+for the loss that decides the query (:func:`plan`) makes the error at the
+deciding losses a fraction ``B`` of a Chernoff tail of the same size as
+``delta`` itself, instead of an absolute ``1e-16``.
+
+``B`` is bounded a priori (:func:`compose`), for a circular FFT of length
+``L`` (a power of two) holding the output window ``[a, top]``:
+
+1. Floating-point FFT. We use the normwise bound ``||fl(F v) - F v||_2 <=
+   eta_L ||F v||_2`` with ``eta_L = c u log2(L)``, ``u = 2^-53`` and ``c =``
+   :data:`FFT_CONSTANT` ``= 16``, for both the forward (``rfft``) and inverse
+   (``irfft``) transforms. Higham (2002, *Accuracy and Stability of Numerical
+   Algorithms*, Thm 24.2) proves ``eta_L = log2(L) eta / (1 - log2(L) eta)``
+   with ``eta = mu + gamma_4 (sqrt 2 + mu) ~ 6.7 u`` for the radix-2
+   Cooley-Tukey FFT whose weights are accurate to ``mu ~ u``; pocketfft
+   (scipy.fft) transforms powers of two in radix-4 and radix-2 passes (a
+   radix-4 butterfly is two radix-2 levels), and ``c = 16`` leaves a factor of
+   more than two. ``tests/test_tilted.py`` measures the error against exact
+   rational convolutions: it stays two orders of magnitude below the bound.
+2. Forward transforms: ``||X^_i - X_i||_2 <= eta_L sqrt(L) ||x~_i||_2``, hence
+   every component ``|X^_{i,k}| <= M_i = m_i + eta_L sqrt(L) ||x~_i||_2``
+   (``m_i`` the tilted mass, about 1).
+3. The transform of the composition is a polynomial with non-negative
+   coefficients in the ``X_i``: a product over the distinct rounds ``p`` of
+   ``F_p^{n_p}``, ``F_p = a_0 + sum_j a_j X_j^{k_j}`` (a plain PMF is
+   ``F = X``; a round that releases ``k_j`` steps of ``x_j`` with probability
+   ``w_j`` and nothing otherwise is a :class:`Mix`, with ``a_j`` the tilted,
+   normalised ``w_j``). With every modulus below its bound,
+   ``|F_p| <= R_p = a_0 + sum_j a_j M_j^{k_j}``, and the perturbation of a
+   polynomial with non-negative coefficients is at most its derivative at
+   the moduli' bounds times the input perturbations: component by component
+   ``|Delta F_p^{n_p}| <= n_p R_p^{n_p - 1} sum_j a_j k_j M_j^{k_j - 1}
+   |Delta X_j|``, and the product's error is the sum of the factors' errors
+   times the other factors' bounds ``P_R / R_p^{n_p}`` (``P_R = prod R_p^{n_p}``).
+   In 2-norm that is at most ``P_R sum_p (n_p / R_p) sum_j a_j k_j
+   M_j^{k_j - 1} eta_L sqrt(L) ||x~_j||_2``.
+4. Evaluating a power in polar form (``exp(n log|z|)``, ``n arg z``) costs at
+   most ``(12 n + 8) u |z|^n`` per component, with ``|z| <= 1`` up to the
+   bounds (the log's error is multiplied by ``n``, and ``|z|^n n |log |z||
+   <= 1/e``); moving a term to the absolute grid (a phase) ``4 u``, each sum
+   and complex product ``3 u`` of the moduli' bound; over ``L`` components
+   that is at most ``sqrt(L)`` times as much in 2-norm.
+5. The inverse transform divides the 2-norm by ``sqrt(L)`` (so 2-4 leave at
+   most ``P_R (sum_p (n_p / R_p) (eta_L sum_j a_j k_j M_j^{k_j - 1}
+   ||x~_j||_2 + u ...) + ...)``, the rounding terms of 4, called ``first``)
+   and adds ``eta_L`` times the 2-norm of its input, at most the computed
+   output's 2-norm plus its own error: ``E <= (first (1 + eta_L) + eta_L
+   ||y^~||_2) / (1 - eta_L)``.
+6. Aliasing: the circular result at the window's position of ``j`` adds the
+   tilted mass of every index congruent to ``j`` modulo ``L`` outside the
+   window; it is at most the tilted mass outside ``[a, top]``, bounded by
+   Chernoff bounds of the tilted composition.
+7. The tilt and the untilt are evaluated with relative errors at most
+   ``2 u (|log x| + |lam l| + |kappa| + 2)`` per entry; a relative
+   perturbation of non-negative inputs changes every output of the
+   composition by at most the sum of the relative perturbations times the
+   counts and powers (``tau``), and the untilt adds ``2 u (|sum n kappa| +
+   |lam l_j| + 4)`` (``rho`` is the two together).
+
+So ``|y^~ - y~| <= B = E + A`` everywhere in the window (``A`` the aliasing
+of 6; every bound times 1.01 for second-order terms), and
+
+    y[j] <= (max(y^~_j, 0) + B) U_j (1 + 2 rho_j),
+    y[j] >= max(y^~_j - B, 0) U_j (1 - 2 rho_j).
+
+The pessimistic (upper) PMF returned is the first envelope, capped at the
+total mass; the mass below the window is moved up onto the window's lowest
+loss (a loss moved up keeps an upper bound an upper bound) and the mass above
+goes to +infinity, each bounded by a Chernoff bound of the untilted
+composition. The optimistic (lower) PMF is the second envelope, with the mass
+outside the window dropped. Since ``delta(eps) = inf + sum_l p_l (1 -
+e^{eps - l})_+`` is non-decreasing in every mass and every loss, the envelopes
+bound the true composition's ``delta`` from above and below at every
+``eps``, and they stay bounds when composed again (a larger non-negative
+input gives a larger convolution).
+
+The reading of ``delta`` or ``epsilon`` off an envelope is a sum of
+non-negative terms (see :func:`dpfl.accounting.pld.pmf_epsilon_for_delta`)
+whose relative rounding error is at most ``4 (n + 2) u`` for ``n`` grid
+points (:func:`summation_margin`); the bracketing functions read the upper
+value at ``delta / (1 + that)`` and the lower at ``delta (1 + that)``.
+
+Choosing the tilt (:func:`plan`): for ``epsilon(delta)`` the tilt minimises
+``(K(lam) + log c(lam) + log(1/delta)) / lam``, with ``K`` the cumulant
+generating function of the composed loss and ``c(lam) = lam^lam /
+(1 + lam)^(1 + lam)`` (``(1 - e^{-x})_+ <= c(lam) e^{lam x}``): the Chernoff
+estimate of the deciding loss; for ``delta(epsilon)``, it minimises
+``K(lam) - lam eps + log c(lam)``. The window is the range holding all but
+``A`` of the *tilted* composition on each side (a few of its standard
+deviations around the deciding loss), with ``A U`` at the deciding loss
+``1e-4`` of the query's delta (``A`` within ``[1e-30, 1e-10]``), and, for
+``delta(epsilon)``, ``eps`` itself. Any ``lam >= 0`` and any window give
+valid bounds; the choice only makes them tight. The cumulant generating
+functions are bounded from above: exactly for PMFs of at most 2048 non-zero
+masses, otherwise on at most that many bins (:meth:`Dist.log_mgf`), so every
+Chernoff bound used is valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from dp_accounting.pld import pld_pmf
+from scipy import fft as sp_fft
+
+__all__ = [
+    "FFT_CONSTANT",
+    "Dist",
+    "Plan",
+    "compose",
+    "fft_error_factor",
+    "plan",
+    "summation_margin",
+    "window_length",
+]
+
+#: Unit roundoff of IEEE double precision.
+UNIT_ROUNDOFF = 2.0**-53
+
+#: ``c`` in the assumed normwise FFT error bound ``eta_L = c u log2(L)``.
+FFT_CONSTANT = 16.0
+
+#: (Tilted) mass left outside a composition's window on each side.
+_WINDOW_TAIL = 1e-15
+
+#: At most this many bins bound a PMF's moment generating function.
+_MGF_BINS = 2048
+
+#: Smallest positive double's order: underflowed tilted entries are each
+#: below it (an absolute error, counted in ``B``).
+_UNDERFLOW = 1e-300
+
+
+def fft_error_factor(length: int) -> float:
+    """``eta_L``: the assumed relative 2-norm error of a length-``length`` FFT."""
+    return FFT_CONSTANT * UNIT_ROUNDOFF * max(1.0, math.log2(max(length, 2)))
+
+
+def summation_margin(size: int) -> float:
+    """Relative rounding bound of the tail sums that read delta off a PMF."""
+    return 4.0 * (size + 2) * UNIT_ROUNDOFF
+
+
+def _lse_rows(a: np.ndarray) -> np.ndarray:
+    """Row-wise log-sum-exp with -inf for all -inf rows (numpy only)."""
+    mx = np.max(a, axis=1)
+    safe = np.where(np.isfinite(mx), mx, 0.0)
+    with np.errstate(divide="ignore", under="ignore", invalid="ignore"):
+        s = np.sum(np.exp(a - safe[:, None]), axis=1)
+        out = np.log(s) + safe
+    return np.where(np.isfinite(mx), out, -np.inf)
+
+
+class Dist:
+    """The finite part of one PMF, ready for composition.
+
+    Holds the trimmed, non-negative masses, their grid and a binned summary
+    from which :meth:`log_mgf` bounds the moment generating function from
+    above.
+
+    Parameters
+    ----------
+    pmf : dp_accounting.pld.pld_pmf.PLDPmf
+        A PMF (dense or sparse). Negative entries are read as 0.
+    """
+
+    def __init__(self, pmf: pld_pmf.PLDPmf) -> None:
+        # pylint: disable=protected-access
+        dense = pmf.to_dense_pmf()
+        self.step = float(dense._discretization)
+        self.pessimistic = bool(dense._pessimistic_estimate)
+        self.infinity_mass = float(dense._infinity_mass)
+        probs = np.asarray(dense._probs, dtype=float)
+        probs = np.where(probs > 0.0, probs, 0.0)
+        nz = np.flatnonzero(probs)
+        offset = int(dense._lower_loss)
+        if nz.size == 0:
+            probs = np.zeros(1)
+            nz = np.zeros(0, dtype=np.int64)
+        else:
+            offset += int(nz[0])
+            probs = probs[nz[0] : nz[-1] + 1]
+            nz = nz - nz[0]
+        self.offset = offset
+        self.probs = probs
+        n = probs.size
+        #: Upper bound on the finite mass.
+        self.mass = float(np.sum(probs)) * (1.0 + (n + 1) * UNIT_ROUNDOFF)
+        loss = (offset + nz) * self.step
+        mass_nz = probs[nz]
+        if nz.size > _MGF_BINS:
+            starts = np.unique(np.linspace(0, nz.size, _MGF_BINS + 1).astype(np.int64))
+            starts = starts[:-1]
+            ends = np.append(starts[1:], nz.size) - 1
+            bin_mass = np.add.reduceat(mass_nz, starts)
+            centre = np.add.reduceat(mass_nz * loss, starts) / bin_mass
+            dev = loss - np.repeat(centre, np.diff(np.append(starts, nz.size)))
+            first = np.add.reduceat(mass_nz * dev, starts)
+            second = np.add.reduceat(mass_nz * dev * dev, starts)
+            lo, hi = loss[starts], loss[ends]
+        else:
+            bin_mass, centre, lo, hi = mass_nz, loss, loss, loss  # type: ignore[assignment]
+            first = second = np.zeros(loss.size)
+        with np.errstate(divide="ignore"):
+            # + a relative margin for the rounding of the bin sums
+            self._log_mass = np.log(bin_mass) + 4.0 * (n + 1) * UNIT_ROUNDOFF
+        self._lo, self._hi, self._centre = lo, hi, centre
+        self._mass = bin_mass * (1.0 + 4.0 * (n + 1) * UNIT_ROUNDOFF)
+        self._first = np.abs(first) + 4.0 * (n + 1) * UNIT_ROUNDOFF * bin_mass * (
+            hi - lo
+        )
+        self._second = second * (1.0 + 4.0 * (n + 1) * UNIT_ROUNDOFF)
+        self._width = hi - lo
+
+    @property
+    def size(self) -> int:
+        """Number of grid points from the first to the last non-zero mass."""
+        return int(self.probs.size)
+
+    @property
+    def min_loss(self) -> float:
+        """Smallest loss carrying mass."""
+        return self.offset * self.step
+
+    @property
+    def max_loss(self) -> float:
+        """Largest loss carrying mass."""
+        return (self.offset + self.size - 1) * self.step
+
+    def log_mgf(self, t: np.ndarray) -> np.ndarray:
+        """Upper bound on ``log sum_l p_l e^{t l}`` for each ``t`` (vectorised).
+
+        Exact (to rounding) when the PMF has at most 2048 non-zero masses.
+        Otherwise each bin of consecutive masses, of mass ``m``, centre ``c``
+        (its mean loss), first and second central moments ``m1``, ``m2`` and
+        width ``w``, contributes the smaller of ``m e^{t l_max}`` (``l_min``
+        for ``t < 0``) and ``e^{t c} (m + |t m1| + t^2 m2 e^{|t| w} / 2)``
+        (Taylor's theorem: ``e^x <= 1 + x + x^2 e^{|x|} / 2``): both upper
+        bounds, the second loose only to third order in ``t w``.
+        """
+        t = np.atleast_1d(np.asarray(t, dtype=float))
+        if self._log_mass.size == 0:
+            return np.full(t.size, -np.inf)
+        out = np.empty(t.size)
+        chunk = max(1, 2_000_000 // self._log_mass.size)
+        binned = bool(np.any(self._width > 0))
+        for s in range(0, t.size, chunk):
+            tt = t[s : s + chunk, None]
+            ell = np.where(tt >= 0.0, self._hi[None, :], self._lo[None, :])
+            crude = self._log_mass[None, :] + tt * ell
+            if binned:
+                tw = np.minimum(np.abs(tt) * self._width[None, :], 600.0)
+                inner = (
+                    self._mass[None, :]
+                    + np.abs(tt) * self._first[None, :]
+                    + 0.5 * tt * tt * self._second[None, :] * np.exp(tw)
+                )
+                with np.errstate(divide="ignore"):
+                    taylor = tt * self._centre[None, :] + np.log(inner)
+                crude = np.minimum(crude, taylor)
+            out[s : s + chunk] = _lse_rows(crude)
+        return out
+
+    def moments(self, t: float) -> tuple[float, float]:
+        """Mean and variance of the binned loss tilted by ``t`` (for scales)."""
+        mid = self._centre
+        if mid.size == 0:
+            return 0.0, 0.0
+        a = self._log_mass + t * mid
+        w = np.exp(a - np.max(a))
+        w /= np.sum(w)
+        mean = float(np.sum(w * mid))
+        var = float(np.sum(w * (mid - mean) ** 2))
+        var += float(np.sum(w * (0.5 * (self._hi - self._lo)) ** 2))
+        return mean, var
+
+
+class Mix:
+    """One round that draws a public label: ``w_j`` for ``x_j`` composed ``k_j`` times.
+
+    With probability ``w_j`` the round releases the ``k_j``-fold composition
+    of PMF ``x_j`` (and the adversary sees which); with the remaining
+    probability ``rest`` it releases nothing (loss 0). Its PMF is ``rest
+    delta_0 + sum_j w_j x_j^{*k_j}``, and its Fourier transform the same
+    polynomial in the transforms of the ``x_j``, which :func:`compose`
+    evaluates directly (no composed PMF is ever formed for a term). A plain
+    PMF is the one-term mix ``(1, x, 1)``.
+
+    Parameters
+    ----------
+    terms : sequence of (float, Dist, int)
+        ``(w_j, x_j, k_j)``, on one grid and of one kind.
+    rest : float, optional
+        The probability of no release.
+    """
+
+    def __init__(self, terms: Sequence[tuple[float, Dist, int]], rest: float = 0.0):
+        kept = [(float(w), d, int(k)) for w, d, k in terms if w > 0]
+        if not kept:
+            raise ValueError("a mix needs a term of positive weight")
+        self.terms = kept
+        self.rest = max(float(rest), 0.0)
+        first = kept[0][1]
+        self.step = first.step
+        self.pessimistic = first.pessimistic
+        lows = [k * d.offset for _, d, k in kept]
+        highs = [k * (d.offset + d.size - 1) for _, d, k in kept]
+        if self.rest > 0:
+            lows.append(0)
+            highs.append(0)
+        #: Index of the lowest loss and number of grid points of the support.
+        self.offset = min(lows)
+        self.size = max(highs) - self.offset + 1
+        self.infinity_mass = min(
+            1.0,
+            sum(
+                w * -math.expm1(k * math.log1p(-min(d.infinity_mass, 1.0 - 1e-300)))
+                for w, d, k in kept
+            ),
+        )
+        self.mass = self.rest + sum(w * d.mass**k for w, d, k in kept)
+        #: The longest PMF transformed (the FFT must hold each whole).
+        self.longest = max(d.size for _, d, _ in kept)
+
+    @classmethod
+    def of(cls, part: Dist | Mix) -> Mix:
+        """``part`` itself, or a plain PMF as a one-term mix."""
+        return part if isinstance(part, Mix) else cls([(1.0, part, 1)])
+
+    @property
+    def min_loss(self) -> float:
+        """Smallest loss carrying mass."""
+        return self.offset * self.step
+
+    @property
+    def max_loss(self) -> float:
+        """Largest loss carrying mass."""
+        return (self.offset + self.size - 1) * self.step
+
+    def log_mgf(self, t: np.ndarray) -> np.ndarray:
+        """Upper bound on the log moment generating function (vectorised)."""
+        t = np.atleast_1d(np.asarray(t, dtype=float))
+        logs = [np.log(w) + k * d.log_mgf(t) for w, d, k in self.terms]
+        if self.rest > 0:
+            logs.append(np.full(t.size, math.log(self.rest)))
+        return _lse_rows(np.stack(logs, axis=1))
+
+    def moments(self, t: float) -> tuple[float, float]:
+        """Mean and variance of the loss tilted by ``t`` (for scales)."""
+        logw, means, second = [], [], []
+        for w, d, k in self.terms:
+            mean, var = d.moments(t)
+            logw.append(math.log(w) + k * float(d.log_mgf(np.array([t]))[0]))
+            means.append(k * mean)
+            second.append(k * var + (k * mean) ** 2)
+        if self.rest > 0:
+            logw.append(math.log(self.rest))
+            means.append(0.0)
+            second.append(0.0)
+        lw = np.asarray(logw)
+        weights = np.exp(lw - np.max(lw))
+        weights /= np.sum(weights)
+        mean = float(np.sum(weights * np.asarray(means)))
+        return mean, max(float(np.sum(weights * np.asarray(second))) - mean**2, 0.0)
+
+
+Parts = Sequence[tuple["Dist | Mix", int]]
+
+
+def _log_mgf_total(parts: Parts, t: np.ndarray) -> np.ndarray:
+    out = np.zeros(np.atleast_1d(t).size)
+    for dist, count in parts:
+        out = out + count * dist.log_mgf(t)
+    return out
+
+
+def _composed_infinity(parts: Parts, *, upward: bool) -> float:
+    """``1 - prod (1 - inf_i)^{n_i}``, rounded up (or down)."""
+    if any(d.infinity_mass >= 1.0 for d, _ in parts):
+        return 1.0
+    s = sum(n * math.log1p(-d.infinity_mass) for d, n in parts)
+    value = -math.expm1(s)
+    return min(1.0, value * (1 + 1e-12) if upward else value * (1 - 1e-12))
+
+
+def _minimise(
+    f: Callable[[np.ndarray], np.ndarray], scale: float, sign: float
+) -> tuple[float, float]:
+    """``(theta, f(theta))`` near the minimum of ``f`` over ``sign * theta > 0``.
+
+    ``f`` is vectorised; a log-spaced grid over eight decades around
+    ``1 / scale`` is refined twice around its best point. Any point returned
+    is a valid choice (the bounds built on it hold for every theta); the
+    search only makes them tight.
+    """
+    base = 1.0 / max(scale, 1e-300)
+    grid = sign * base * np.geomspace(1e-4, 1e4, 25)
+    vals = f(grid)
+    for _ in range(3):
+        vals = np.where(np.isfinite(vals), vals, np.inf)
+        i = int(np.argmin(vals))
+        lo = abs(grid[max(i - 1, 0)])
+        hi = abs(grid[min(i + 1, grid.size - 1)])
+        if not (hi > lo > 0):
+            break
+        grid = sign * np.geomspace(lo, hi, 11)
+        vals = f(grid)
+    vals = np.where(np.isfinite(vals), vals, np.inf)
+    i = int(np.argmin(vals))
+    return float(grid[i]), float(vals[i])
+
+
+def _log_c(lam: np.ndarray) -> np.ndarray:
+    """``log c(lam)``, ``c = lam^lam / (1 + lam)^(1 + lam)``.
+
+    ``c(lam)`` is the supremum of ``(1 - e^{-x}) e^{-lam x}`` over ``x > 0``.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.asarray(
+            np.where(lam > 0, lam * np.log(lam), 0.0) - (1 + lam) * np.log1p(lam)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Tilt and output window (losses) of one composition.
+
+    Attributes
+    ----------
+    tilt : float
+        ``lam >= 0``.
+    low, high : float
+        The output window's lowest and highest loss (the grid points within
+        are kept).
+    decided : float or None
+        The loss where the query is decided (estimate), if there is a query.
+    log_delta : float or None
+        Log of the delta the query compares with (an estimate for a
+        ``delta(epsilon)`` query).
+    theta_low, theta_high : float or None
+        Chernoff orders (relative to the tilt) that placed the window's edges;
+        the composition's bounds at those edges use them (any order gives a
+        valid bound).
+    """
+
+    tilt: float
+    low: float
+    high: float
+    decided: float | None = None
+    log_delta: float | None = None
+    theta_low: float | None = None
+    theta_high: float | None = None
+
+
+def _scale(parts: Parts, t: float) -> float:
+    var = sum(n * d.moments(t)[1] for d, n in parts)
+    step = parts[0][0].step
+    return max(math.sqrt(var), step)
+
+
+def _tail_quantiles(
+    parts: Parts, tilt: float, tail: float
+) -> tuple[float, float, float, float]:
+    """Losses outside which the tilted composition has at most ``tail`` per side.
+
+    Returns ``(low, high, theta_low, theta_high)``: the quantiles and the
+    Chernoff orders that gave them (kept for the composition's own bounds at
+    the window's edges).
+    """
+    base = _log_mgf_total(parts, np.array([tilt]))[0]
+    scale = _scale(parts, tilt)
+    log_inv = math.log(1.0 / tail)
+
+    def upper(theta: np.ndarray) -> np.ndarray:
+        return np.asarray(
+            (_log_mgf_total(parts, tilt + theta) - base + log_inv) / theta
+        )
+
+    def lower_neg(theta: np.ndarray) -> np.ndarray:
+        return np.asarray(
+            -(_log_mgf_total(parts, tilt + theta) - base + log_inv) / theta
+        )
+
+    th_hi, hi = _minimise(upper, scale, 1.0)
+    th_lo, lo = _minimise(lower_neg, scale, -1.0)
+    return -lo, hi, th_lo, th_hi
+
+
+def plan(
+    parts: Parts,
+    *,
+    delta: float | None = None,
+    epsilon: float | None = None,
+    level: float | None = None,
+    floor: float | None = None,
+    tail: float = _WINDOW_TAIL,
+    partners: Parts = (),
+) -> Plan:
+    """Tilt and window for a query ``epsilon(delta)`` or ``delta(epsilon)``.
+
+    Without a query the tilt is 0 and the window holds all but ``tail`` of
+    the composition on each side (a plain, certified composition).
+
+    Parameters
+    ----------
+    parts : sequence of (Dist, int)
+        The PMFs and their counts (of the pessimistic side: their bins bound
+        the composition's moment generating function).
+    delta, epsilon : float, optional
+        At most one: the query the composition answers.
+    level : float, optional
+        For ``epsilon(delta)``: tilt for this loss (a known lower value of the
+        answer) instead of for the Chernoff estimate of the answer.
+    floor : float, optional
+        A loss the window must reach down to (a known lower value of the
+        answer).
+    tail : float, optional
+        Tilted mass left outside the window on each side, without a query;
+        with one, ``1e-4`` of the query's delta against the untilt factor at
+        the deciding loss (within ``[1e-30, 1e-10]``).
+    partners : sequence of (Dist, int), optional
+        The other side's PMFs (optimistic), composed on the same plan: the
+        window also holds all but ``tail`` of their tilted composition.
+
+    Returns
+    -------
+    Plan
+        The tilt, the window, and where (and against which delta) the query
+        is decided.
+    """
+    lo_support = sum(n * d.min_loss for d, n in parts)
+    hi_support = sum(n * d.max_loss for d, n in parts)
+    tilt = 0.0
+    decided: float | None = None
+    log_delta: float | None = None
+    s0 = _scale(parts, 0.0) if (delta, epsilon, level) != (None, None, None) else 1.0
+    at = level if level is not None else epsilon
+    if at is not None:
+        eps = float(at)
+
+        def exponent(lam: np.ndarray) -> np.ndarray:
+            return np.asarray(_log_mgf_total(parts, lam) - lam * eps + _log_c(lam))
+
+        lam, value = _minimise(exponent, s0, 1.0)
+        base = float(_log_mgf_total(parts, np.array([0.0]))[0])
+        tilt = lam if value < base else 0.0
+        decided, log_delta = eps, min(value, base)
+    elif delta is not None:
+        rest = delta - _composed_infinity(parts, upward=True)
+        if rest > 0:
+            log_rest = math.log(rest)
+
+            def estimate(lam: np.ndarray) -> np.ndarray:
+                return np.asarray(
+                    (_log_mgf_total(parts, lam) + _log_c(lam) - log_rest) / lam
+                )
+
+            tilt, decided = _minimise(estimate, s0, 1.0)
+    if delta is not None:
+        log_delta = math.log(delta)
+    if decided is not None and log_delta is not None:
+        # Aliased and truncated tilted mass A returns as A U_j: against the
+        # query's delta at the deciding loss, 1e-4 of it is ample (within
+        # [1e-30, 1e-10]); a narrower window is a faster one.
+        log_u = float(_log_mgf_total(parts, np.array([tilt]))[0]) - tilt * decided
+        tail = min(max(math.exp(min(log_delta - log_u, 0.0)) * 1e-4, 1e-30), 1e-10)
+    lo, hi, th_lo, th_hi = _tail_quantiles(parts, tilt, tail)
+    if partners:
+        plo, phi, _, _ = _tail_quantiles(partners, tilt, tail)
+        lo, hi = min(lo, plo), max(hi, phi)
+        lo_support = min(lo_support, sum(n * d.min_loss for d, n in partners))
+        hi_support = max(hi_support, sum(n * d.max_loss for d, n in partners))
+    if floor is not None:
+        lo = min(lo, floor)
+    if at is not None:
+        lo = min(lo, float(at))
+    lo = max(lo, lo_support)
+    hi = min(max(hi, lo), hi_support)
+    return Plan(tilt, lo, hi, decided, log_delta, th_lo, th_hi)
+
+
+def _index_window(parts: Parts, p: Plan) -> tuple[int, int, int, int, int]:
+    """``(a, top, L, first, last)``: window, FFT length and support (grid indices).
+
+    Indices are absolute (loss / step): ``[a, top]`` is the output window,
+    ``[first, last]`` the composition's support.
+    """
+    h = parts[0][0].step
+    first = sum(n * d.offset for d, n in parts)
+    last = sum(n * (d.offset + d.size - 1) for d, n in parts)
+    a = min(max(int(math.floor(p.low / h + 1e-9)), first), last)
+    top = min(max(int(math.ceil(p.high / h - 1e-9)), a), last)
+    longest = max(Mix.of(d).longest for d, _ in parts)
+    length = 1 << max(1, math.ceil(math.log2(max(top - a + 1, longest, 2))))
+    if a + length - 1 > last:
+        a = max(first, last - length + 1)
+    top = min(a + length - 1, last)
+    return a, top, length, first, last
+
+
+def window_length(parts: Parts, p: Plan) -> int:
+    """FFT length (a power of two) that :func:`compose` will use."""
+    return _index_window(parts, p)[2]
+
+
+def _chernoff_log(
+    parts: Parts, shift: float, base: float, at: float, sign: float
+) -> float:
+    """Log of a Chernoff bound: mass at ``sign * (loss - at) >= 0``.
+
+    Of the composition tilted by ``shift`` and normalised by ``exp(base)``.
+    """
+    scale = _scale(parts, shift)
+
+    def f(theta: np.ndarray) -> np.ndarray:
+        return _log_mgf_total(parts, shift + theta) - base - theta * at
+
+    return _minimise(f, scale, sign)[1]
+
+
+def _edge_log(
+    parts: Parts,
+    shift: float,
+    base: float,
+    at: float,
+    theta: float | None,
+    sign: float,
+) -> float:
+    """Chernoff bound (log) at one window edge: at ``theta`` if it has the sign.
+
+    The order that placed the edge is close to optimal there; any order of
+    the right sign gives a valid bound. Without one, it is searched.
+    """
+    if theta is not None and theta * sign > 0:
+        value = float(_log_mgf_total(parts, np.array([shift + theta]))[0])
+        return value - base - theta * at
+    return _chernoff_log(parts, shift, base, at, sign)
+
+
+def compose(parts: Parts, p: Plan, *, extended: bool | None = None) -> CertifiedPmf:
+    """The composition of ``parts`` on ``p``'s window, as a certified envelope.
+
+    Parameters
+    ----------
+    parts : sequence of (Dist, int)
+        PMFs on one grid, all pessimistic or all optimistic, and their counts.
+    p : Plan
+        Tilt and window (:func:`plan`).
+    extended : bool or None, optional
+        Compute the forward transforms and their powers in numpy's long
+        double (80-bit on x86: unit roundoff ``2^-64``), the inverse in
+        double. Slower (about five times for those steps), but the error
+        bound then falls from about ``sum_i n_i eta_L ||x~_i||_2`` to about
+        ``eta_L ||y~||_2``, far smaller when a concentrated one-round PMF is
+        composed many times. Where long double is double, nothing changes.
+        None (default): long double when the double-precision bound,
+        predicted at the plan's deciding loss, exceeds ``1e-3`` of its delta.
+
+    Returns
+    -------
+    dp_accounting.pld.pld_pmf.DensePLDPmf
+        Pessimistic inputs: a PMF whose masses are upper bounds on the true
+        composition's at every loss of the window (mass below it on its
+        lowest loss, mass above it at +infinity). Optimistic inputs: lower
+        bounds, mass outside the window dropped. See the module docstring.
+    """
+    mixes = [(Mix.of(d), n) for d, n in parts]
+    parts = mixes
+    h = parts[0][0].step
+    pess = parts[0][0].pessimistic
+    for mix, _ in mixes:
+        for _, d, _ in mix.terms:
+            if not math.isclose(d.step, h, rel_tol=1e-12) or d.pessimistic != pess:
+                raise ValueError("compose needs PMFs on one grid and of one kind")
+    a, top, length, first_index, last = _index_window(parts, p)
+    lam = p.tilt
+    eta = fft_error_factor(length)
+    sq = math.sqrt(length)
+    kappa_total = 0.0
+    tau = 0.0
+    log_cap = 0.0
+    entries = 0
+    # per part: its count, rest weight and, per term, (log weight, power,
+    # tilted PMF, its offset, tilted mass, 2-norm)
+    prepared = []
+    for mix, n in mixes:
+        terms = []
+        part_tau = 0.0
+        for w, d, k in mix.terms:
+            loss = (d.offset + np.arange(d.size)) * h
+            with np.errstate(divide="ignore"):
+                logp = np.log(d.probs)
+            lw = logp + lam * loss
+            top_w = float(np.max(lw))
+            with np.errstate(under="ignore"):
+                kappa = top_w + math.log(float(np.sum(np.exp(lw - top_w))))
+                xt = np.exp(lw - kappa)
+            finite = np.isfinite(logp)
+            mag = float(np.max((np.abs(logp) + np.abs(lam * loss))[finite]))
+            part_tau = max(part_tau, k * 2.0 * UNIT_ROUNDOFF * (mag + abs(kappa) + 2.0))
+            m_i = float(np.sum(xt)) * (1.0 + (d.size + 1) * UNIT_ROUNDOFF)
+            n2 = math.sqrt(float(np.sum(xt * xt))) * (
+                1.0 + (d.size + 1) * UNIT_ROUNDOFF
+            )
+            terms.append((math.log(w) + k * kappa, k, xt, d.offset, m_i, n2))
+            entries += d.size
+        # normalise the tilted round: Z = rest + sum_j w_j e^{k_j kappa_j} m_j^k_j
+        logs = [lz + k * math.log(m) for lz, k, _, _, m, _ in terms]
+        if mix.rest > 0:
+            logs.append(math.log(mix.rest))
+        top_l = max(logs)
+        log_z = top_l + math.log(sum(math.exp(v - top_l) for v in logs))
+        kappa_total += n * log_z
+        tau += n * (part_tau + 4.0 * UNIT_ROUNDOFF * (len(terms) + 1))
+        log_cap += n * math.log(mix.mass) if mix.mass > 0 else -math.inf
+        prepared.append((n, mix.rest, log_z, terms))
+    if extended is None:
+        extended = _EXTENDED and _worth_extending(prepared, p, h, eta, kappa_total)
+    work = np.longdouble if extended else np.float64
+    u_work = float(np.finfo(work).eps) / 2.0
+    eta_work = FFT_CONSTANT * u_work * max(1.0, math.log2(max(length, 2)))
+    freq = np.arange(length // 2 + 1, dtype=np.int64)
+    spectrum: np.ndarray | None = None
+    log_pr = 0.0  # log prod R_p^{n_p}
+    rel = 0.0  # sum over parts of their relative spatial error (before inverse)
+    for n, rest, log_z, terms in prepared:
+        a_rest = math.exp(math.log(rest) - log_z) if rest > 0 else 0.0
+        big_r = a_rest
+        fwd = power_err = 0.0
+        f_round: np.ndarray | None = None
+        for lz, k, xt, offset, m_i, n2 in terms:
+            a_j = math.exp(lz - log_z)
+            big_m = m_i + eta_work * sq * n2
+            big_r += a_j * big_m**k
+            fwd += a_j * k * big_m ** (k - 1) * n2
+            power_err += a_j * ((12.0 * k + 8.0 if k > 1 else 0.0) + 4.0) * big_m**k
+            f = sp_fft.rfft(xt.astype(work), length)
+            shift = (k * offset) % length
+            with np.errstate(divide="ignore", under="ignore"):
+                # f**k in polar form (about twice as fast as numpy's complex
+                # power), moved to the absolute grid by the phase of the shift
+                angle = k * np.angle(f) if k > 1 else np.angle(f)
+                angle = angle - (2.0 * np.pi / length) * ((freq * shift) % length)
+                mag = np.exp(k * np.log(np.abs(f))) if k > 1 else np.abs(f)
+                f = (a_j * mag) * np.exp(1j * angle)
+            f_round = f if f_round is None else f_round + f
+            del f
+        assert f_round is not None
+        if a_rest > 0:
+            f_round = f_round + a_rest
+        power_err += (len(terms) + 1) * big_r
+        if n > 1:
+            with np.errstate(divide="ignore", under="ignore"):
+                f_round = np.exp(n * np.log(np.abs(f_round))) * np.exp(
+                    1j * (n * np.angle(f_round))
+                )
+        spectrum = f_round if spectrum is None else spectrum * f_round
+        del f_round
+        log_pr += n * math.log(big_r)
+        rel += (n / big_r) * (eta_work * fwd + u_work * power_err)
+        rel += u_work * (12.0 * n + 8.0 if n > 1 else 0.0)
+    assert spectrum is not None
+    rel += 3.0 * u_work * (len(prepared) - 1)
+    conv = sp_fft.irfft(spectrum.astype(np.complex128), length)
+    del spectrum
+    # the 2-norm of the computed circular result (rounded up)
+    norm = math.sqrt(float(np.dot(conv, conv))) * (1.0 + length * UNIT_ROUNDOFF)
+    out = np.roll(conv, -(a % length))[: top - a + 1]
+    del conv
+    # errors before the inverse transform, in the spatial 2-norm
+    first = math.exp(log_pr) * rel
+    if extended:
+        first += UNIT_ROUNDOFF * (norm + first)  # rounding to complex128
+    # the inverse adds eta (||y~_c|| + first), ||y~_c|| <= norm + err: solved
+    slack = 1.0 - eta
+    err = (first * (1.0 + eta) + eta * norm) / slack * 1.01
+    tau *= 1.01
+    # aliasing: tilted mass outside [a, top]
+    base = kappa_total
+    lo_loss = a * h
+    hi_loss = top * h
+    alias = 0.0
+    if a > first_index:
+        alias += math.exp(_edge_log(parts, lam, base, lo_loss - h, p.theta_low, -1.0))
+    if top < last:
+        alias += math.exp(_edge_log(parts, lam, base, hi_loss + h, p.theta_high, 1.0))
+    alias *= (1.0 + tau) * 1.01
+    err += _UNDERFLOW * entries
+    widest = max(abs(lo_loss), abs(hi_loss))
+    rho = 2.0 * UNIT_ROUNDOFF * (abs(kappa_total) + abs(lam) * widest + 4.0)
+    rho += tau
+    cap = math.exp(min(log_cap, 700.0))
+    lump = 0.0
+    if pess:
+        inf_mass = _composed_infinity(parts, upward=True)
+        # untilted: the orders shifted by the tilt, where of the right sign
+        th_lo = None if p.theta_low is None else lam + p.theta_low
+        th_hi = None if p.theta_high is None else lam + p.theta_high
+        if a > first_index:
+            below = _edge_log(parts, 0.0, 0.0, lo_loss - h, th_lo, -1.0)
+            lump = min(cap, math.exp(min(below, 700.0)) * 1.01)
+        if top < last:
+            above = _edge_log(parts, 0.0, 0.0, hi_loss + h, th_hi, 1.0)
+            inf_mass = min(1.0, inf_mass + math.exp(min(above, 0.0)) * 1.01)
+    else:
+        inf_mass = _composed_infinity(parts, upward=False)
+    return CertifiedPmf(
+        h,
+        a,
+        out,
+        inf_mass,
+        pess,
+        kappa=kappa_total,
+        tilt=lam,
+        error=err,
+        alias=alias,
+        rho=rho,
+        cap=cap,
+        lump=lump,
+    )
+
+
+#: Whether numpy's long double is more precise than double here (x86: 80-bit).
+_EXTENDED = bool(np.finfo(np.longdouble).eps < np.finfo(np.float64).eps)
+
+
+def _worth_extending(
+    prepared: list[Any], p: Plan, h: float, eta: float, kappa: float
+) -> bool:
+    """Whether the double-precision error bound would matter for the query.
+
+    The dominant term of the bound, ``eta sum n a_j k_j ||x~_j||_2``, returns
+    as ``U_j`` times itself at each loss; summed over the tail above the
+    deciding loss (Cauchy-Schwarz) it is compared with ``1e-3`` of the
+    query's delta. Only a prediction: the readings use the bound itself.
+    """
+    if p.decided is None or p.log_delta is None:
+        return False
+    err = 0.0
+    for n, _, log_z, terms in prepared:
+        for lz, k, _, _, _, n2 in terms:
+            err += n * math.exp(lz - log_z) * k * n2
+    err *= eta
+    if err <= 0:
+        return False
+    log_u = kappa - p.tilt * p.decided
+    if p.tilt > 0:
+        spread = 1.0 / math.sqrt(-math.expm1(-2.0 * p.tilt * h))
+    else:
+        spread = math.sqrt(max(p.high - p.decided, h) / h)
+    return math.log(err * spread) + log_u > p.log_delta + math.log(1e-3)
+
+
+def _tail(c: np.ndarray, h: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(G, C)`` of non-negative masses ``c`` on a grid of step ``h``.
+
+    ``G_i = sum_{j>i} c_j (1 - e^{-(j-i)h})`` and ``C_i = sum_{j>=i} c_j
+    e^{-(j-i)h}``, by the recurrences ``C_{i-1} = c_{i-1} + e^{-h} C_i`` and
+    ``G_{i-1} = G_i + (1 - e^{-h}) C_i`` (non-negative terms only).
+    """
+    from scipy import signal  # pylint: disable=import-outside-toplevel
+
+    if c.size == 0:
+        return np.zeros(0), np.zeros(0)
+    rev = np.ascontiguousarray(c[::-1])
+    c_rev = signal.lfilter([1.0], [1.0, -math.exp(-h)], rev)
+    g_rev = np.empty(c.size)
+    g_rev[0] = 0.0
+    if c.size > 1:
+        np.cumsum(c_rev[:-1], out=g_rev[1:])
+        g_rev[1:] *= -math.expm1(-h)
+    return g_rev[::-1], c_rev[::-1]
+
+
+class CertifiedPmf(pld_pmf.DensePLDPmf):  # type: ignore[misc]
+    """A composed PMF with its a-priori error bound (see the module docstring).
+
+    Its masses (``_probs``, built on first use) are the pointwise envelope:
+    upper bounds on the true masses for a pessimistic composition, lower
+    bounds for an optimistic one, so it may be composed again or read by any
+    PMF code. The reading methods here are tighter. For the weights ``W_j =
+    U_j (1 - e^{eps - l_j})_+`` of ``delta(eps)``, the error of the sum is
+    ``|sum_j e_j W_j| <= nu = E ||W||_2 + A max_j W_j`` (Cauchy-Schwarz on
+    the FFT error's 2-norm, and the aliased mass), and ``||W||_2^2 <=
+    sum_{l_j > eps} U_j^2``, a geometric sum in closed form; so
+
+        delta <= inf + sum_j max(y^_j, 0) W_j + nu,
+        delta >= inf + sum_j max(y^_j, 0) W_j - 2 nu
+
+    (the negative computed values are below their own error, so their sum
+    is at most ``nu`` too), each scaled by ``1 +- 2 rho`` and the sum's
+    rounding. Points whose error bound exceeds the total mass (low losses
+    of a tilted composition) are bounded by the total mass instead (upper
+    side) or dropped (lower side).
+
+    Parameters
+    ----------
+    step, lower_loss : float, int
+        Grid step and index of the window's lowest loss.
+    raw : numpy.ndarray
+        The computed tilted composition on the window.
+    infinity_mass : float
+        Mass at +infinity (an upper bound for a pessimistic composition, a
+        lower bound otherwise).
+    pessimistic : bool
+        Which side.
+    kappa, tilt : float
+        ``sum_i n_i kappa_i`` and ``lam``: ``log U_j = kappa - lam l_j``.
+    error : float
+        ``E``: bound on the 2-norm of the FFT's error in the tilted domain.
+    alias : float
+        ``A``: bound on the aliased (wrapped) tilted mass.
+    rho : float
+        Relative error of the tilt and untilt.
+    cap : float
+        Upper bound on the composition's total finite mass.
+    lump : float
+        Pessimistic side: mass below the window, put on its lowest loss.
+    """
+
+    def __init__(
+        self,
+        step: float,
+        lower_loss: int,
+        raw: np.ndarray,
+        infinity_mass: float,
+        pessimistic: bool,
+        *,
+        kappa: float,
+        tilt: float,
+        error: float,
+        alias: float,
+        rho: float,
+        cap: float,
+        lump: float,
+    ) -> None:
+        self.raw = raw
+        self.kappa = kappa
+        self.tilt = tilt
+        self.error = error
+        self.alias = alias
+        self.rho = rho
+        self.cap = cap
+        self.lump = lump
+        self._envelope: np.ndarray | None = None
+        super().__init__(step, lower_loss, raw, infinity_mass, pessimistic)
+        n = raw.size
+        self._margin = summation_margin(n)
+        # readings concern eps >= 0: only the points from loss 0 up
+        self._start = min(max(0, -int(lower_loss)), n)
+        # J2 = [0, first): points whose error bound exceeds the total mass
+        point = max(error + alias, 1e-300)
+        excess = kappa + math.log(point) - math.log(cap)
+        if tilt > 0:
+            # log U_j + log(point) < log cap  <=>  l_j > excess / tilt
+            j = math.floor(excess / tilt / step + 1e-9) - int(lower_loss) + 1
+            self._first = min(max(j, 0), n)
+        else:
+            self._first = n if excess >= 0 else 0
+        self._tails: tuple[np.ndarray, np.ndarray] | None = None
+
+    # the envelope is built on first use (the readings below do not need it)
+    @property
+    def _probs(self) -> np.ndarray:
+        if self._envelope is None:
+            self._envelope = self._build_envelope()
+        return self._envelope
+
+    @_probs.setter
+    def _probs(self, value: np.ndarray) -> None:
+        pass  # set by the base class to ``raw``; the envelope replaces it
+
+    @property
+    def size(self) -> int:
+        """Number of grid points of the window."""
+        return int(self.raw.size)
+
+    def _loss(self, i: int) -> float:
+        return float((self._lower_loss + i) * self._discretization)
+
+    def _u_from(self, start: int) -> np.ndarray:
+        """``U_j`` for ``j >= start`` (0 on J2)."""
+        idx = np.arange(start, self.raw.size)
+        log_u = self.kappa - self.tilt * (self._lower_loss + idx) * self._discretization
+        log_u = np.where(idx < self._first, -np.inf, log_u)
+        with np.errstate(under="ignore"):
+            return np.asarray(np.exp(log_u))
+
+    def _build_envelope(self) -> np.ndarray:
+        u = self._u_from(0)
+        point = self.error + self.alias
+        raw, rho, cap = self.raw, self.rho, self.cap
+        trivial = np.arange(raw.size) < self._first
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            if self._pessimistic_estimate:
+                env = (np.maximum(raw, 0.0) + point) * u * (1 + 2 * rho)
+                env = np.where(trivial, cap, np.minimum(cap, env))
+                env[0] = min(cap, env[0] + self.lump)
+            else:
+                v = raw - point
+                env = np.where((v > 0.0) & ~trivial, v * u * (1 - 2 * rho), 0.0)
+        return np.asarray(env)
+
+    def _pos(self) -> tuple[np.ndarray, np.ndarray]:
+        """Tail sums ``(G, C)`` of ``max(y^, 0) U`` on J1, from ``start``."""
+        if self._tails is None:
+            raw = self.raw[self._start :]
+            c = np.maximum(raw, 0.0) * self._u_from(self._start)
+            self._tails = _tail(c, self._discretization)
+        return self._tails
+
+    def _noise(self, i: np.ndarray) -> np.ndarray:
+        """``nu`` for the points ``j >= i`` (vectorised over ``i``)."""
+        n = self.raw.size
+        i1 = np.maximum(i, self._first)
+        count = np.maximum(n - i1, 0)
+        log_u = self.kappa - self.tilt * (self._lower_loss + i1) * self._discretization
+        with np.errstate(over="ignore", under="ignore"):
+            u = np.where(count > 0, np.exp(log_u), 0.0)
+        if self.tilt > 0:
+            log_a = -2.0 * self.tilt * self._discretization
+            geo = -np.expm1(count * log_a) / -math.expm1(log_a)
+        else:
+            geo = count.astype(float)
+        return np.asarray(
+            (self.error * u * np.sqrt(geo) + self.alias * u) * (1 + 1e-10)
+        )
+
+    def _trivial(self, i: np.ndarray) -> np.ndarray:
+        """Upper side: ``cap`` times the number of J2 points ``j >= i``."""
+        return np.asarray(self.cap * np.maximum(self._first - i, 0))
+
+    # -- reading --------------------------------------------------------------
+    def _value(self, i: int, x: float, *, upper: bool, with_lump: float = 0.0) -> float:
+        """Certified delta at ``1 - e^{eps - l_i} = x`` (points ``j >= i``)."""
+        g, c = self._pos()
+        r = i - self._start
+        pos = float(g[r] + c[r] * x)
+        nu = float(self._noise(np.array([i]))[0])
+        s = self._margin
+        if upper:
+            total = (pos * (1 + s) + nu) * (1 + 2 * self.rho)
+            total += float(self._trivial(np.array([i]))[0]) + self.lump * with_lump
+            return float(min(1.0, self._infinity_mass + total))
+        total = pos * (1 - s) - 2.0 * nu
+        return float(max(0.0, self._infinity_mass + total * (1 - 2 * self.rho)))
+
+    def _at(self, epsilon: float, *, upper: bool) -> float:
+        """Certified delta(eps) (upper or lower) at any ``eps >= 0``."""
+        h = self._discretization
+        i = max(int(math.floor(epsilon / h + 1e-9)) - self._lower_loss + 1, 0)
+        while i > 0 and self._loss(i - 1) > epsilon:
+            i -= 1
+        while i < self.raw.size and self._loss(i) <= epsilon:
+            i += 1
+        if i >= self.raw.size:
+            return float(self._infinity_mass)
+        i = max(i, self._start)
+        x = -math.expm1(epsilon - self._loss(i))
+        lump = -math.expm1(epsilon - self._loss(0)) if i == 0 else 0.0
+        return self._value(i, x, upper=upper, with_lump=lump)
+
+    def noise(self, epsilon: float) -> float:
+        """``nu``: the error bound of the readings at ``eps`` (points above it)."""
+        h = self._discretization
+        i = max(int(math.floor(epsilon / h + 1e-9)) - self._lower_loss + 1, 0)
+        return float(self._noise(np.array([min(i, self.raw.size)]))[0])
+
+    def delta_upper(self, epsilon: float) -> float:
+        """An upper bound on the true composition's delta(eps >= 0)."""
+        return self._at(max(epsilon, 0.0), upper=True)
+
+    def delta_lower(self, epsilon: float) -> float:
+        """A lower bound on the true composition's delta(eps >= 0)."""
+        return self._at(max(epsilon, 0.0), upper=False)
+
+    def _grid_values(self, rows: np.ndarray, *, upper: bool) -> np.ndarray:
+        """Certified delta at the grid losses ``rows`` (>= start; points above)."""
+        g, _ = self._pos()
+        nxt = rows + 1
+        nu = self._noise(nxt)
+        s = self._margin
+        gi = g[rows - self._start]
+        if upper:
+            vals = (gi * (1 + s) + nu) * (1 + 2 * self.rho) + self._trivial(nxt)
+            return np.asarray(np.minimum(1.0, self._infinity_mass + vals))
+        vals = gi * (1 - s) - 2.0 * nu
+        return np.asarray(
+            np.maximum(0.0, self._infinity_mass + vals * (1 - 2 * self.rho))
+        )
+
+    def _first_at_most(self, delta: float) -> int:
+        """First grid index from ``start`` whose upper value is <= delta.
+
+        The upper value is non-increasing in the loss: bisection. Returns the
+        window's size when there is none.
+        """
+        lo, hi = self._start, self.raw.size  # answer in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._grid_values(np.array([mid]), upper=True)[0] <= delta:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def _last_above(self, delta: float) -> int:
+        """Last grid index from ``start`` whose lower value is > delta (or -1).
+
+        The lower value is at most the mass sum's, which is non-increasing:
+        past the first index where that sum is <= delta nothing is above, so
+        the search goes backwards from there in blocks.
+        """
+        g, _ = self._pos()
+        inf, s = self._infinity_mass, self._margin
+        bound = inf + g * (1 - s)
+        below = np.nonzero(bound <= delta)[0]
+        end = int(below[0]) + self._start if below.size else self.raw.size
+        block = 4096
+        while end > self._start:
+            rows = np.arange(max(self._start, end - block), end)
+            hits = np.nonzero(self._grid_values(rows, upper=False) > delta)[0]
+            if hits.size:
+                return int(rows[hits[-1]])
+            end -= block
+            block *= 4
+        return -1
+
+    def _solve(
+        self, i: int, lo_x: float, hi_x: float, delta: float, upper: bool
+    ) -> float:
+        """Bisect ``x in [lo_x, hi_x]`` on the interval ending at loss ``i``.
+
+        Upper side: the largest ``x`` (smallest eps) with value <= delta.
+        Lower side: the smallest ``x`` (largest eps) with value > delta.
+        """
+        l0, li = self._loss(0), self._loss(i)
+
+        def value(x: float) -> float:
+            eps = li + math.log1p(-x)
+            lump = -math.expm1(eps - l0) if i == 0 else 0.0
+            return self._value(i, x, upper=upper, with_lump=lump)
+
+        # value(lo_x) <= delta < value(hi_x) throughout; 2^-56 of the step
+        for _ in range(56):
+            mid = 0.5 * (lo_x + hi_x)
+            if value(mid) <= delta:
+                lo_x = mid
+            else:
+                hi_x = mid
+        return lo_x if upper else hi_x
+
+    def epsilon_upper(self, delta: float) -> float:
+        """Smallest eps >= 0 whose certified upper delta is <= ``delta``."""
+        if self._infinity_mass >= delta:
+            return math.inf
+        if self.delta_upper(0.0) <= delta:
+            return 0.0
+        k = self._first_at_most(delta)
+        if k >= self.raw.size:
+            return math.inf
+        lk = self._loss(k)
+        left = max(self._loss(k - 1) if k > 0 else 0.0, 0.0)
+        # on (left, l_k]: x = 1 - e^{eps - l_k} in [0, 1 - e^{left - l_k})
+        x = self._solve(k, 0.0, -math.expm1(left - lk), delta, upper=True)
+        eps = lk + math.log1p(-x)
+        return max(0.0, eps) * (1 + 8 * UNIT_ROUNDOFF)
+
+    def epsilon_lower(self, delta: float) -> float:
+        """A value below the true composition's eps(delta) (optimistic side)."""
+        last = self._last_above(delta)
+        if last < 0:
+            if self.delta_lower(0.0) <= delta:
+                return 0.0
+            # certified: delta(0) > delta; search (0, first loss above 0]
+            k = self._start
+            while k < self.raw.size and self._loss(k) <= 0.0:
+                k += 1
+            if k >= self.raw.size:
+                return 0.0
+            left = 0.0
+        else:
+            k = last + 1
+            if k >= self.raw.size:
+                return self._loss(self.raw.size - 1) * (1 - 8 * UNIT_ROUNDOFF)
+            left = self._loss(k - 1)
+        lk = self._loss(k)
+        # on (left, l_k): the value at left is > delta; find the largest eps
+        x = self._solve(k, 0.0, -math.expm1(left - lk), delta, upper=False)
+        eps = lk + math.log1p(-x)
+        return max(0.0, eps * (1 - 8 * UNIT_ROUNDOFF))
