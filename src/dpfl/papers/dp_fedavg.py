@@ -146,7 +146,6 @@ def calibrate(a: argparse.Namespace) -> Report:
         f"Noise for client-level (epsilon={a.epsilon}, delta={a.delta}) after "
         f"{a.rounds} rounds of DP-FedAvg: K={a.clients}, m={a.cohort}"
     )
-    names = [a.analysis] if a.json else list(rdp.ANALYSES)
 
     def rdp_epsilon(name: str) -> Any:
         return lambda s: _rdp(a, s)(name, rounds=a.rounds, delta=a.delta)["epsilon"]
@@ -157,7 +156,6 @@ def calibrate(a: argparse.Namespace) -> Report:
         rdp.ANALYSES,
         lambda sigma: event(a, sigma),
         epsilon_of={name: rdp_epsilon(name) for name in RDP_ANALYSES},
-        notes=report.basis_notes(event(a, 1.0), names),
     )
 
 

@@ -1,17 +1,12 @@
 """Hasircioglu & Gündüz, random participation (arXiv 2205.01556): DP-DSGD.
 
-Each round every client takes part with probability p and each of its d
-records with probability q; the server adds Gaussian noise to the sum of the
-sampled records' clipped gradients. The privacy unit is one record. This
-module is everything the paper adds at the front: the flags of ``dpfl
-account|calibrate random-participation`` and the event they describe
-(:class:`~dpfl.accounting.events.ClientPoisson` over
-:class:`~dpfl.accounting.events.RecordPoisson`), priced by the Accountant
-under each analysis of :data:`dpfl.accounting.schemes.RANDOM_PARTICIPATION`;
-its audits (``dpfl audit random-participation``, an attack on one round, and
-``dpfl audit dp-dsgd``, canaries in real runs); and its reproduction
-(``dpfl reproduce random-participation``): §6's noise table, Figures 1-5 and
-Figure 6's experiment.
+A client takes part in a round w.p. p, each of its d records w.p. q; the
+server adds Gaussian noise to the clipped sum (record-level). Here: the flags
+of ``dpfl account|calibrate random-participation`` and their event, priced by
+the Accountant under each analysis of ``schemes.RANDOM_PARTICIPATION``; ``dpfl
+audit random-participation`` (one round attacked) and ``dpfl audit dp-dsgd``
+(canaries in real runs); ``dpfl reproduce random-participation`` (§6's noise
+table, Figures 1-5, Figure 6's experiment).
 """
 
 from __future__ import annotations
@@ -106,7 +101,6 @@ def calibrate(a: argparse.Namespace) -> Report:
         f"Noise for (epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} round(s) "
         f"of random participation: p={a.p}, q={a.q}, d={a.records_per_client}"
     )
-    names = [a.analysis] if a.json else list(rp.ANALYSES)
 
     def per_round(name: str) -> Callable[[float], float]:
         # one round's ε in closed form: where the Accountant's search starts
@@ -118,7 +112,6 @@ def calibrate(a: argparse.Namespace) -> Report:
         rp.ANALYSES,
         lambda sigma: event(a, sigma),
         guide={n: per_round(n) for n in rp.ANALYSES} if a.rounds == 1 else None,
-        notes=report.basis_notes(event(a, 1.0), names),
     )
 
 
@@ -176,19 +169,13 @@ def _training_audit(a: argparse.Namespace) -> Report:
 # ---------------------------------------------------------------------------
 # dpfl reproduce random-participation
 # ---------------------------------------------------------------------------
-_RP_SCENARIOS = {  # §6.1 and §6.2: d, p, q; printed σ (paper = Theorem 4.1)
-    "1 (d=30, p=0.001, q=0.1)": (
-        30,
-        0.001,
-        0.1,
-        {"paper": 1.065, "wcs": 7.65, "ols": 22.4},
-    ),
-    "2 (d=1000, p=0.1, q=0.001)": (
-        1000,
-        0.1,
-        0.001,
-        {"paper": 0.646, "wcs": 0.873, "ols": 1.103},
-    ),
+_RP_PRINTED = (  # the σ §6.1 and §6.2 print (paper = Theorem 4.1)
+    {"paper": 1.065, "wcs": 7.65, "ols": 22.4},
+    {"paper": 0.646, "wcs": 0.873, "ols": 1.103},
+)
+_RP_SCENARIOS = {  # d, p, q and the printed σ
+    "1 (d=30, p=0.001, q=0.1)": (30, 0.001, 0.1, _RP_PRINTED[0]),
+    "2 (d=1000, p=0.1, q=0.001)": (1000, 0.1, 0.001, _RP_PRINTED[1]),
 }
 
 

@@ -232,13 +232,11 @@ def calibrate(a: argparse.Namespace) -> Report:
         f"MS-PAFL noise for (epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} "
         f"rounds: p={a.probability}"
     )
-    names = [a.analysis] if a.json else ["sound", "paper"]
     return report.calibrate(
         a,
         title,
         ["sound", "paper"],
         lambda sigma: event(a, sigma),
-        notes=report.basis_notes(event(a, 1.0), names),
     )
 
 

@@ -438,7 +438,7 @@ def calibrate(
     epsilon_of: Mapping[str, Callable[[float], float]] | None = None,
     guide: Mapping[str, Callable[[float], float]] | None = None,
     describe: Callable[[str], dict[str, Any]] | None = None,
-    notes: Sequence[str] = (),
+    notes: Sequence[str] | None = None,
     **extra: Callable[[float], float],
 ) -> Report:
     """``dpfl calibrate``: σ per analysis for ``(a.epsilon, a.delta)``, one calibrator.
@@ -468,8 +468,9 @@ def calibrate(
     describe : callable, optional
         ``describe(analysis)``: the row's terms and status (default: the
         scheme's, :func:`terms`).
-    notes : sequence of str
-        Notes below the table.
+    notes : sequence of str, optional
+        Notes below the table (default: what each analysis calibrated rests
+        on, :func:`basis_notes`).
     **extra : callable
         Extra columns, each a function of the calibrated σ.
 
@@ -515,6 +516,8 @@ def calibrate(
         "delta": a.delta,
         "rounds": a.rounds,
     }
+    if notes is None:
+        notes = basis_notes(event, [a.analysis] if a.json else names)
     return Report(title, result, rows, [*found, *notes])
 
 
