@@ -570,25 +570,30 @@ def _default_discretization(
     items: list[tuple[ev.Event, int]], tolerance: float
 ) -> float:
     """A starting grid: the finest any of the events asks for."""
-    return float(min(_start_grid(e, tolerance) for e, _ in items))
+    return float(min(_start_grid(e, n, tolerance) for e, n in items))
 
 
-def _start_grid(event: ev.Event, tolerance: float) -> float:
+def _start_grid(event: ev.Event, count: int, tolerance: float) -> float:
     """A grid whose bracket is about ``tolerance`` wide; refinement goes finer.
 
-    The one-round PLDs are second-order accurate in the step ``h``, and for
-    Poisson-subsampled Gaussians the bracket's relative width is about
-    ``2000 h^2`` whatever the number of rounds (1e2 to 1e5 measured), so the
-    first grid aims there; each refinement halves it, and refinement stops
-    once the bracket is within the tolerance.
+    :func:`dpfl.accounting.pld.start_discretization`, except for the
+    symmetrised subsampling-without-replacement PLDs.
     """
     inner = event.event if isinstance(event, ev.SelfComposed) else event
+    if isinstance(inner, ev.ClientPoisson) and isinstance(
+        inner.event, ev.RecordPoisson
+    ):
+        # random participation: small per-round losses need a fine grid
+        from dpfl.accounting import participation
+
+        rounds = count * (event.count if isinstance(event, ev.SelfComposed) else 1)
+        return participation.start_step(rounds, tolerance)
     if isinstance(inner, (ev.WithoutReplacement, ev.FixedCohort)):
         # Symmetrised C_p(G) PLDs on a uniform grid: second order and tight
         # (about 2e-3 relative at 1e-2, 1e-4 at 3e-3), and their cost grows
         # as 1/h.
         return 1e-2 if tolerance >= 5e-3 else 1e-3
-    return min(1e-2, max(1e-6, 0.8 * math.sqrt(tolerance / 2000.0)))
+    return pld.start_discretization(tolerance)
 
 
 def _gaussian_mu(items: list[tuple[ev.Event, int]]) -> float | None:

@@ -104,6 +104,7 @@ __all__ = [
     "participation_pld",
     "round_delta",
     "round_epsilon",
+    "start_step",
 ]
 
 ANALYSES = ("sound", "wcs", "ols", "paper", "cs")
@@ -178,9 +179,14 @@ def _binomial_weights(
     """Labels ``i`` with ``Binom(i; d, q) >= cut``, their weights, dropped mass."""
     i = np.arange(d + 1)
     w = stats.binom.pmf(i, d, q) if d > 0 else np.ones(1)
-    keep = w >= cut * max(float(w.max()), 1e-300)
-    dropped = float(max(0.0, 1.0 - math.fsum(w[keep])))
-    return i[keep], w[keep], dropped
+    keep = np.nonzero(w >= cut * max(float(w.max()), 1e-300))[0]
+    lo, hi = int(keep[0]), int(keep[-1])  # unimodal: the kept labels are a range
+    # the mass outside from the tails themselves, not 1 - sum (whose rounding,
+    # ~1e-16, composed over many rounds would swamp a delta of 1e-15)
+    dropped = (
+        float(stats.binom.cdf(lo - 1, d, q) + stats.binom.sf(hi, d, q)) if d else 0.0
+    )
+    return i[lo : hi + 1], w[lo : hi + 1], dropped
 
 
 def _paper_theorem_delta(eps: float, p: float, q: float, d: int, sigma: float) -> float:
@@ -468,6 +474,42 @@ noise_multiplier, analysis
 # --------------------------------------------------------------------------
 
 _DEFAULT_H = 1e-5
+#: One round's loss range is cut where less than this mass lies beyond (to
+#: +infinity above, pessimistically): small enough that 1e5 rounds of it stay
+#: far below a delta of 1e-15.
+_TAIL_MASS = 1e-24
+
+
+def start_step(rounds: int, tolerance: float) -> float:
+    """First grid step of a bracket's refinement (1e-5 up to 1e4 rounds).
+
+    Parameters
+    ----------
+    rounds : int
+        Rounds composed.
+    tolerance : float
+        The bracket's target relative gap.
+
+    Returns
+    -------
+    float
+        The step.
+
+    Notes
+    -----
+    One round's losses are small (most mass within about ``p q`` of 0), so
+    the generic second-order rule (:func:`dpfl.accounting.pld.start_discretization`)
+    starts far too coarse here and refines many times; 1e-5 converges in one or
+    two steps at 1e4 rounds (measured: 3 s against 7 s). The composed PMF grows
+    with the rounds over the step, so the step grows with sqrt(rounds) beyond
+    1e4 (never coarser than the generic rule).
+    """
+    return float(
+        min(
+            _pld.start_discretization(tolerance),
+            _DEFAULT_H * max(1.0, math.sqrt(rounds / 1e4)),
+        )
+    )
 
 
 def _relative_spacing(h: float) -> float:
@@ -544,6 +586,7 @@ def _builder(
                 value_discretization=h,
                 dropped_mass=dropped,
                 relative_spacing=_relative_spacing(h),
+                tail_mass=_TAIL_MASS,
                 which=which,
             )
 
@@ -597,7 +640,7 @@ noise_multiplier, analysis
         count=rounds,
         delta=delta,
         tolerance=tolerance,
-        initial_discretization=_DEFAULT_H,
+        initial_discretization=start_step(rounds, tolerance),
     )
     return res.bound
 
@@ -648,7 +691,7 @@ noise_multiplier, analysis
         count=rounds,
         epsilon=eps,
         tolerance=tolerance,
-        initial_discretization=_DEFAULT_H,
+        initial_discretization=start_step(rounds, tolerance),
     )
     return res.bound
 
