@@ -1,6 +1,8 @@
 """The ``dpfl`` command line, one module per command group.
 
-:mod:`dpfl.cli.main` is the entry point and lists the command modules;
+:mod:`dpfl.cli.main` is the entry point and finds the command modules
+(every module here with an ``add_subcommands`` function: a new command is
+one new module);
 :mod:`dpfl.cli.flags` reads the flags (domains, one-line errors);
 :mod:`dpfl.cli.account` (``account``, ``calibrate``) and
 :mod:`dpfl.cli.audit` register the papers' schemes and audits

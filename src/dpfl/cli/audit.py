@@ -10,17 +10,7 @@ import argparse
 
 from dpfl.cli.flags import Parser, drop_option, narrow
 
-__all__ = ["AUDIT_FIGURES", "add_subcommands"]
-
-
-def _figures() -> frozenset[str]:
-    from dpfl.papers import audits
-
-    return frozenset(a.name for a in audits() if a.figure)
-
-
-#: The audits that draw a trade-off figure (``--plot FILE``): the training audits.
-AUDIT_FIGURES = _figures()
+__all__ = ["add_subcommands"]
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:

@@ -16,9 +16,9 @@ status 1 and one line naming the extra to install; Ctrl-C exits with status
 130.
 
 Each command group is one module of this package with an
-``add_subcommands(subparsers)`` function; :data:`COMMANDS` lists them in the
-order ``dpfl --help`` shows them, so a new command is one new module and its
-name here.
+``add_subcommands(subparsers)`` function; :func:`command_modules` finds them
+(in name order, the order ``dpfl --help`` shows them), so a new command is one
+new module and nothing else.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import pkgutil
 import re
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 from dpfl._runtime import openmp_defaults
@@ -36,11 +38,7 @@ from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.cli.flags import EXIT_INTERRUPTED, Parser, check_flags, one_line
 from dpfl.errors import DpflError
 
-__all__ = ["COMMANDS", "build_parser", "main", "missing_extra"]
-
-#: The command modules of :mod:`dpfl.cli`, in the order ``dpfl --help`` lists
-#: their commands.
-COMMANDS = ("account", "audit", "train", "data")
+__all__ = ["build_parser", "command_modules", "main", "missing_extra"]
 
 #: Exit status when an optional dependency (an extra) is not installed.
 EXIT_MISSING_EXTRA = 1
@@ -110,6 +108,26 @@ def missing_extra(exc: ModuleNotFoundError, command: str | None) -> str | None:
     )
 
 
+def command_modules() -> list[ModuleType]:
+    """Every command module of :mod:`dpfl.cli`, in name order.
+
+    A command module is a module of the package (its name not starting with
+    ``_``) with an ``add_subcommands(subparsers)`` function;
+    :mod:`dpfl.cli.main` and :mod:`dpfl.cli.flags` have none. They are found
+    on the package's ``__path__``.
+    """
+    import dpfl.cli
+
+    found = []
+    for info in sorted(pkgutil.iter_modules(dpfl.cli.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):  # __main__ runs the command line
+            continue
+        module = importlib.import_module(f"dpfl.cli.{info.name}")
+        if callable(getattr(module, "add_subcommands", None)):
+            found.append(module)
+    return found
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the ``dpfl`` argument parser."""
     from dpfl import __version__
@@ -123,8 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"%(prog)s {__version__}"
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for name in COMMANDS:  # registered always: a missing extra is named on use
-        importlib.import_module(f"dpfl.cli.{name}").add_subcommands(sub)
+    for module in command_modules():  # always: a missing extra is named on use
+        module.add_subcommands(sub)
     check_flags(parser)
     return parser
 
