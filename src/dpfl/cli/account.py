@@ -21,7 +21,9 @@ _COMMANDS = (
 )
 
 
-def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
+def add_subcommands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
     """Register ``account`` and ``calibrate``, each with every paper's scheme.
 
     Parameters

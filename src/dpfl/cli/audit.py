@@ -13,7 +13,9 @@ from dpfl.cli.flags import Parser, drop_option, narrow
 __all__ = ["add_subcommands"]
 
 
-def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
+def add_subcommands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
     """Register ``audit``, with every paper's audits.
 
     Parameters

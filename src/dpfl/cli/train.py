@@ -217,7 +217,9 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_subcommands(subparsers: Any) -> None:
+def add_subcommands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
     """Register ``train``, ``sweep``, ``reproduce``, ``resume``, ``plot`` and ``demo``.
 
     Parameters
