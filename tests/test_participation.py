@@ -532,3 +532,24 @@ def test_analyses_are_ordered_as_the_figures_state(d):
         ]
         vals = [max(cs, paper), *vals]
         assert all(a <= b * (1 + 1e-12) for a, b in zip(vals, vals[1:])), (eps, vals)
+
+
+@pytest.mark.parametrize("target", [0.05, 0.7, 4.0])
+@pytest.mark.parametrize("exponent", [0.5, 1.0, 2.0])
+def test_solve_noise_multiplier_meets_the_target_within_its_tolerance(target, exponent):
+    # The narrowing is regula falsi in log-log with nudges; whatever the
+    # curve's shape it must return a sigma that meets the target (epsilon_of
+    # evaluated at it <= target, exactly) and lies within the relative
+    # tolerance of the true root, here known in closed form:
+    # epsilon(sigma) = 2 / sigma^k + 0.01 / sigma (monotone, not a power law).
+    def eps_of(sigma: float) -> float:
+        return 2.0 / sigma**exponent + 0.01 / sigma
+
+    tol = 1e-3
+    sigma = solve_noise_multiplier(eps_of, epsilon=target, tolerance=tol)
+    assert eps_of(sigma) <= target
+    lo, hi = 1e-6, 1e6  # the exact root by 200 bisections
+    for _ in range(200):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (lo, mid) if eps_of(mid) <= target else (mid, hi)
+    assert hi <= sigma <= hi * (1 + tol)

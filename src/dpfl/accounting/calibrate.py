@@ -116,9 +116,10 @@ def solve_noise_multiplier(
     tol = check_positive("tolerance", tolerance)
     lo = hi = 1.0
     value = _safe(epsilon_of, hi)
+    f_lo = f_hi = value
     if value > target:
         while value > target:
-            lo, hi = hi, hi * 2.0
+            lo, hi, f_lo = hi, hi * 2.0, value
             if hi > LARGEST:
                 reached = _safe(epsilon_of, LARGEST)
                 raise DpflError(
@@ -128,9 +129,10 @@ def solve_noise_multiplier(
                     "delta or fewer rounds is needed"
                 )
             value = _safe(epsilon_of, hi)
+        f_hi = value
     else:
         while value <= target:
-            hi, lo = lo, lo / 2.0
+            hi, lo, f_hi = lo, lo / 2.0, value
             if lo < SMALLEST:
                 raise CertifiesEverySigma(
                     f"the analysis certifies {what} for every noise multiplier "
@@ -138,13 +140,61 @@ def solve_noise_multiplier(
                     "valid bound never does this; the analysis is not one)"
                 )
             value = _safe(epsilon_of, lo)
-    # invariant: epsilon_of(lo) > target >= epsilon_of(hi)
+        f_lo = value
+    return _narrow(epsilon_of, target, (lo, f_lo), (hi, f_hi), tol)
+
+
+def _narrow(
+    epsilon_of: Callable[[float], float],
+    target: float,
+    low: tuple[float, float],
+    high: tuple[float, float],
+    tol: float,
+) -> float:
+    """Shrink ``[lo, hi]`` (``epsilon_of(lo) > target >= epsilon_of(hi)``) to ``tol``.
+
+    ``low`` and ``high`` are ``(σ, epsilon_of(σ))`` at the ends.
+
+    Regula falsi on ``log ε`` against ``log σ`` (nearly straight for every
+    scheme: ε falls like a power of σ), each point nudged half the tolerance
+    past the estimate towards the end that did not move last, so that the
+    next point usually lands on that side and the bracket closes from both
+    ends (Illinois: an end left behind twice has its weight halved); a
+    bisection where the ends' values are not finite, and never a point within
+    5% of the bracket's ends. Each evaluation is a composed PLD, so this
+    matters: 4-6 evaluations where bisection took 10 (measured on random
+    participation, ``benchmarks/accounting_grid.py --mode cli``). The
+    invariant is kept, and ``hi`` is returned, so the target is met.
+    """
+    log_t = math.log(target)
+
+    def log_gap(value: float) -> float:
+        return -math.inf if value <= 0.0 else math.log(value) - log_t
+
+    (lo, f_lo), (hi, f_hi) = low, high
+    g_lo, g_hi = log_gap(f_lo), log_gap(f_hi)
+    nudge = 0.5 * math.log1p(tol)
+    moved = 0  # +1: hi moved last, -1: lo moved last
     while hi / lo - 1.0 > tol:
-        mid = math.sqrt(lo * hi)
-        if _safe(epsilon_of, mid) <= target:
-            hi = mid
+        a, b = math.log(lo), math.log(hi)
+        x = 0.5 * (a + b)
+        if math.isfinite(g_lo) and math.isfinite(g_hi) and g_lo > g_hi:
+            secant = a + (b - a) * g_lo / (g_lo - g_hi)
+            x = secant - moved * nudge
+            # keep clear of the ends, or a slow side would crawl
+            margin = 0.05 * (b - a)
+            x = min(max(x, a + margin), b - margin)
+        sigma = math.exp(x)
+        value = _safe(epsilon_of, sigma)
+        g = log_gap(value)
+        if value <= target:  # the side is decided on ε itself, not its log
+            if moved == +1:
+                g_lo *= 0.5  # Illinois: the stale end's weight halves
+            hi, g_hi, moved = sigma, g, +1
         else:
-            lo = mid
+            if moved == -1:
+                g_hi *= 0.5
+            lo, g_lo, moved = sigma, g, -1
     return float(hi)
 
 
