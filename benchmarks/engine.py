@@ -60,6 +60,11 @@ Usage::
 
     python benchmarks/engine.py [--rounds 60] [--repeats 5] [--device cpu|cuda]
         [--threads N] [--order random|fixed] [--omp-spincount N|default]
+        [--no-memory]
+
+``--no-memory`` leaves out the per-variant memory subprocesses (one fresh
+process each, rebuilding the data set: most of a short run's time), so the
+table has no memory columns.
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ from dpfl.models import PaperCNN
 from dpfl.sim.algorithms import build_algorithm
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import server_streams
+from dpfl.sim.secure_noise import noise_kernel
 
 SEED = 0
 
@@ -238,6 +244,7 @@ def measure_times(args: argparse.Namespace) -> dict:
         "data_mib": ds.nbytes() / 2**20,
         "rss_setup_mib": rss_setup,
         "load": [load_before, os.getloadavg()[0]],
+        "noise_kernel": noise_kernel(args.device),
     }
 
 
@@ -294,6 +301,11 @@ def main() -> None:
     parser.add_argument("--q", type=float, default=0.1)
     # Sound σ for per-round (0.015, 1e-6) in scenario 1 (docs/analyses.md table).
     parser.add_argument("--noise-multiplier", type=float, default=2.4903)
+    parser.add_argument(
+        "--no-memory",
+        action="store_true",
+        help="skip the per-variant peak-memory subprocesses",
+    )
     parser.add_argument("--memory-of", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--timing-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -340,7 +352,8 @@ def main() -> None:
             f"; paired dp secure/dp median {s2:.2f} (quartiles {s1:.2f}-{s3:.2f})"
             f"; records/round mean {sum(recs) / len(recs):.1f} (secure "
             f"{sum(srecs) / len(srecs):.1f}); 1-min load "
-            f"{run['load'][0]:.2f} -> {run['load'][1]:.2f}",
+            f"{run['load'][0]:.2f} -> {run['load'][1]:.2f}; secure noise kernel "
+            f"{run['noise_kernel']}",
             flush=True,
         )
     first = runs[0]
@@ -352,20 +365,20 @@ def main() -> None:
     pooled = {k: [x for r in runs for x in r["times"][k]] for k in VARIANTS}
     base_med = quantiles(pooled["non-private"])[1]
     header = f"{'variant':<16}{'median ms':>10}{'rounds/s':>10}{'vs non-private':>16}"
-    header += f"{'RSS setup':>11}{'peak RSS':>10}"
-    if args.device.startswith("cuda"):
-        header += f"{'cuda peak':>11}"
+    if not args.no_memory:
+        header += f"{'RSS setup':>11}{'peak RSS':>10}"
+        if args.device.startswith("cuda"):
+            header += f"{'cuda peak':>11}"
     print(header)
     for name in VARIANTS:
-        mem = run_child(args, "--memory-of", name)
         med = quantiles(pooled[name])[1]
-        line = (
-            f"{name:<16}{med * 1e3:>10.1f}{1 / med:>10.1f}{med / base_med:>16.2f}"
-            f"{mem['rss_before_mib']:>9.0f}Mi{mem['peak_rss_mib']:>8.0f}Mi"
-        )
-        if "cuda_peak_mib" in mem:
-            line += f"{mem['cuda_peak_mib']:>9.0f}Mi"
-        print(line)
+        line = f"{name:<16}{med * 1e3:>10.1f}{1 / med:>10.1f}{med / base_med:>16.2f}"
+        if not args.no_memory:
+            mem = run_child(args, "--memory-of", name)
+            line += f"{mem['rss_before_mib']:>9.0f}Mi{mem['peak_rss_mib']:>8.0f}Mi"
+            if "cuda_peak_mib" in mem:
+                line += f"{mem['cuda_peak_mib']:>9.0f}Mi"
+        print(line, flush=True)
     per_repeat = sorted(r["paired_median"] for r in runs)
     print(
         "paired per-round ratio dp/non-private (same records), median of the "
@@ -382,6 +395,7 @@ def main() -> None:
     print(
         "targets: peak RSS <= 2 GiB; dp round <= 1.3 x the non-private round; "
         "dp secure round <= 1.25 x the dp round"
+        + (" (memory not measured: --no-memory)" if args.no_memory else "")
     )
 
 

@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# The GPU checks of the secure-noise and clipping work, in one bounded run
-# (at most 8 minutes; every step under `timeout`). Run from anywhere on
-# a machine with a CUDA GPU:
+# The GPU checks of the secure-noise, clipping and device work, in one bounded
+# run: at most 4.5 minutes in all (every step runs under `timeout`, with the
+# smaller of its own limit and what is left of a 255 s budget counted from
+# the start, or $GPU_CHECK_BUDGET seconds). Run from anywhere on a machine
+# with a CUDA GPU:
 #
 #     bash benchmarks/gpu_check.sh
 #
-# It runs the GPU tests (`pytest -m gpu`: the contract suite on CUDA, the
-# clip-norm bound on CUDA, test_cuda_matches_cpu, the CUDA secure stream
-# against the CPU's) and prints the benchmark figures: secure against seeded
-# normals per million on CUDA, PriFedSync's CNN round with secure against
-# seeded noise, and the engine scenario on CUDA. dpfl runs from this
-# checkout (PYTHONPATH=src). Python packages the machine lacks (pytest,
-# hypothesis, dp-accounting, cryptography) are installed, without the
-# network, from the wheels in $WHEELS (default: .whl/ in the checkout) into
-# a temporary folder, if that folder of wheels exists. To fill it (on a
-# machine with the package index; these are Linux x86-64 wheels for Python
-# 3.10-3.13, about 19 MB):
+# Most important first: the contract suite on CUDA (`pytest -m gpu
+# tests/test_contract.py`), the other GPU tests (the clipping kernels on CUDA
+# and test_cuda_matches_cpu, the fused Triton noise kernels against the torch
+# operations, the CUDA secure stream against the CPU's), then the figures:
+# secure against seeded normals per million on CUDA and a cohort's rows of
+# noise in one launch, PriFedSync's CNN round with secure against seeded
+# noise, DP-FedAvg's CNN round likewise, and the engine scenario's DP round
+# with secure against seeded noise. A summary of the test counts and figures
+# closes the output. dpfl runs from this checkout (PYTHONPATH=src). Python
+# packages the machine lacks (pytest, hypothesis, dp-accounting,
+# cryptography) are installed, without the network, from the wheels in
+# $WHEELS (default: .whl/ in the checkout) into a temporary folder, if that
+# folder of wheels exists. To fill it (on a machine with the package index;
+# these are Linux x86-64 wheels for Python 3.10-3.13, about 19 MB):
 #
 #     for v in 3.10 3.11 3.12 3.13; do
 #       pip download --only-binary=:all: --no-deps --python-version $v \
@@ -31,15 +36,26 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 WHEELS="${WHEELS:-$PWD/.whl}"
 
+# the whole script stays under 4.5 minutes (GPU_CHECK_BUDGET seconds in all)
+DEADLINE=$((SECONDS + ${GPU_CHECK_BUDGET:-255}))
+LOG=$(mktemp)  # every step's output, for the summary at the end
+
 step() {  # step LIMIT_SECONDS COMMAND...: run it under timeout, report its status
     local limit=$1
     shift
+    local left=$((DEADLINE - SECONDS))
+    [ "$left" -lt "$limit" ] && limit=$left
     echo
-    echo "=== $* (limit ${limit} s)"
+    if [ "$left" -lt 10 ]; then
+        echo "=== $* : SKIPPED (the budget is spent)" | tee -a "$LOG"
+        return
+    fi
+    echo "=== $* (limit ${limit} s)" | tee -a "$LOG"
     local t0=$SECONDS
-    timeout --kill-after=10 "$limit" "$@"
-    local rc=$?
-    echo "=== exit status $rc after $((SECONDS - t0)) s$([ $rc -eq 124 ] && echo ': TIMED OUT')"
+    # SIGINT first: pytest then prints the counts of what ran before the limit
+    timeout --signal=INT --kill-after=8 "$limit" "$@" 2>&1 | tee -a "$LOG"
+    local rc=${PIPESTATUS[0]}
+    echo "=== exit status $rc after $((SECONDS - t0)) s$([ "$rc" -eq 124 ] && echo ': TIMED OUT')" | tee -a "$LOG"
 }
 
 echo "=== machine"
@@ -77,11 +93,23 @@ if [ -n "$missing" ]; then
     fi
 fi
 
-# the torch.compile of the CUDA keystream kernel (about a minute) happens in
-# the first step; later processes reuse torch's on-disk compile cache
-step 120 python -m pytest -q -m gpu -rs -s -p no:cacheprovider \
-    tests/test_secure_noise.py tests/test_gradients.py
-step 130 python -m pytest -q -m gpu -rs -p no:cacheprovider tests/test_contract.py
-step 75 python benchmarks/secure_noise.py --device cuda --no-rounds --repeats 15
-step 90 python benchmarks/secure_noise.py --device cuda --no-draws --rounds 3
-step 60 python benchmarks/engine.py --device cuda --rounds 10 --repeats 1 --warmup 2
+# Expected on an H200 (the first process probes and compiles the Triton
+# kernels, ~10-20 s; later ones read Triton's cache): contract ~90 s, tests
+# ~40 s, draws ~30 s, PriFedSync rounds ~35 s, DP-FedAvg rounds ~20 s, engine
+# ~25 s; the limits add up to more than the budget, which the last steps then
+# share (the engine's first to go).
+step 120 python -m pytest -q -m gpu -rfEs -p no:cacheprovider tests/test_contract.py
+step 50 python -m pytest -q -m gpu -rfEs -s -p no:cacheprovider \
+    tests/test_gradients.py tests/test_secure_noise_triton.py tests/test_secure_noise.py
+step 35 python benchmarks/secure_noise.py --device cuda --no-rounds --repeats 7
+step 40 python benchmarks/secure_noise.py --device cuda --no-draws --rounds 3 \
+    --runs prifedsync
+step 25 python benchmarks/secure_noise.py --device cuda --no-draws --rounds 3 \
+    --runs dp-fedavg-cnn
+step 30 python benchmarks/engine.py --device cuda --rounds 20 --repeats 1 --warmup 2 \
+    --no-memory
+
+echo
+echo "=== summary (full output above)"
+grep -E "^=== (python|exit|.*SKIPPED)|^(FAILED|ERROR) |[0-9]+ (passed|failed|skipped|errors?)\b|TF32:|secure noise kernel|fused Triton kernel|fill_normal_rows_ draws|^(one million|a cohort)|^  (secure|seeded)[,:]|^  round [0-9]+:|secure / seeded|^(PriFedSync|DP-FedAvg)|paired dp secure/dp" "$LOG"
+rm -f "$LOG"

@@ -23,6 +23,9 @@ For each algorithm (one small, fast configuration in :data:`SPECS`):
 Every check runs on each device present (the ``device`` fixture): the CPU
 always, CUDA when there is one (marked ``gpu``: ``pytest -m gpu``; skipped,
 with the reason, without CUDA). The secure noise is drawn on the device.
+Without a GPU, :mod:`test_contract_lazy` (``-m slow``) runs the checks that
+exercise every device path on torch's lazy tensors, a second device that
+refuses to mix with the CPU as CUDA does.
 
 :data:`SPECS` must name every registered algorithm: a new algorithm cannot be
 registered without joining the contract.

@@ -129,6 +129,11 @@ class Accountant:
     max_support : int
         Refinement stops before a composed PLD would exceed this many grid
         points (memory and time cap; about 32 MB per direction).
+    resolution : float
+        An ε bracket at most this wide (absolute) is accurate enough whatever
+        its relative width (default 0: the tolerance alone decides).
+        Calibration sets it to a small fraction of its target ε, since it
+        only asks whether ε is below the target.
 
     Examples
     --------
@@ -145,11 +150,13 @@ class Accountant:
         tolerance: float = 0.005,
         discretization: float | None = None,
         max_support: int = 4_000_000,
+        resolution: float = 0.0,
     ) -> None:
         self.analysis = schemes.check_analysis_name(analysis)
         self.tolerance = tolerance
         self.discretization = discretization
         self.max_support = max_support
+        self.resolution = check_nonnegative("resolution", resolution)
         self._events: list[tuple[ev.Event, int]] = []
 
     # -- building -------------------------------------------------------------
@@ -254,6 +261,7 @@ class Accountant:
                     or _default_discretization(self._events, self.tolerance)
                 ),
                 max_grid_points=self.max_support,
+                resolution=self.resolution,
             )
         except MemoryError:
             # Last resort (the composition cap should prevent this): a closed

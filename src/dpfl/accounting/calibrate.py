@@ -300,7 +300,11 @@ def calibrate_noise_multiplier(
     )
 
     def epsilon_of(sigma: float) -> float:
-        acc = Accountant(analysis, tolerance=bound_tolerance)
+        # only "is epsilon below the target?" matters: resolve it to a
+        # fraction of the target, not of epsilon (tiny ones cost minutes)
+        acc = Accountant(
+            analysis, tolerance=bound_tolerance, resolution=bound_tolerance * epsilon
+        )
         for e, n in planned_charges(
             make_event(sigma),
             rounds=rounds,

@@ -603,6 +603,7 @@ def epsilon(
     noise_multiplier: float,
     analysis: str = "sound",
     tolerance: float = 0.02,
+    resolution: float = 0.0,
 ) -> Bound:
     """Epsilon after ``rounds`` rounds, bracketed by upper and lower PLDs.
 
@@ -618,6 +619,9 @@ noise_multiplier, analysis
     tolerance : float, optional
         Refine the grid until ``(upper - lower) / upper <= tolerance`` (or the
         size cap is hit).
+    resolution : float, optional
+        Or until ``upper - lower <= resolution`` (see
+        :func:`dpfl.accounting.pld.refine_bound`; calibration sets it).
 
     Returns
     -------
@@ -641,6 +645,7 @@ noise_multiplier, analysis
         delta=delta,
         tolerance=tolerance,
         initial_discretization=start_step(rounds, tolerance),
+        resolution=resolution,
     )
     return res.bound
 

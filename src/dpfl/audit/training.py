@@ -251,9 +251,12 @@ class CanaryHook:
             # of one-hot rows would not fit in memory for large audits. The
             # round's diagnostics (norms, variance) then see them as one client.
             row = self._canary_sum(canary, weights)[None].to(msgs.vectors.dtype)
-            norm = torch.linalg.vector_norm(row.double()).reshape(1).cpu()
-            before = msgs.scalars.get("norm", torch.zeros(0, dtype=torch.float64))
-            scalars = {"norm": torch.cat([before.double().cpu(), norm])}
+            device = msgs.vectors.device  # every tensor of a Messages lives there
+            norm = torch.linalg.vector_norm(row.double()).reshape(1).to(device)
+            before = msgs.scalars.get(
+                "norm", torch.zeros(0, dtype=torch.float64, device=device)
+            )
+            scalars = {"norm": torch.cat([before.double().to(device), norm])}
             return Messages(torch.cat([msgs.vectors, row]), scalars)
         # record level: strip the canary records, write their clipped gradients
         stripped, found = [], []

@@ -429,6 +429,11 @@ def _solve(
         return None, {"certifies_every_sigma": True}, str(exc)
 
 
+#: The width, as a fraction of the target ε, to which :func:`calibrate`
+#: resolves each ε(σ) it computes with the Accountant.
+_RESOLUTION = 1e-3
+
+
 def calibrate(
     a: argparse.Namespace,
     title: str,
@@ -444,9 +449,10 @@ def calibrate(
     """``dpfl calibrate``: σ per analysis for ``(a.epsilon, a.delta)``, one calibrator.
 
     Each analysis's ε(σ) is the Accountant's certified bound on ``a.rounds``
-    rounds of ``make_event(σ)`` (the ledger's tolerance), unless ``epsilon_of``
-    gives another (a paper's own formula, or the Accountant under another
-    name); :func:`~dpfl.accounting.calibrate.solve_noise_multiplier`
+    rounds of ``make_event(σ)`` (the ledger's tolerance, or a bracket at most
+    0.1% of the target wide: only whether ε meets the target matters), unless
+    ``epsilon_of`` gives another (a paper's own formula, or the Accountant
+    under another name); :func:`~dpfl.accounting.calibrate.solve_noise_multiplier`
     finds the smallest σ that meets the target. ``--json`` calibrates
     ``a.analysis`` only.
 
@@ -487,8 +493,10 @@ def calibrate(
     def epsilon(name: str, sigma: float) -> float:
         if name in given:
             return given[name](sigma)
-        acc = Accountant(name).compose(make_event(sigma), a.rounds)
-        return acc.epsilon(a.delta).upper
+        # only "is epsilon below the target?" matters: resolve it to a
+        # fraction of the target (Accountant's resolution), not of epsilon
+        acc = Accountant(name, resolution=_RESOLUTION * a.epsilon)
+        return acc.compose(make_event(sigma), a.rounds).epsilon(a.delta).upper
 
     def default_describe(name: str) -> dict[str, Any]:
         return terms(event, name)

@@ -45,12 +45,16 @@ def flat_view(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     True of tensors made by :func:`flat_zeros` (e.g. the sums of
     :func:`dpfl.sim.grad.clipped_grad_sum`); elementwise work on them is
     then one operation instead of one per tensor. ``None`` if they do not (or
-    there are none).
+    there are none, or their storage cannot be read: tensors of a backend
+    without storage, such as torch's lazy tensors).
     """
     if not tensors:
         return None
     first = tensors[0]
-    storage = first.untyped_storage().data_ptr()
+    try:
+        storage = first.untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
     offset = first.storage_offset()
     for t in tensors:
         if (

@@ -318,6 +318,9 @@ class Trainer:
     def finish_round(self, plan: RoundPlan, messages: Messages) -> RoundReport:
         """Run the server step on the cohort's messages and charge the round.
 
+        The messages are moved to the algorithm's device first
+        (:meth:`Messages.to <dpfl.sim.algorithms.base.Messages.to>`).
+
         Raises
         ------
         dpfl.errors.DpflError
@@ -332,6 +335,9 @@ class Trainer:
         self._check_plan(plan)
         alg = self.algorithm
         cohort, event = plan.cohort, plan.event
+        # The server step computes on the algorithm's device, whatever device
+        # the shares were computed on (a replica elsewhere, a remote worker).
+        messages = messages.to(alg.weights.device)
         metrics = alg.server_step(cohort, messages, plan.server)
         if not bool(alg.weights.isfinite().all()):
             raise NonFiniteUpdateError(

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -49,7 +49,12 @@ import torch
 from dpfl._validate import check_count, check_nonnegative, check_positive
 from dpfl.errors import InvalidParameterError
 from dpfl.sim._flat import flat_view
-from dpfl.sim.secure_noise import NoiseGenerator, SecureGenerator, fill_normal_
+from dpfl.sim.secure_noise import (
+    NoiseGenerator,
+    SecureGenerator,
+    fill_normal_,
+    fill_normal_rows_,
+)
 
 __all__ = [
     "CentralGaussian",
@@ -58,6 +63,7 @@ __all__ = [
     "PendingNoise",
     "Privatizer",
     "gaussian_noise_like",
+    "gaussian_noise_rows",
 ]
 
 Params = dict[str, torch.Tensor]
@@ -100,6 +106,65 @@ def gaussian_noise_like(
     for z in out.values():
         z.mul_(std)
     return out
+
+
+def gaussian_noise_rows(
+    like: torch.Tensor, std: float, generators: Sequence[NoiseGenerator]
+) -> torch.Tensor:
+    """``N(0, std²)`` rows shaped like ``[m, d]`` ``like``, from one generator each.
+
+    Row ``j`` comes from ``generators[j]`` and equals
+    ``gaussian_noise_like({"g": like[j]}, std, generators[j])["g"]`` bit for
+    bit (one draw of each generator, in row order); the rows are drawn into
+    one ``[m, d]`` tensor by :func:`~dpfl.sim.secure_noise.fill_normal_rows_`
+    (one kernel launch for them all on CUDA with secure generators), on the
+    generators' device, and returned on ``like``'s device and in its dtype
+    (generators on different devices: row by row).
+
+    Parameters
+    ----------
+    like : torch.Tensor
+        ``[m, d]`` template (shape, dtype, device); its values are not read.
+    std : float
+        Standard deviation (>= 0; 0 gives zeros without touching the
+        generators).
+    generators : sequence of torch.Generator or SecureGenerator
+        One per row (each client's own).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[m, d]`` noise.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        If ``std`` is negative or not finite, ``like`` is not 2-D, there is not
+        one generator per row, or a generator is neither kind.
+    """
+    std = check_nonnegative("std", std)
+    if like.dim() != 2 or like.shape[0] != len(generators):
+        raise InvalidParameterError(
+            f"like must be [m, d] with one generator per row; got shape "
+            f"{tuple(like.shape)} and {len(generators)} generators"
+        )
+    for g in generators:
+        _check_generator(g)
+    if std == 0.0:
+        return torch.zeros_like(like)
+    devices = {str(g.device) for g in generators}
+    if len(devices) > 1:
+        return torch.stack(
+            [
+                gaussian_noise_like({"g": row}, std, g)["g"]
+                for row, g in zip(like, generators, strict=True)
+            ]
+        )
+    device = devices.pop() if devices else like.device
+    dtype = like.dtype if like.is_floating_point() else torch.float32
+    out = torch.empty(like.shape, dtype=dtype, device=device)
+    fill_normal_rows_(out, generators)
+    return out.mul_(std).to(device=like.device)
 
 
 def _check_generator(generator: object) -> None:

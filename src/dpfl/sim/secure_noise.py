@@ -59,13 +59,19 @@ keystream comes from OpenSSL's ChaCha20 (through the ``cryptography``
 package) and the float64 transform runs in torch, 8,192 outputs at a time in
 reused buffers, on the calling thread alone (:func:`_one_thread`: a draw
 made in the background does not compete with the training threads). On CUDA
-the keystream is computed by torch integer operations (32-bit words held in
-int64), compiled with ``torch.compile`` when that works (checked against the
-eager operations once per process; otherwise eager, with a warning;
-``DPFL_NOISE_COMPILE=0`` in the environment skips the compile). Both give the same
-keystream bit for bit, and so the same uniforms; the float64 transcendental
-functions of two devices may differ in the last bit or so, which the cast to
-float32 almost always hides. Without ``cryptography`` the CPU uses the torch
+a float32 or float64 draw is one fused Triton kernel
+(:mod:`dpfl.sim._chacha_triton`: keystream and transform in registers) when
+Triton is installed and a probe on the device gives the torch operations'
+outputs bit for bit (once per device and process; ``DPFL_NOISE_TRITON=0`` in
+the environment skips it). Otherwise the keystream is computed by torch
+integer operations (32-bit words held in int64), compiled with
+``torch.compile`` when that works (checked against the eager operations once
+per process; otherwise eager, with a warning; ``DPFL_NOISE_COMPILE=0`` in the
+environment skips the compile), and the transform by torch operations.
+:func:`noise_kernel` says which a device uses. All give the same keystream
+bit for bit, and so the same uniforms; the float64 transcendental functions
+of two devices may differ in the last bit or so, which the cast to float32
+almost always hides. Without ``cryptography`` the CPU uses the torch
 operations too (the same keystream, much slower).
 
 **Versions.** A run records the stream version it started with (in
@@ -80,13 +86,14 @@ Cost (``benchmarks/secure_noise.py [--device cuda]`` prints it beside torch's
 own generator): 19 ms per million float32 normals on one core of a shared
 2-core Xeon, 7.6 times ``Tensor.normal_`` in the same run; the cipher is a
 quarter of it, the float64 transform the rest. On CUDA the first draw of a
-process compiles the keystream kernel (about a minute; torch caches it on
-disk for later processes).
+process compiles and probes the fused kernel (a few seconds; Triton caches
+it on disk for later processes), or compiles the keystream kernel.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -95,9 +102,9 @@ import os
 import secrets
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -125,9 +132,11 @@ __all__ = [
     "check_stream_version",
     "derive_key",
     "fill_normal_",
+    "fill_normal_rows_",
     "index_rng",
     "load_or_create_key",
     "new_key",
+    "noise_kernel",
     "noise_label",
     "read_key_file",
     "secure_standard_normal",
@@ -458,6 +467,207 @@ def _words_kernel(device: torch.device) -> Callable[[torch.Tensor, int], torch.T
         return _COMPILED["cuda"]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Fused:
+    """The fused kernel's launchers on one device, once probed.
+
+    ``fill(out, state, scale)`` fills a flat tensor with one draw;
+    ``rows(out, states, scale)`` fills each row of a 2-D tensor with its own
+    draw in one launch (``None`` where that kernel did not pass its probe:
+    ``rows_why`` says why).
+    """
+
+    fill: Callable[..., torch.Tensor]
+    rows: Callable[..., torch.Tensor] | None
+    rows_why: str = ""
+
+
+#: The fused Triton kernels of each CUDA device, once probed: their
+#: launchers, or the reason they are not used there.
+_FUSED: dict[torch.device, _Fused | str] = {}
+_FUSED_LOCK = threading.Lock()
+#: The device types where the fused kernel is tried (Triton's GPU backend).
+_FUSED_DEVICE_TYPES = ("cuda",)
+#: The fused kernel's dtypes (others: torch operations, whose cast from float64
+#: the kernel would not reproduce for every format).
+_FUSED_DTYPES = (torch.float32, torch.float64)
+
+
+def _fused_kernel(device: torch.device) -> Callable[..., torch.Tensor] | None:
+    """The fused Triton kernel of a draw on ``device``, if it is trusted there.
+
+    The kernel (:mod:`dpfl.sim._chacha_triton`) computes the keystream and the
+    Gaussian transform in registers, in one pass; it is used on CUDA only,
+    only where Triton imports, and only after a probe on the device gave the
+    torch operations' outputs bit for bit (float32 and float64, a draw's
+    start and pieces whose block counters cross 2³¹ and end at 2³²), once
+    per device and process. Otherwise (or with ``DPFL_NOISE_TRITON=0`` in the
+    environment) the torch operations draw, with one warning saying why.
+    """
+    found = _fused(device)
+    return None if found is None else found.fill
+
+
+def _fused_rows(device: torch.device) -> Callable[..., torch.Tensor] | None:
+    """The fused kernel that draws many rows at once on ``device``, if trusted.
+
+    Probed with :func:`_fused_kernel`'s kernel (rows of several keys and
+    draws, each equal bit for bit to the torch operations' draw); ``None``
+    where either is not trusted (the rows are then drawn one at a time).
+    """
+    found = _fused(device)
+    return None if found is None else found.rows
+
+
+def _fused(device: torch.device) -> _Fused | None:
+    """The probed fused kernels of ``device`` (``None``: not used there)."""
+    if (
+        device.type not in _FUSED_DEVICE_TYPES
+        or os.environ.get("DPFL_NOISE_TRITON") == "0"
+    ):
+        return None
+    with _FUSED_LOCK:
+        if device not in _FUSED:
+            found, why = _probe_fused(device)
+            _FUSED[device] = found if found is not None else why
+            if found is None:
+                log.warning(
+                    "secure noise on %s: the fused Triton kernel is not used (%s); "
+                    "drawing with torch operations (slower)",
+                    device,
+                    why,
+                )
+            elif found.rows is None:
+                log.warning(
+                    "secure noise on %s: the fused Triton kernel of many rows is "
+                    "not used (%s); drawing one row at a time",
+                    device,
+                    found.rows_why,
+                )
+        entry = _FUSED[device]
+    return None if isinstance(entry, str) else entry
+
+
+def _probe_fused(device: torch.device) -> tuple[_Fused | None, str]:
+    """The fused kernels' launchers if they give the torch operations' bits.
+
+    On ``device``; ``None`` and why not where the one-draw kernel does not
+    (the many-rows kernel is probed after it: :func:`_probe_rows`).
+
+    Tries the float64 logarithm, sine and cosine of CUDA's libdevice (those
+    of torch's own kernels) first, then Triton's.
+    """
+    try:
+        from dpfl.sim import _chacha_triton
+    except Exception as exc:  # noqa: BLE001 - no Triton, or one that fails to load
+        return None, f"Triton is unavailable: {type(exc).__name__}: {exc}"
+    key = derive_key(bytes(range(32)), "noise")
+    state = _initial_state(key, _nonce(2**40 + 3), 0)
+    # (dtype, first group, outputs): a draw's start, then two groups whose
+    # blocks cross counter 2³¹, then the last two groups a draw can have.
+    cases = [
+        (torch.float32, 0, 2 * GROUP + 37),
+        (torch.float64, 0, 2 * GROUP + 37),
+        (torch.float32, 2**22 - 1, 2 * GROUP),
+        (torch.float64, 2**23 - 2, 2 * GROUP),
+    ]
+    scale = 0.5 * 1.3
+    failures = []
+    for libdevice in (True, False):
+        try:
+            for dtype, g0, n in cases:
+                want = torch.empty(n, dtype=dtype, device=device)
+                _fill_groups(state, g0, want, scale, _words)
+                got = torch.full((n,), math.nan, dtype=dtype, device=device)
+                _chacha_triton.fill_normals(
+                    got, state, scale, first=g0 * GROUP, libdevice=libdevice
+                )
+                if not torch.equal(got, want):
+                    wrong = int((got != want).sum())
+                    raise RuntimeError(
+                        f"{wrong} of {n} {dtype} outputs differ from the torch "
+                        "operations'"
+                    )
+        except Exception as exc:  # noqa: BLE001 - any failure: not trusted
+            failures.append(
+                f"{'libdevice' if libdevice else 'Triton math'}: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            )
+            continue
+
+        def fill(
+            out: torch.Tensor, state: list[int], scale: float, *, _lib: bool = libdevice
+        ) -> torch.Tensor:
+            with _FUSED_LOCK:  # one compile at a time (a draw in the background)
+                return _chacha_triton.fill_normals(out, state, scale, libdevice=_lib)
+
+        def rows(
+            out: torch.Tensor,
+            states: list[list[int]],
+            scale: float,
+            *,
+            _lib: bool = libdevice,
+        ) -> torch.Tensor:
+            with _FUSED_LOCK:
+                return _chacha_triton.fill_rows(out, states, scale, libdevice=_lib)
+
+        why = _probe_rows(device, libdevice, scale)
+        return _Fused(fill, rows if not why else None, why), ""
+    return None, "; ".join(failures)
+
+
+def _probe_rows(device: torch.device, libdevice: bool, scale: float) -> str:
+    """Why the fused kernel of many rows is not trusted on ``device`` ("": it is).
+
+    Three rows (three keys; draws 0, 2⁴⁰ + 3 and 2⁶³ + 5) of a wider tensor,
+    so that rows start unaligned, in float32 and float64, against the torch
+    operations' draws. Runs under :data:`_FUSED_LOCK` (the probe's), so it
+    calls the kernel directly.
+    """
+    from dpfl.sim import _chacha_triton
+
+    n = 2 * GROUP + 37
+    states = [
+        _initial_state(derive_key(bytes([k]) * 32, "noise"), _nonce(draw), 0)
+        for k, draw in ((1, 0), (2, 2**40 + 3), (3, 2**63 + 5))
+    ]
+    try:
+        for dtype in (torch.float32, torch.float64):
+            got = torch.full((len(states), n + 3), math.nan, dtype=dtype, device=device)
+            _chacha_triton.fill_rows(got[:, :n], states, scale, libdevice=libdevice)
+            for r, state in enumerate(states):
+                want = torch.empty(n, dtype=dtype, device=device)
+                _fill_groups(state, 0, want, scale, _words)
+                if not torch.equal(got[r, :n], want):
+                    wrong = int((got[r, :n] != want).sum())
+                    return (
+                        f"{wrong} of {n} {dtype} outputs of row {r} differ from the "
+                        "torch operations'"
+                    )
+            if not bool(got[:, n:].isnan().all()):
+                return "it wrote outside its rows"
+    except Exception as exc:  # noqa: BLE001 - any failure: not trusted
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return ""
+
+
+def noise_kernel(device: str | torch.device) -> str:
+    """What computes a chacha20-v2 draw (float32) on ``device``, for reports.
+
+    ``"openssl"`` (the CPU with ``cryptography``), ``"triton"`` (the fused
+    kernel, probed), ``"torch.compile"``, or ``"torch"`` (eager operations).
+    Probes or compiles the kernels of ``device`` if not done yet.
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return "openssl" if _OPENSSL else "torch"
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if _fused_kernel(device) is not None:
+        return "triton"
+    return "torch" if _words_kernel(device) is _words else "torch.compile"
+
+
 # -- chacha20-v2: the Gaussian transform ------------------------------------------
 def _transform(
     s: torch.Tensor, r: torch.Tensor, t: torch.Tensor, c: torch.Tensor, o: torch.Tensor
@@ -553,6 +763,21 @@ def _fill_chacha20(
         )
     scale = 0.5 * std  # the guard's halving and the std: one exact product
     if target.device.type != "cpu":
+        if compiled and target.dtype in _FUSED_DTYPES:
+            fused = _fused_kernel(target.device)
+            if fused is not None:
+                try:
+                    fused(target, _initial_state(key, _nonce(draw), 0), scale)
+                    return
+                except Exception as exc:  # noqa: BLE001 - failing later: torch ops
+                    log.warning(
+                        "secure noise: the fused Triton kernel failed (%s: %s); "
+                        "using torch operations from now on",
+                        type(exc).__name__,
+                        str(exc).splitlines()[0] if str(exc) else "",
+                    )
+                    with _FUSED_LOCK:
+                        _FUSED[target.device] = f"it failed: {type(exc).__name__}"
         _fill_torch(key, draw, target, scale, compiled)
         return
     with _one_thread():
@@ -584,34 +809,52 @@ def _fill_torch(
     key: bytes, draw: int, target: torch.Tensor, scale: float, compiled: bool = True
 ) -> None:
     """Draw ``draw`` on ``target``'s device from :func:`_words` (torch operations)."""
+    device = target.device
+    kernel = _words_kernel(device) if compiled else _words
+    state = _initial_state(key, _nonce(draw), 0)
+    try:
+        _fill_groups(state, 0, target, scale, kernel)
+    except Exception as exc:  # noqa: BLE001 - a compiled kernel failing later
+        if kernel is _words:
+            raise
+        log.warning(
+            "secure noise: the compiled ChaCha20 kernel failed (%s); using "
+            "eager torch operations from now on",
+            type(exc).__name__,
+        )
+        _COMPILED[device.type] = _words
+        _fill_groups(state, 0, target, scale, _words)
+
+
+def _fill_groups(
+    state: list[int],
+    g0: int,
+    target: torch.Tensor,
+    scale: float,
+    kernel: Callable[[torch.Tensor, int], torch.Tensor],
+) -> None:
+    """Outputs ``GROUP·g0 …`` of the draw whose initial state is ``state``.
+
+    Into the flat ``target``, on its device, with the keystream ``kernel``
+    (:func:`_words` or its compiled form) and the torch transform.
+    """
     n = target.numel()
     device = target.device
     groups = -(-n // GROUP)
-    kernel = _words_kernel(device) if compiled else _words
-    state = _initial_state(key, _nonce(draw), 0)
+    state = list(state)
+    base = state[12]
     per_piece = _CPU_GROUPS if device.type == "cpu" else _DEVICE_GROUPS
-    for g0 in range(0, groups, per_piece):
-        k = min(per_piece, groups - g0)
-        state[12] = g0 * _GROUP_BLOCKS
+    for p0 in range(0, groups, per_piece):
+        k = min(per_piece, groups - p0)
+        state[12] = base + (g0 + p0) * _GROUP_BLOCKS
         init = torch.tensor(state, dtype=torch.int64, device=device)
-        try:
-            s = kernel(init, k * _GROUP_BLOCKS).view(k, 4, GROUP)
-        except Exception as exc:  # noqa: BLE001 - a compiled kernel failing later
-            if kernel is _words:
-                raise
-            log.warning(
-                "secure noise: the compiled ChaCha20 kernel failed (%s); using "
-                "eager torch operations from now on",
-                type(exc).__name__,
-            )
-            kernel = _COMPILED[device.type] = _words
-            s = kernel(init, k * _GROUP_BLOCKS).view(k, 4, GROUP)
+        s = kernel(init, k * _GROUP_BLOCKS).view(k, 4, GROUP)
         r, t, c = (
             torch.empty(k, 2, GROUP, dtype=torch.float64, device=device) for _ in "rtc"
         )
         o = torch.empty(k, GROUP, dtype=torch.float64, device=device)
         _transform(s, r, t, c, o)
-        start = g0 * GROUP
+        start = p0 * GROUP
         m = min(k * GROUP, n - start)
         torch.mul(o.view(-1)[:m], scale, out=target[start : start + m])
 
@@ -774,6 +1017,84 @@ def fill_normal_(
     if isinstance(generator, SecureGenerator):
         return generator.normal_(out, std)
     return out.normal_(0.0, std, generator=generator)
+
+
+def fill_normal_rows_(
+    out: torch.Tensor, generators: Sequence[NoiseGenerator], std: float = 1.0
+) -> torch.Tensor:
+    """Fill row ``j`` of ``out`` with ``N(0, std²)`` from ``generators[j]``, in place.
+
+    Row ``j`` gets exactly what ``fill_normal_(out[j], generators[j], std)``
+    gives, the rows in order (so each generator's next draw, as if the rows
+    were drawn one after another). On CUDA, where every generator is a
+    :class:`SecureGenerator` of ``chacha20-v2`` and the fused Triton kernel
+    of many rows passed its probe on the device, all rows are one kernel
+    launch; otherwise they are drawn one at a time. Used for the per-client
+    noise of a cohort's local steps (one launch a step, not one a client).
+
+    Parameters
+    ----------
+    out : torch.Tensor
+        ``[rows, n]`` floating tensor.
+    generators : sequence of torch.Generator or SecureGenerator
+        One per row.
+    std : float
+        The noise's standard deviation.
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        If ``out`` is not 2-D or there is not one generator per row.
+    """
+    if out.dim() != 2 or len(generators) != out.shape[0]:
+        raise InvalidParameterError(
+            f"out must be [rows, n] with one generator per row; got shape "
+            f"{tuple(out.shape)} and {len(generators)} generators"
+        )
+    rows = (
+        _fused_rows(out.device)  # None except on CUDA
+        if out.shape[0] > 1
+        and out.dtype in _FUSED_DTYPES
+        and out.stride(1) == 1
+        and 0 < out.shape[1] <= MAX_DRAW
+        and all(
+            isinstance(g, SecureGenerator) and g.version == "chacha20-v2"
+            for g in generators
+        )
+        else None
+    )
+    if rows is None:
+        for row, g in zip(out, generators, strict=True):
+            fill_normal_(row, g, std)
+        return out
+    secure = cast(Sequence[SecureGenerator], generators)
+    draws = [g.reserve() for g in secure]
+    states = [
+        _initial_state(g._key, _nonce(d), 0) for g, d in zip(secure, draws, strict=True)
+    ]
+    try:
+        rows(out, states, 0.5 * std)
+    except Exception as exc:  # noqa: BLE001 - failing later: one row at a time
+        log.warning(
+            "secure noise: the fused Triton kernel of many rows failed (%s: %s); "
+            "drawing one row at a time from now on",
+            type(exc).__name__,
+            str(exc).splitlines()[0] if str(exc) else "",
+        )
+        with _FUSED_LOCK:
+            entry = _FUSED.get(out.device)
+            if isinstance(entry, _Fused):
+                _FUSED[out.device] = dataclasses.replace(
+                    entry, rows=None, rows_why=f"it failed: {type(exc).__name__}"
+                )
+        for row, g, d in zip(out, secure, draws, strict=True):
+            g.normal_(row, std, draw=d)
+    return out
 
 
 # -- the key file of a run folder ---------------------------------------------------

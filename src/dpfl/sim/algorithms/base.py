@@ -189,6 +189,14 @@ class Message:
 class Messages:
     """A cohort's messages, stacked in task order.
 
+    Every tensor of a ``Messages`` lives on one device, the device of its
+    ``vectors`` (:attr:`device`): the per-client ``scalars`` (float64) and
+    the ``states`` too. Client steps build them there (:meth:`stack` does);
+    messages computed elsewhere (a replica on another device, a remote
+    worker) are moved with :meth:`to`, and the
+    :class:`~dpfl.sim.loop.Trainer` hands the server step its messages on
+    the algorithm's device.
+
     Attributes
     ----------
     vectors : torch.Tensor
@@ -196,7 +204,7 @@ class Messages:
         ``[1, d]``: their sum (a batched path whose server uses only the sum
         need not form the rows).
     scalars : dict of str to torch.Tensor
-        ``[clients]`` per name (``[1]``, summed, when ``summed``).
+        ``[clients]`` per name (``[1]``, summed, when ``summed``), float64.
     summed : bool
         Whether ``vectors`` and ``scalars`` hold the cohort's sums.
     states : dict of str to torch.Tensor
@@ -209,20 +217,47 @@ class Messages:
     summed: bool = False
     states: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
+    @property
+    def device(self) -> torch.device:
+        """The device of the messages (that of ``vectors``)."""
+        return self.vectors.device
+
+    def to(self, device: str | torch.device) -> Messages:
+        """These messages with every tensor on ``device`` (``self`` if all are)."""
+        device = torch.device(device)
+        tensors = [self.vectors, *self.scalars.values(), *self.states.values()]
+        if all(t.device == device for t in tensors):
+            return self
+        return Messages(
+            self.vectors.to(device),
+            {k: v.to(device) for k, v in self.scalars.items()},
+            summed=self.summed,
+            states={k: v.to(device) for k, v in self.states.items()},
+        )
+
     @classmethod
     def stack(cls, messages: Sequence[Message], like: torch.Tensor) -> Messages:
-        """Stack per-client messages (``like``: a ``[d]`` template for none)."""
+        """Stack per-client messages (``like``: a ``[d]`` template for none).
+
+        Scalars and states go to the vectors' device.
+        """
         if not messages:
             return cls(like.new_zeros(0, like.numel()), {})
+        vectors = torch.stack([m.vector for m in messages])
+        device = vectors.device
         names = messages[0].scalars.keys()
         return cls(
-            torch.stack([m.vector for m in messages]),
+            vectors,
             {
-                k: torch.tensor([m.scalars[k] for m in messages], dtype=torch.float64)
+                k: torch.tensor(
+                    [float(m.scalars[k]) for m in messages],
+                    dtype=torch.float64,
+                    device=device,
+                )
                 for k in names
             },
             states={
-                k: torch.stack([m.state[k] for m in messages])
+                k: torch.stack([m.state[k].to(device) for m in messages])
                 for k in messages[0].state
             },
         )
@@ -232,7 +267,8 @@ class Messages:
         """Join the messages of consecutive shares of one cohort, in order.
 
         Summed shares are added (the cohort's sum); per-client shares are
-        concatenated. Empty shares are skipped.
+        concatenated. Empty shares are skipped. The result is on the first
+        share's device.
 
         Raises
         ------
@@ -246,6 +282,7 @@ class Messages:
             raise DpflError("cannot join summed and per-client messages")
         if len(parts) == 1:
             return parts[0]
+        parts = [p.to(parts[0].device) for p in parts]
         if parts[0].summed:
             return cls(
                 torch.stack([p.vectors for p in parts]).sum(dim=0),
@@ -291,6 +328,9 @@ class Blueprint:
         The data.
     options : dict
         The remaining keyword arguments (σ, ``max_clients``, ...).
+    device : str
+        The device of the algorithm it was taken from (where :meth:`build`
+        puts a replica by default).
     """
 
     algorithm: str
@@ -298,9 +338,21 @@ class Blueprint:
     model: nn.Module
     dataset: FederatedDataset
     options: dict[str, Any]
+    device: str = "cpu"
 
-    def build(self, device: str = "cpu") -> FederatedAlgorithm:
-        """A new algorithm from this blueprint, on ``device``."""
+    def build(self, device: str | None = None) -> FederatedAlgorithm:
+        """A new algorithm from this blueprint, on ``device``.
+
+        Parameters
+        ----------
+        device : str or None
+            The replica's torch device. ``None`` (default): the device of
+            the algorithm the blueprint was taken from when this process has
+            it (a replica in the same process or on a like machine computes
+            where the original does), else the CPU.
+        """
+        if device is None:
+            device = self.device if _device_present(self.device) else "cpu"
         cls = algorithm_class(self.algorithm)
         return cls(
             self.params,
@@ -309,6 +361,15 @@ class Blueprint:
             device=device,
             **self.options,
         )
+
+
+def _device_present(device: str) -> bool:
+    """Whether this process can put tensors on ``device``."""
+    try:
+        torch.empty(0, device=device)
+    except Exception:  # noqa: BLE001 - any refusal (not compiled, no such index)
+        return False
+    return True
 
 
 # -- the registry -----------------------------------------------------------------
@@ -475,6 +536,7 @@ class FederatedAlgorithm(abc.ABC):
             model=copy.deepcopy(self.model).cpu(),
             dataset=self.dataset,
             options=dict(self._blueprint_args),
+            device=self.device,
         )
 
     # -- shared helpers ------------------------------------------------------------

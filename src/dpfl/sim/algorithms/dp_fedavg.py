@@ -553,7 +553,7 @@ class DpFedAvg(FederatedAlgorithm):
             bound = torch.tensor(clips, dtype=torch.float64, device=norms.device)
             factor = torch.where(norms > bound, bound / norms, torch.ones_like(norms))
             updates = updates * factor.to(updates.dtype)[:, None]
-        return Messages(updates, {"norm": norms.cpu()})
+        return Messages(updates, {"norm": norms})
 
     def server_step(
         self, cohort: Cohort, messages: Messages, server: Streams
@@ -567,7 +567,7 @@ class DpFedAvg(FederatedAlgorithm):
         norms = (
             messages.scalars["norm"].to(torch.float64)
             if m_real
-            else torch.zeros(0, dtype=torch.float64)
+            else torch.zeros(0, dtype=torch.float64, device=vectors.device)
         )
         metrics: dict[str, float] = {}
 

@@ -411,7 +411,10 @@ class DsgdRandomParticipation(FederatedAlgorithm):
         m = self._gradient_sum(weights, all_rows)
         return Messages(
             m.vector[None],
-            {k: torch.tensor([v], dtype=torch.float64) for k, v in m.scalars.items()},
+            {
+                k: torch.tensor([v], dtype=torch.float64, device=m.vector.device)
+                for k, v in m.scalars.items()
+            },
             summed=True,
         )
 

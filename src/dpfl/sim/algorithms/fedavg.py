@@ -163,7 +163,7 @@ class FedAvg(FederatedAlgorithm):
         updates, counts = self.local_sgd_updates(
             weights, tasks, streams, **self._local()
         )
-        records = torch.tensor(counts, dtype=torch.float64)
+        records = torch.tensor(counts, dtype=torch.float64, device=updates.device)
         return Messages(updates, {"records": records})
 
     def _local(self) -> dict[str, Any]:
@@ -179,12 +179,17 @@ class FedAvg(FederatedAlgorithm):
         self, cohort: Cohort, messages: Messages, server: Streams
     ) -> dict[str, float]:
         """Server: w ← w + η_s · Σ_k ω_k Δ_k, ω_k = n_k / n_S (or 1/m)."""
+        vectors = messages.vectors
         if self.params.weighting == "records":
             weights = messages.scalars["records"]
             weights = weights / weights.sum()
         else:
-            weights = torch.full((len(cohort.tasks),), 1.0 / len(cohort.tasks))
-        vectors = messages.vectors
+            weights = torch.full(
+                (len(cohort.tasks),),
+                1.0 / len(cohort.tasks),
+                dtype=torch.float64,
+                device=vectors.device,
+            )
         average = (weights.to(vectors.dtype)[:, None] * vectors).sum(dim=0)
         self.apply_update(average, scale=self.params.server_learning_rate)
         return {

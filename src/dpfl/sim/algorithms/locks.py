@@ -86,7 +86,9 @@ batched executors agree.
 
 **Accounting.** Each round records ``TwoStage(q1, m2, 1, Gaussian(σ_n),
 Gaussian(σ_g))`` with participants = S1 and ``extra={"second_stage": S2,
-"max_p2": max_k p2_k}`` (:meth:`Locks.ledger_extra`). The recorded event is
+"max_p2": max_k p2_k}`` (:meth:`Locks.ledger_extra`; max p2 rounded up to
+four significant digits, so that every executor and device records the same
+number: :func:`recorded_max_p2`). The recorded event is
 the one checked before the round (only ``max p2 <= 1`` is known then): the
 mixture price at the realised max p2 would condition on the released norms,
 which only the per-client Gaussian filter below justifies, and the ledger's
@@ -110,6 +112,7 @@ docs/analyses.md.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import math
 from collections.abc import Sequence
 from typing import Any, cast
@@ -144,9 +147,45 @@ from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling import TwoStageSampler
 from dpfl.sim.secure_noise import NoiseGenerator
 
-__all__ = ["Locks", "LocksParams"]
+__all__ = ["MAX_P2_DIGITS", "Locks", "LocksParams", "recorded_max_p2"]
 
 ESTIMATORS = ("unbiased", "weighted")
+#: Significant digits of the realised max p2 in a ledger entry.
+MAX_P2_DIGITS = 4
+
+
+def recorded_max_p2(value: float) -> float:
+    """The realised max p2 as the ledger records it: rounded up to 4 digits.
+
+    p2 derives from the released noisy norms, which the executors (one
+    client at a time, or the cohort at once) and devices compute from the
+    same numbers by float operations in other orders: on a GPU they differ
+    in the tenth significant digit or so (float32 rounding of the trained
+    updates). A ledger entry is a record of the round that every executor
+    must write alike (the contract), so the value goes there at a precision
+    that rounding cannot reach, and rounded up: an upper bound of the
+    realised value (the cap, 1, stays 1).
+
+    Parameters
+    ----------
+    value : float
+        max_k p2_k in [0, 1].
+
+    Returns
+    -------
+    float
+        The smallest number of :data:`MAX_P2_DIGITS` significant decimal
+        digits that is >= ``value`` (``value`` itself when it is 0).
+    """
+    if value <= 0.0 or not math.isfinite(value):
+        return float(value)
+    # The shortest decimal that reads back as ``value`` (0.1, not the double's
+    # 0.1000000000000000055...), rounded up: reading it back gives >= value.
+    shortest = decimal.Decimal(repr(float(value)))
+    step = decimal.Decimal(1).scaleb(shortest.adjusted() - (MAX_P2_DIGITS - 1))
+    return float(shortest.quantize(step, rounding=decimal.ROUND_CEILING))
+
+
 SCHEDULES = ("variance", "constant", "inverse-sqrt")
 NORM_SOURCES = ("current", "stale")
 
@@ -344,11 +383,12 @@ class Locks(FederatedAlgorithm):
     def ledger_extra(self, cohort: Cohort) -> dict[str, Any] | None:
         """``{"second_stage": [ids of S2], "max_p2": max_k p2_k}`` (JSON-ready).
 
-        ``max_p2`` is 0 when S1 was empty.
+        ``max_p2`` is 0 when S1 was empty, and is recorded rounded up to
+        :data:`MAX_P2_DIGITS` significant digits (:func:`recorded_max_p2`).
         """
         return {
             "second_stage": [int(k) for k in cohort.info.get("second_stage", ())],
-            "max_p2": float(cohort.info.get("max_p2", 0.0)),
+            "max_p2": recorded_max_p2(float(cohort.info.get("max_p2", 0.0))),
         }
 
     # -- set-up -----------------------------------------------------------------
@@ -520,7 +560,9 @@ class Locks(FederatedAlgorithm):
                 raise InvalidParameterError(
                     f"norm must be in [0, clip={self.params.clip}]; got {norm!r}"
                 )
-            value = torch.tensor(float(norm), dtype=torch.float64)
+            value = torch.tensor(
+                float(norm), dtype=torch.float64, device=clipped.device
+            )
         norm_t = value.reshape(1, 1)
         if self.norm_noise is None or self.update_noise is None:
             return clipped.clone(), max(self.params.floor, float(norm_t))
@@ -535,7 +577,7 @@ class Locks(FederatedAlgorithm):
         if not self.stale:
             noisy, norm = self.release(clipped, generator)
             return Message(noisy, {"noisy_norm": norm})
-        current = torch.linalg.vector_norm(clipped.to(torch.float64)).cpu()
+        current = torch.linalg.vector_norm(clipped.to(torch.float64))
         held = task.state.get("last_norm")
         last = -1.0 if held is None else float(held)
         stale = None if last < 0 else last  # first time in S1: the current norm
@@ -624,7 +666,9 @@ class Locks(FederatedAlgorithm):
         else:
             pi = p2[chosen]
             a = np.full(len(chosen), 1.0 / self.params.second_stage_size)
-        sent = noisy_updates[torch.as_tensor(chosen, dtype=torch.long)]
+        sent = noisy_updates[
+            torch.as_tensor(chosen, dtype=torch.long, device=noisy_updates.device)
+        ]
         coef = torch.as_tensor(a, dtype=sent.dtype, device=sent.device)
         estimate = coef @ sent if len(chosen) else noisy_updates.new_zeros(d)
         noise_var = d * (self.sigma_g * self.params.clip) ** 2

@@ -572,7 +572,7 @@ class MsPafl(FederatedAlgorithm):
         )
         return Messages(
             messages,
-            {"clipped": clipped.to(torch.float64).cpu()},
+            {"clipped": clipped.to(torch.float64)},
             states={"private": private},
         )
 

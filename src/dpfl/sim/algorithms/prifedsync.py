@@ -101,7 +101,7 @@ from dpfl.sim.grad import (
     ghost_supported,
 )
 from dpfl.sim.local import cohort_adam_step
-from dpfl.sim.privatize import gaussian_noise_like
+from dpfl.sim.privatize import gaussian_noise_rows
 from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling import SyncSampler
 from dpfl.sim.secure_noise import NoiseGenerator
@@ -409,13 +409,9 @@ class PriFedSync(FederatedAlgorithm):
         """
         if self.private:
             std = 2.0 * cast(float, self.params.clip) * self.noise_multiplier
-            noise = torch.stack(
-                [
-                    gaussian_noise_like({"g": row}, std, g)["g"]
-                    for row, g in zip(sums, generators)
-                ]
-            )
-            sums = sums + noise
+            # every client's noise of the step in one draw (one kernel launch
+            # on CUDA with secure noise), row j from client j's generator
+            sums = sums + gaussian_noise_rows(sums, std, generators)
         return sums / float(self.params.batch_size)
 
     def _local_update(

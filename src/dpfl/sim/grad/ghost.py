@@ -94,7 +94,9 @@ def own_parameters(model: nn.Module, params: Mapping[str, torch.Tensor]) -> bool
     True when each tensor of ``params`` is (a detached alias of) the model's
     parameter of that name (same memory, shape, strides, dtype) and every
     parameter requires grad, so calling the model directly builds the same
-    graph as ``functional_call`` with fresh leaves.
+    graph as ``functional_call`` with fresh leaves. False where memory is not
+    addressable (a data pointer of 0: an empty tensor, or a backend without
+    storage such as torch's lazy tensors), since sameness cannot be told.
     """
     count = 0
     for lname, module in model_layers(model).layers:
@@ -106,6 +108,7 @@ def own_parameters(model: nn.Module, params: Mapping[str, torch.Tensor]) -> bool
             if (
                 t is None
                 or not param.requires_grad
+                or t.data_ptr() == 0
                 or t.data_ptr() != param.data_ptr()
                 or t.shape != param.shape
                 or t.stride() != param.stride()
