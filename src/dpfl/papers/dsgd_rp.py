@@ -247,18 +247,11 @@ def _random_participation() -> list[Table]:
             else:
                 why = f"differs; {proven}"
             rows.append([label, f"{analysis} ({status})", value, shown, agree, why])
-        lower = _configurations(d, 2.372 if d == 30 else 0.7417, p, q)
-        rows.append(
-            [
-                label,
-                "configuration search: δ of concrete configurations at σ = "
-                f"{2.372 if d == 30 else 0.7417}",
-                None,
-                lower,
-                None,
-                "a lower bound on any valid analysis's δ at that σ",
-            ]
-        )
+        at = 2.372 if d == 30 else 0.7417
+        search = f"configuration search: δ of concrete configurations at σ = {at}"
+        lower = _configurations(d, at, p, q)
+        why = "a lower bound on any valid analysis's δ at that σ"
+        rows.append([label, search, None, lower, None, why])
     t1 = Table(
         "§6.1-6.2: noise multiplier σ for one round at (ε, δ) = (0.015, 1e-6), C = 1",
         ["scenario", "analysis", "printed σ", "dpfl σ", "agrees", "why"],
@@ -285,15 +278,8 @@ def _random_participation() -> list[Table]:
     eps_adv, delta_adv = composition.strong_drv(
         epsilon=0.015, delta=1e-6, count=10_000, delta_slack=1e-6
     )
-    comp_rows.append(
-        [
-            "per-round (0.015, 1e-6)",
-            "advanced composition (DRV)",
-            delta_adv,
-            eps_adv,
-            None,
-        ]
-    )
+    drv = ["per-round (0.015, 1e-6)", "advanced composition (DRV)"]
+    comp_rows.append([*drv, delta_adv, eps_adv, None])
     t2 = Table(
         f"Composition over T = 10,000 rounds, scenario 1, σ = {sigma} (not in the "
         "paper, which stops at per-round guarantees)",
