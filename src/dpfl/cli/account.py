@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from dpfl.cli.flags import Parser
+from dpfl.cli.flags import CALIBRATED_EPSILON, Parser, narrow
 
 __all__ = ["add_subcommands"]
 
@@ -50,5 +50,7 @@ def add_subcommands(
                         "(proven: a valid bound; open: not known to be one; "
                         "invalid: not a worst-case bound, for comparison)"
                     )
+            if mode == "calibrate":  # the ε a noise multiplier is calibrated to
+                narrow(sp, "epsilon", **CALIBRATED_EPSILON)
             handler = paper.account if mode == "account" else paper.calibrate
             sp.set_defaults(handler=handler)

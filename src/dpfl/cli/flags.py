@@ -18,9 +18,18 @@ import math
 import re
 from typing import Any, NoReturn
 
-from dpfl._validate import MAX_EPSILON, MAX_ROUNDS, MAX_SEED, NOISE_RANGE
+from dpfl._validate import (
+    MAX_CALIBRATED_EPSILON,
+    MAX_EPSILON,
+    MAX_ROUNDS,
+    MAX_SEED,
+    MIN_DELTA,
+    NOISE_RANGE,
+    parse_number,
+)
 
 __all__ = [
+    "CALIBRATED_EPSILON",
     "EXIT_INTERRUPTED",
     "FLAG_DOMAINS",
     "MAX_CLIENTS",
@@ -141,13 +150,12 @@ class Domain:
         bad = argparse.ArgumentTypeError(
             f"must be {self.describe()}; got {shown(text)}"
         )
-        raw = text.strip()
-        if len(raw) > 40 or not raw:
-            raise bad
-        try:
-            value: Any = int(raw) if self.kind is int else float(raw)
+        try:  # the one spelling of a number (dpfl._validate.parse_number)
+            value: Any = parse_number(text, integer=self.kind is int)
         except ValueError:
             raise bad from None
+        if self.kind is float:
+            value = float(value)
         if math.isnan(value):
             raise bad
         low_ok = value > self.low if self.low_open else value >= self.low
@@ -163,10 +171,23 @@ def _ints(low: int, high: int, why: str = "") -> Domain:
 
 _PROBABILITY = Domain(float, 0.0, 1.0, low_open=True)
 _OPEN_UNIT = Domain(float, 0.0, 1.0, low_open=True, high_open=True)
+_DELTA = Domain(
+    float,
+    MIN_DELTA,
+    1.0,
+    high_open=True,
+    why=" (below 1e-15 the accounting's double-precision rounding exceeds delta)",
+)
 _POSITIVE = Domain(float, 0.0, math.inf, low_open=True, high_open=True)
 _EPSILON = Domain(
     float, 0.0, MAX_EPSILON, low_open=True, why=" (e^epsilon must stay finite)"
 )
+#: The ε ``dpfl calibrate`` calibrates to (its ``epsilon`` flag, :func:`narrow`).
+CALIBRATED_EPSILON = {
+    "high": MAX_CALIBRATED_EPSILON,
+    "why": " (no guarantee is left past it, and the noise it allows is too small "
+    "to price in bounded time)",
+}
 _ROUNDS = _ints(1, MAX_ROUNDS, " (the range the accounting answers in bounded time)")
 _RECORDS = _ints(1, MAX_RECORDS, " (the accounting's memory grows with it)")
 _NOISE = Domain(
@@ -186,10 +207,10 @@ FLAG_DOMAINS: dict[str, Domain] = {
     "probability": _PROBABILITY,
     "sync_probability": _PROBABILITY,
     "participation": _PROBABILITY,
-    "delta": _OPEN_UNIT,
-    "local_delta": _OPEN_UNIT,
+    "delta": _DELTA,
+    "local_delta": _DELTA,
     "confidence": _OPEN_UNIT,
-    "threshold": _OPEN_UNIT,
+    "threshold": _DELTA,
     "epsilon": _EPSILON,
     "local_epsilon": _EPSILON,
     "noise_multiplier": _NOISE,

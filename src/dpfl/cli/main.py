@@ -77,6 +77,38 @@ def _flag_first(message: str, args: argparse.Namespace) -> str:
     return f"--{dest.replace('_', '-')}: {message}"
 
 
+#: Commands whose computation grows with their inputs and is bounded in time.
+_TIMED = ("account", "calibrate")
+
+
+def _answer_in_time(args: argparse.Namespace) -> Any:
+    """An accounting command answers within :data:`~dpfl._deadline.ANSWER_SECONDS`.
+
+    Past it, the command is refused in one line naming its inputs (the
+    accounting's cost grows with rounds and records, as epsilon grows and
+    as delta shrinks); other commands run without a limit here.
+    """
+    import contextlib
+
+    from dpfl._deadline import ANSWER_SECONDS, time_limit
+
+    if getattr(args, "command", None) not in _TIMED:
+        return contextlib.nullcontext()
+    shown_inputs = ", ".join(
+        f"--{k.replace('_', '-')} {v:g}"
+        for k, v in _inputs(args).items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    )
+    return time_limit(
+        ANSWER_SECONDS,
+        f"{args.command} {getattr(args, 'scheme', '')}: no answer within "
+        f"{ANSWER_SECONDS:g} s for {shown_inputs} (the accounting's cost grows "
+        "with the rounds and records, as epsilon grows and as delta shrinks); "
+        "use smaller values (a larger --delta, a smaller --epsilon, fewer "
+        "--rounds)",
+    )
+
+
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:
     """The options a command ran with (for ``--json``: a script logs them)."""
     skip = {"handler", "json", "plot", "command", "default_delta"}
@@ -160,7 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.delta = args.default_delta
     try:
         with _quiet():
-            outcome = args.handler(args)
+            with _answer_in_time(args):  # the answer; a --plot is extra work
+                outcome = args.handler(args)
             if isinstance(outcome, Report):
                 print(
                     outcome.to_json(_inputs(args))
