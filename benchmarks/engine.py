@@ -50,7 +50,7 @@ threads sleep between operations; kind to a shared machine) slows the
 non-private round more than the DP round, libgomp's default spin (300,000
 rounds) the reverse, and one thread sits between. The timed processes run
 with ``GOMP_SPINCOUNT`` as the ``dpfl`` command line sets it
-(``dpfl.cli.GOMP_SPINCOUNT``, 10,000: the non-private round is as fast as
+(``dpfl._runtime.GOMP_SPINCOUNT``, 10,000: the non-private round is as fast as
 with the default spin, and the DP round's noise draw no longer competes with
 a spinning worker); ``--omp-spincount default`` leaves libgomp's default,
 and an ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` in the environment is kept.
@@ -83,8 +83,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from dpfl._runtime import GOMP_SPINCOUNT, openmp_defaults
 from dpfl.accounting.ledger import PrivacyLedger
-from dpfl.cli import GOMP_SPINCOUNT, openmp_defaults
 from dpfl.data import synthetic_images
 from dpfl.models import PaperCNN
 from dpfl.sim.algorithms import build_algorithm

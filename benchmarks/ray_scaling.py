@@ -33,7 +33,7 @@ processes and the shared-memory object store are not counted. The final
 weights of every variant are compared with ``batched`` (``max |Δθ|``).
 
 The timed processes run with ``GOMP_SPINCOUNT`` as the ``dpfl`` command line
-sets it (``dpfl.cli.openmp_defaults``); the Ray workers inherit it.
+sets it (``dpfl._runtime.openmp_defaults``); the Ray workers inherit it.
 
 Usage::
 
@@ -208,7 +208,7 @@ def main() -> None:
         print(json.dumps(child(args)))
         return
 
-    from dpfl.cli import openmp_defaults
+    from dpfl._runtime import openmp_defaults
 
     env = dict(os.environ)
     openmp_defaults(env)

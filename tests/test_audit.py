@@ -167,7 +167,7 @@ def test_collinear_companions_log_ratio_matches_a_direct_mixture():
 def test_the_audit_command_reports_the_bound_beside_the_analyses(capsys):
     import json
 
-    from dpfl.cli import main
+    from dpfl.cli.main import main
 
     argv = [
         "audit",

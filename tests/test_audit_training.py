@@ -12,7 +12,7 @@ from scipy import stats
 
 from dpfl.audit.onerun import one_run_epsilon, one_run_guesses, one_run_p_value
 from dpfl.audit.training import audit_training, canary_run
-from dpfl.cli import main
+from dpfl.cli.main import main
 from dpfl.data import get_dataset
 from dpfl.errors import InvalidParameterError
 from dpfl.models import build_model

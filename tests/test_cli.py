@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dpfl.cli import main
+from dpfl.cli.main import main
 
 TERMS = {"unit", "neighbouring", "adversary", "analysis"}
 
@@ -300,7 +300,7 @@ def test_command_line_shortens_the_openmp_spin_unless_the_user_chose(env, want):
     # runs in a fresh interpreter, and torch must still be unloaded after main.
     code = (
         "import os, sys\n"
-        "from dpfl.cli import main\n"
+        "from dpfl.cli.main import main\n"
         "main(['account', 'gaussian', '--noise-multiplier', '2', "
         "'--delta', '1e-5'])\n"
         "print('torch' in sys.modules, os.environ.get('GOMP_SPINCOUNT'))\n"

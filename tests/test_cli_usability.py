@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 import dpfl
-from dpfl.cli import AUDIT_FIGURES, DEFAULT_DELTA, build_parser, main
+from dpfl.cli.main import build_parser, main
 from dpfl.experiments import runner
 from dpfl.experiments.config import load_config
+from dpfl.papers import audits
+from dpfl.papers.base import DEFAULT_DELTA
 
 PRESET = Path(__file__).resolve().parent.parent / "presets" / "dp-fedavg-digits.yaml"
 
@@ -86,7 +88,7 @@ def test_plot_offered_only_where_it_draws() -> None:
     for path, parser in LEAVES:
         has_plot = any("--plot" in a.option_strings for a in parser._actions)
         if path[0] == "account" or tuple(path[:2]) in {
-            ("audit", n) for n in AUDIT_FIGURES
+            ("audit", a.name) for a in audits() if a.figure
         }:
             assert has_plot, path  # curves, or the training audits' trade-off figure
         elif path[0] in ("calibrate", "audit"):
@@ -202,7 +204,7 @@ class Block:
         if name.split(".")[0] in ("torch", "ray"):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, Block())
-from dpfl.cli import main
+from dpfl.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -294,3 +296,28 @@ def test_analysis_help_gives_each_status() -> None:
     for a in schemes.scheme_of(event).analyses:
         assert f"{a.name} ({a.status})" in text
     assert "sound (proven)" in text and "wcs (proven)" in text
+
+
+def test_a_new_command_is_one_module(tmp_path, monkeypatch, capsys) -> None:
+    # One file on the package's path with add_subcommands, and nothing else:
+    # dpfl --help lists it and dpfl runs it.
+    import dpfl.cli
+    from dpfl.cli.main import command_modules
+
+    (tmp_path / "hello.py").write_text(
+        "def add_subcommands(subparsers):\n"
+        "    p = subparsers.add_parser('hello', help='say hello')\n"
+        "    p.add_argument('--name', default='world', help='who')\n"
+        "    p.set_defaults(handler=lambda a: print(f'hello {a.name}'))\n"
+    )
+    monkeypatch.setattr(dpfl.cli, "__path__", [*dpfl.cli.__path__, str(tmp_path)])
+    try:
+        names = [m.__name__.rpartition(".")[2] for m in command_modules()]
+        assert names == ["account", "audit", "data", "hello", "train"]
+        assert "hello" in build_parser().format_help()
+        assert main(["hello", "--name", "dpfl"]) == 0
+        assert capsys.readouterr().out == "hello dpfl\n"
+    finally:
+        sys.modules.pop("dpfl.cli.hello", None)
+        if hasattr(dpfl.cli, "hello"):
+            delattr(dpfl.cli, "hello")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpfl.cli import main
+from dpfl.cli.main import main
 from dpfl.data import DatasetNotFoundError, load_adult, load_cifar10, load_mnist
 from dpfl.data import fetch as fetch_mod
 from dpfl.data.fetch import SOURCES, fetch, plan

@@ -106,7 +106,7 @@ def test_documented_commands_are_found():
     ids=lambda v: " ".join(v) if isinstance(v, list) else v,
 )
 def test_documented_command_parses(source, argv):
-    from dpfl.cli import build_parser
+    from dpfl.cli.main import build_parser
 
     if argv and argv[0] in ("train", "resume", "plot", "reproduce", "demo"):
         pytest.importorskip("torch")

@@ -38,7 +38,7 @@ def test_accounting_imports_neither_torch_nor_ray_nor_flower():
     # without the training or distribution extras: `pip install dpfl` then
     # `dpfl account ...` must work on a machine without torch, ray or flwr.
     code = (
-        "import sys, pkgutil, importlib, dpfl.accounting, dpfl.cli\n"
+        "import sys, pkgutil, importlib, dpfl.accounting, dpfl.cli.main\n"
         "names = [m.name for m in pkgutil.walk_packages("
         "dpfl.accounting.__path__, 'dpfl.accounting.')]\n"
         "assert len(names) > 10, names\n"
@@ -54,7 +54,7 @@ def test_the_simulator_does_not_import_ray_or_flower():
     # CLI load them only when a run asks for them.
     code = (
         "import sys, dpfl.sim.loop, dpfl.sim.algorithms, dpfl.experiments.runner, "
-        "dpfl.cli\n"
+        "dpfl.cli.main\n"
         "bad = sorted({'ray', 'flwr'} & set(sys.modules))\n"
         "assert not bad, f'imported {bad}'\n"
     )

@@ -8,7 +8,7 @@ ways, within a time bound:
 
 * exit 0 with a valid result (``--json``: strict JSON, no ``NaN`` or
   ``Infinity``), and only if every drawn value lies in its flag's domain
-  (:data:`dpfl.cli.FLAG_DOMAINS`), so no invalid value is accepted
+  (:data:`dpfl.cli.flags.FLAG_DOMAINS`), so no invalid value is accepted
   silently;
 * exit 2 with exactly one short line on stderr that names the flag (or, for
   a constraint between flags, the library parameter it set).
@@ -36,7 +36,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpfl.cli import FLAG_DOMAINS, build_parser, main
+from dpfl.cli.flags import FLAG_DOMAINS
+from dpfl.cli.main import build_parser, main
 
 #: Seconds one command may take before the example fails as a hang.
 HANG_SECONDS = 60
@@ -560,7 +561,7 @@ def test_every_numeric_flag_has_a_domain() -> None:
 
 
 def test_json_never_prints_infinity(capsys: Any) -> None:
-    from dpfl.cli import Report
+    from dpfl.papers.report import Report
 
     report = Report("t", {"epsilon": math.inf, "ratio": -math.inf, "x": math.nan})
     out = _strict(report.to_json({"epsilon": math.inf}))

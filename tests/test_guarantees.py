@@ -23,7 +23,7 @@ from dpfl.accounting import gaussian, schemes
 from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.calibrate import calibrate_noise_multiplier
 from dpfl.accounting.ledger import PrivacyLedger
-from dpfl.cli import main
+from dpfl.cli.main import main
 from dpfl.errors import DpflError, InvalidParameterError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ MODULES = [
     "dpfl.accounting.rdp",
     "dpfl.data",
     "dpfl.errors",
-    "dpfl.cli",
+    "dpfl.cli.main",
     "dpfl.sim.grad",
     "dpfl.sim.grad.layers",
     "dpfl.sim.local",

@@ -267,7 +267,7 @@ def test_plots(tmp_path):
 
 
 def test_cli_train_and_errors(tmp_path, capsys):
-    from dpfl.experiments.cli import add_subcommands
+    from dpfl.cli.train import add_subcommands
 
     parser = argparse.ArgumentParser(prog="dpfl")
     add_subcommands(parser.add_subparsers(dest="command", required=True))
@@ -288,7 +288,7 @@ def test_cli_train_and_errors(tmp_path, capsys):
 
 def test_importing_experiments_and_cli_does_not_import_torch():
     code = (
-        "import sys, dpfl.experiments, dpfl.experiments.cli, dpfl.plotting;"
+        "import sys, dpfl.experiments, dpfl.cli.train, dpfl.plotting;"
         "print('torch' in sys.modules)"
     )
     out = subprocess.run(

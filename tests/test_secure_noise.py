@@ -500,8 +500,8 @@ def test_key_file_is_private_written_once_and_never_in_config_or_checkpoint(
 def test_the_report_says_which_noise_was_used(tmp_path):
     import json
 
+    from dpfl.cli.train import _summary
     from dpfl.experiments import run
-    from dpfl.experiments.cli import _summary
 
     for secure, label in ((True, "secure"), (False, "reproducible (seeded")):
         result = run(tiny(tmp_path, f"r{secure}", secure=secure), progress=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dpfl.cli import main
+from dpfl.cli.main import main
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.experiments.config import ConfigError
 from dpfl.experiments.sweep import parse_seeds, run_sweep, split_overrides

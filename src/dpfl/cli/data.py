@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-from typing import Any
 
-__all__ = ["add_data_subcommand"]
+__all__ = ["add_subcommands"]
 
 # Data sets that need no files, and how they come.
 _BUILT_IN = {
@@ -77,7 +76,9 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_data_subcommand(subparsers: Any) -> None:
+def add_subcommands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
     """Register ``dpfl data`` with its ``list`` and ``fetch`` subcommands.
 
     Parameters

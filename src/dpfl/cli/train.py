@@ -1,4 +1,4 @@
-"""Subcommands ``train``, ``resume``, ``sweep``, ``plot``, ``demo``, ``reproduce``.
+"""Subcommands ``train``, ``sweep``, ``reproduce``, ``resume``, ``plot``, ``demo``.
 
 :func:`add_subcommands` registers them on the top-level parser's subparsers;
 each handler is stored as the ``handler`` default and returns an exit status.
@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dpfl.cli.flags import EXIT_INTERRUPTED, narrow
+
 __all__ = ["add_subcommands"]
 
 
@@ -28,7 +30,7 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
     it writing to a closed stream.)
     """
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 
@@ -101,10 +103,6 @@ def _summary(result: Any) -> str:
             f"adversary: {row['adversary']}"
         )
     return "\n".join(lines)
-
-
-#: Exit status of a run stopped by Ctrl-C (128 + SIGINT, the shell's convention).
-EXIT_INTERRUPTED = 130
 
 
 def _finish(result: Any) -> int:
@@ -210,10 +208,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from dpfl.experiments.reproduce import PAPERS, reproduce
+    from dpfl.papers import REPRODUCTIONS, reproduce
 
     _logging()
-    papers = sorted(PAPERS) if args.paper == "all" else [args.paper]
+    papers = sorted(REPRODUCTIONS) if args.paper == "all" else [args.paper]
     for paper in papers:
         path = reproduce(
             paper,
@@ -254,8 +252,10 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_subcommands(subparsers: Any) -> None:
-    """Register ``train``, ``resume``, ``plot`` and ``demo``.
+def add_subcommands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    """Register ``train``, ``sweep``, ``reproduce``, ``resume``, ``plot`` and ``demo``.
 
     Parameters
     ----------
@@ -419,9 +419,6 @@ def add_subcommands(subparsers: Any) -> None:
         help="output folder (relative to the current directory)",
     )
     p.add_argument("--rounds", type=int, help="number of rounds (default 100)")
+    narrow(p, "rounds", high=10_000, why="")  # four runs of --rounds rounds each
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=_demo)
-
-    from dpfl.data.cli import add_data_subcommand
-
-    add_data_subcommand(subparsers)
