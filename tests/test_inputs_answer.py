@@ -298,21 +298,30 @@ def test_a_round_that_cannot_be_priced_in_time_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sigma: Any, named: str
 ) -> None:
     # One round is priced before the run, as `dpfl account` prices it: within
-    # its time limit (50 s; 1 s here), at the given sigma or, before a
-    # calibration, at sigma = 1. Under the sound analysis, p = 1e-30 took
-    # minutes for one round (the run would price every round so), and its
-    # calibration ran into the 10-minute limit; a plain round takes about a
-    # second.
+    # its time limit (50 s), at the given sigma or, before a calibration, at
+    # sigma = 1. Under the sound analysis, p = 1e-30 once took minutes for one
+    # round (the run would price every round so) and its calibration ran into
+    # the 10-minute limit. The accounting now prices it in about a second, so
+    # here the pricing is made slow (10 s) and the limit short (0.2 s): what is
+    # tested is that a round not priced in time is refused, naming the keys.
     import dpfl._deadline
+    from dpfl.experiments import runner
 
-    monkeypatch.setattr(dpfl._deadline, "ANSWER_SECONDS", 1.0)
+    price = runner._price_one_round
+
+    def slow_price(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(10)
+        return price(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_price_one_round", slow_price)
+    monkeypatch.setattr(dpfl._deadline, "ANSWER_SECONDS", 0.2)
     start = time.monotonic()
     change = {
         "algorithm": {"params": {"participation_probability": 1e-30}},
         "privacy": {"noise_multiplier": sigma},
     }
     line = check_refuses(tmp_path, change, f"privacy.noise_multiplier {named}")
-    assert "was not priced within 1 s" in line and "privacy.analysis sound" in line
+    assert "was not priced within 0.2 s" in line and "privacy.analysis sound" in line
     assert time.monotonic() - start < 30
 
 

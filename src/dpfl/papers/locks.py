@@ -72,11 +72,11 @@ def _flags(p: argparse.ArgumentParser, calibrate: bool) -> None:
 
 def event(a: argparse.Namespace, sigma: float) -> Any:
     """One round at update noise multiplier ``sigma``, from the flags."""
+    from dpfl._validate import check_norm_noise
     from dpfl.accounting import events as ev
 
-    return ev.TwoStage(
-        a.q1, 1, a.max_p2, ev.Gaussian(a.norm_noise_ratio * sigma), ev.Gaussian(sigma)
-    )
+    sigma_n = check_norm_noise(a.norm_noise_ratio, sigma)
+    return ev.TwoStage(a.q1, 1, a.max_p2, ev.Gaussian(sigma_n), ev.Gaussian(sigma))
 
 
 def account(a: argparse.Namespace) -> Report:
