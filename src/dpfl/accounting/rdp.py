@@ -33,8 +33,8 @@ default first; the statuses are those of
     The same Poisson reading with a tight PLD accountant.
 
 LOCKS: :func:`locks_server_view` (exact Gaussian composition of a client's
-realised releases against the server, which sees who sent what) and
-:func:`locks_report` (both views of a run, from its ledger).
+realised releases against the server, which sees who sent what); both views
+of a recorded run are :func:`dpfl.accounting.reports.locks_report`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,6 @@ __all__ = [
     "dp_fedavg_delta",
     "dp_fedavg_epsilon",
     "dp_fedavg_stop_round",
-    "locks_report",
     "locks_server_view",
     "rdp_to_dp",
 ]
@@ -575,98 +574,4 @@ def locks_server_view(
         "which the client released N1 norms and N2 updates",
         "analysis": "server",
         "status": "proven",
-    }
-
-
-def locks_report(
-    ledger: Any,
-    *,
-    noise_multiplier: float,
-    norm_noise_ratio: float,
-    event: Any,
-    delta: float | None = None,
-) -> dict[str, Any]:
-    """LOCKS: the worst client's guarantee of a run, for the server and observers.
-
-    The norm noise is ``σ_n = norm_noise_ratio · σ_g`` (σ_g =
-    ``noise_multiplier``): the two scales move together when σ is calibrated.
-
-    Parameters
-    ----------
-    ledger : dpfl.accounting.ledger.PrivacyLedger
-        The run's ledger: participants = S1 and ``extra["second_stage"]`` = S2
-        in every entry.
-    noise_multiplier : float
-        σ_g > 0, noise std of each uploaded update in units of the clip.
-    norm_noise_ratio : float
-        σ_n / σ_g > 0.
-    event : Event
-        The run's round event (``TwoStage``), for the observer view's terms.
-    delta : float, optional
-        Target δ (default: the ledger budget's δ).
-
-    Returns
-    -------
-    dict
-        ``"rounds"``, ``"delta"``; ``"server_view"``: the most exposed
-        client's realised N1 (noisy norms sent) and N2 (noisy updates sent)
-        composed by :func:`locks_server_view` (zero-out; also
-        ``epsilon_replace_one``), with ``epsilon_ledger`` (the ledger's
-        figure for that client) and ``client``; ``"observer_view"``: the
-        ledger's ε for parties that see only the released models, which dpfl
-        bounds by the server's view (no amplification is claimed: the noise is
-        added by the clients, so the aggregate's noise level reveals who took
-        part), with the guarantee's terms.
-
-    Raises
-    ------
-    dpfl.errors.InvalidParameterError
-        If no δ is given and the ledger has no budget, or a parameter is out
-        of its domain.
-
-    References
-    ----------
-    "LOCKS: User differentially private and federated optimal client
-    sampling", Theorem 5.3; Dong, Roth & Su (2022), Corollary 3.3;
-    docs/analyses.md.
-    """
-    from dpfl.accounting import schemes
-
-    sg = check_positive("noise_multiplier", noise_multiplier)
-    sn = sg * check_positive("norm_noise_ratio", norm_noise_ratio)
-    if delta is None:
-        if ledger.budget is None:
-            raise InvalidParameterError(
-                "delta must be given when the ledger has no budget"
-            )
-        delta = ledger.budget.delta
-    dlt = check_delta("delta", delta)
-    worst, bound = ledger.worst_unit(dlt, analysis="server")
-    n1 = n2 = 0
-    for entry in ledger.entries:
-        if worst is not None and worst in (entry.participants or ()):
-            n1 += 1
-            n2 += worst in entry.extra.get("second_stage", ())
-    kw: dict[str, Any] = {
-        "norm_noise_multiplier": sn,
-        "update_noise_multiplier": sg,
-        "norm_rounds": n1,
-        "update_rounds": n2,
-        "delta": dlt,
-    }
-    server = locks_server_view(**kw)
-    server["epsilon_replace_one"] = locks_server_view(**kw, neighbouring="replace-one")[
-        "epsilon"
-    ]
-    server["epsilon_ledger"] = bound.upper
-    server["client"] = worst
-    observer = {
-        "epsilon": ledger.epsilon(dlt, analysis="observer").upper,
-        **schemes.describe(event, "observer"),
-    }
-    return {
-        "rounds": ledger.rounds,
-        "delta": dlt,
-        "server_view": server,
-        "observer_view": observer,
     }
