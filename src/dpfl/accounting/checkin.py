@@ -47,7 +47,8 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
-from dpfl.accounting import composition, fdp, gaussian
+from dpfl.accounting import composition, fdp, gaussian, pricing, schemes
+from dpfl.accounting import events as ev
 from dpfl.accounting._quiet import quiet
 from dpfl.errors import InvalidParameterError
 
@@ -785,3 +786,19 @@ def pld_subsampled_local(
     with quiet():
         composed = one.self_compose(n) if n > 1 else one
         return float(composed.get_epsilon_for_delta(dlt))
+
+
+# -- the price of a CheckIn round (registered with the Accountant) -------------
+@pricing.prices(ev.CheckIn)
+def _price_check_in(
+    event: ev.CheckIn, *, analysis: str, discretization: float
+) -> pricing.PldPair:
+    if analysis == "paper":
+        # The paper's amplification by the check-in probability: every round's
+        # replace-one release Poisson(p)-subsampled (not a valid bound).
+        cost, _ = schemes.participant_costs(event)["participant"]
+        return pricing.poisson_of_gaussian(event.probability, cost, discretization)
+    # The server sees who checked in: w.p. p the full release, else nothing.
+    return pricing.public_mixture(
+        pricing.exclusive(schemes.participant_costs(event)), "exact", discretization
+    )

@@ -57,6 +57,8 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
+from dpfl.accounting import events as ev
+from dpfl.accounting import pricing
 from dpfl.accounting.bounds import Bound, Guarantee
 from dpfl.accounting.gaussian import (
     _check_alpha,
@@ -64,7 +66,7 @@ from dpfl.accounting.gaussian import (
     gdp_epsilon,
     gdp_mu,
 )
-from dpfl.errors import InvalidParameterError
+from dpfl.errors import InvalidParameterError, UnsupportedEventError
 
 __all__ = [
     "clt_mu",
@@ -1228,3 +1230,62 @@ def _pld_support(pld: PrivacyLossDistribution) -> np.ndarray:
     if not supports:  # pragma: no cover
         return np.arange(-15000, 15001) * 1e-3
     return np.unique(np.concatenate(supports))
+
+
+# -- the price of sampling without replacement (registered with the Accountant) --
+def _replace_one_subsampled(
+    rate: float, inner: ev.Event, discretization: float
+) -> pricing.PldPair:
+    """C_rate(G_mu) symmetrised: uniform subset without replacement, replace-one.
+
+    A replaced contribution moves the sum by up to twice its norm, so the
+    Gaussian's sensitivity doubles (the convention of
+    :mod:`dpfl.accounting.schemes`).
+    """
+    sigma = pricing.unit_gaussian(inner)
+    if sigma is None:
+        raise UnsupportedEventError(
+            f"sampling without replacement is priced over a Gaussian; got {inner!r}"
+        )
+    # fdp's noise multiplier is the one whose single step is G_{1/sigma}.
+    kw: dict[str, Any] = {
+        "noise_multiplier": sigma / 2.0,
+        "sampling_probability": rate,
+        "value_discretization": discretization,
+    }
+    return (
+        subsampled_gaussian_pld(pessimistic=True, **kw),
+        subsampled_gaussian_pld(pessimistic=False, **kw),
+    )
+
+
+@pricing.prices(ev.WithoutReplacement)
+def _price_without_replacement(
+    event: ev.WithoutReplacement, *, analysis: str, discretization: float
+) -> pricing.PldPair:
+    return _replace_one_subsampled(
+        event.sampling_probability, event.event, discretization
+    )
+
+
+@pricing.prices(ev.FixedCohort)
+def _price_fixed_cohort(
+    event: ev.FixedCohort, *, analysis: str, discretization: float
+) -> pricing.PldPair:
+    if analysis in ("sound-rdp", "paper", "paper-rdp"):
+        raise UnsupportedEventError(
+            f"the {analysis!r} analysis of a fixed cohort is a Renyi-DP "
+            "accountant, not a privacy-loss distribution: use "
+            "dpfl.accounting.rdp.dp_fedavg_epsilon, or a ledger with the "
+            "moments-accountant guard (dpfl.accounting.guards) "
+            "for the paper's stop rule"
+        )
+    if analysis == "paper-pld":
+        # Geyer et al.'s reading: the cohort as Poisson sampling at rate m/K
+        # (add/remove); not valid for fixed-size cohorts.
+        return pricing.poisson_of_gaussian(
+            event.sampling_probability, event.event, discretization
+        )
+    return _replace_one_subsampled(
+        event.sampling_probability, event.event, discretization
+    )

@@ -40,6 +40,7 @@ of a recorded run are :func:`dpfl.accounting.reports.locks_report`.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -56,7 +57,8 @@ from dpfl._validate import (
     check_nonnegative,
     check_positive,
 )
-from dpfl.accounting import gaussian
+from dpfl.accounting import events as ev
+from dpfl.accounting import gaussian, pricing, schemes
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.accounting.bounds import Bound
 from dpfl.accounting.events import FixedCohort, Gaussian
@@ -575,3 +577,21 @@ def locks_server_view(
         "analysis": "server",
         "status": "proven",
     }
+
+
+# -- the price of a TwoStage (LOCKS) round (registered with the Accountant) ----
+@pricing.canonical.register
+def _(event: ev.TwoStage) -> ev.Event:
+    # The price depends on q1, the largest p2 and the two noise levels only.
+    return dataclasses.replace(event, second_stage_size=1)
+
+
+@pricing.prices(ev.TwoStage)
+def _price_two_stage(
+    event: ev.TwoStage, *, analysis: str, discretization: float
+) -> pricing.PldPair:
+    # Server view (and observer view, bounded by it): w.p. q1 the noisy norm,
+    # and w.p. at most q1 * max p2 also the noisy update; who took part is seen.
+    return pricing.public_mixture(
+        pricing.exclusive(schemes.participant_costs(event)), "exact", discretization
+    )

@@ -93,8 +93,8 @@ from dpfl._files import atomic_write as _atomic_write
 from dpfl._files import digest as _digest
 from dpfl._files import read_jsonl
 from dpfl.accounting import events as ev
-from dpfl.accounting import schemes
-from dpfl.accounting.ledger import Budget, PrivacyLedger, ledger_class
+from dpfl.accounting import guards, schemes
+from dpfl.accounting.ledger import Budget, PrivacyLedger
 from dpfl.errors import DpflError
 from dpfl.experiments import rundir
 from dpfl.experiments.config import (
@@ -335,8 +335,12 @@ def _ledger(config: RunConfig, run_dir: Path, run: str | None = None) -> Privacy
         if math.isinf(priv.epsilon) or not private
         else Budget(priv.epsilon, priv.delta)
     )
-    return ledger_class(priv.guard)(
-        budget, analysis=priv.analysis, path=run_dir / LEDGER, run=run
+    return PrivacyLedger(
+        budget,
+        analysis=priv.analysis,
+        path=run_dir / LEDGER,
+        run=run,
+        guard=guards.guard(priv.guard),
     )
 
 
@@ -653,9 +657,7 @@ def _noise_levels(tree: Any) -> list[float]:
 def _check_ledger(ledger: PrivacyLedger, config: RunConfig) -> None:
     priv = config.privacy
     budget = ledger.budget
-    analysis = (
-        priv.analysis if priv.guard == "accountant" else ledger_class(priv.guard).rule  # type: ignore[attr-defined]
-    )
+    analysis = priv.analysis or guards.guard(priv.guard).analysis
     unbudgeted = math.isinf(priv.epsilon) or not priv.noise_multiplier
     same_budget = (budget is None and unbudgeted) or (
         budget is not None
