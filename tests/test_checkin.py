@@ -8,7 +8,7 @@ import mpmath
 import pytest
 from scipy import stats
 
-from dpfl.accounting import checkin, composition
+from dpfl.accounting import checkin, composition, reports
 from dpfl.errors import InvalidParameterError
 
 # docs/analyses.md example, reverse-engineered (notes/checkin.md): local
@@ -367,7 +367,7 @@ def test_ms_pafl_report_sound_entry_is_sound_under_a_paper_run():
     # (the ledger's PLD bracket tolerance).
     from scipy import optimize, special
 
-    from dpfl.accounting import checkin, events
+    from dpfl.accounting import events
     from dpfl.accounting.ledger import PrivacyLedger
 
     sigma, rounds, delta = 2.0, 12, 1e-5
@@ -375,7 +375,7 @@ def test_ms_pafl_report_sound_entry_is_sound_under_a_paper_run():
     event = events.CheckIn(0.3, events.Gaussian(sigma))
     for r in range(rounds):
         ledger.record(event, participants=[0] if r % 2 == 0 else [1, 0])
-    report = checkin.ms_pafl_report(
+    report = reports.ms_pafl_report(
         ledger,
         noise_multiplier=sigma,
         clip=1.0,

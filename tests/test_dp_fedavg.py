@@ -16,7 +16,8 @@ from torch import nn
 from dpfl.accounting import events as ev
 from dpfl.accounting import rdp
 from dpfl.accounting.accountant import Accountant
-from dpfl.accounting.ledger import Budget, MomentsAccountantLedger, PrivacyLedger
+from dpfl.accounting.guards import MomentsAccountantGuard
+from dpfl.accounting.ledger import Budget, PrivacyLedger
 from dpfl.data import FederatedDataset, federate, load_digits
 from dpfl.errors import BudgetExceededError, InvalidParameterError
 from dpfl.sim.algorithms import build_algorithm
@@ -253,7 +254,7 @@ def test_median_clipping_stops_at_q_where_the_moments_accountant_says(
     )
     assert stop == 4  # Abadi et al.'s rule: first round with δ > Q
     alg = make(digits_iid, sigma, cohort_size=m, clipping="median", learning_rate=0.05)
-    ledger = MomentsAccountantLedger(Budget(epsilon=eps, delta=q))
+    ledger = PrivacyLedger(Budget(epsilon=eps, delta=q), guard=MomentsAccountantGuard())
     trainer = Trainer(alg, ledger=ledger, seed=1)
 
     # Execute: train until the guard refuses.

@@ -11,7 +11,8 @@ import torch
 import yaml
 
 from dpfl.accounting import events as ev
-from dpfl.accounting import gaussian, rdp
+from dpfl.accounting import gaussian
+from dpfl.accounting import reports as acc_reports
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data import FederatedDataset, get_dataset
 from dpfl.errors import InvalidParameterError
@@ -147,7 +148,7 @@ def test_trainer_records_two_stage_rounds_and_both_views():
         n1[list(entry.participants)] += 1
         n2[s2] += 1
     rep = Locks.paper_report(alg.params, alg.stats, 1.0, ledger, 1e-5)
-    assert rep == rdp.locks_report(
+    assert rep == acc_reports.locks_report(
         ledger,
         noise_multiplier=1.0,
         norm_noise_ratio=5.0,
@@ -180,7 +181,7 @@ def test_trainer_records_two_stage_rounds_and_both_views():
 
 def test_locks_report_needs_a_delta_without_a_budget():
     with pytest.raises(InvalidParameterError):
-        rdp.locks_report(
+        acc_reports.locks_report(
             PrivacyLedger(None),
             noise_multiplier=1.0,
             norm_noise_ratio=4.0,

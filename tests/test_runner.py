@@ -382,7 +382,17 @@ def test_dp_fedavg_moments_accountant_guard_stops_and_resumes(tmp_path, monkeypa
 def test_moments_accountant_guard_config_errors(tmp_path):
     from dpfl.experiments.config import ConfigError
 
-    with pytest.raises(ConfigError, match="needs algorithm.name 'dp-fedavg'"):
+    # the tiny run's rounds are random participation, not fixed cohorts: the
+    # scheme table offers only the Accountant's guard for them, and the run
+    # refuses before any work
+    config = tiny(
+        tmp_path,
+        privacy={"guard": "moments-accountant", "allow_unproven": True},
+    )
+    with pytest.raises(ConfigError, match=r"guard must be one of \['accountant'\]"):
+        run(config, progress=False)
+    assert not (config.run_dir / "ledger.json").exists()
+    with pytest.raises(ConfigError, match="needs privacy.allow_unproven"):
         tiny(tmp_path, privacy={"guard": "moments-accountant"})
     with pytest.raises(ConfigError, match="guard"):
         tiny(tmp_path, privacy={"guard": "nope"})

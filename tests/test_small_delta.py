@@ -27,7 +27,7 @@ from dp_accounting.pld import privacy_loss_distribution as dpl
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize, special, stats
 
-from dpfl.accounting import accountant
+from dpfl.accounting import accountant, pricing
 from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.events import CheckIn, Gaussian, PoissonSampled, TwoStage
 
@@ -273,7 +273,7 @@ def test_mixture_rounds_of_several_steps_are_composed_in_one_transform():
     sigma, steps, rate, rounds, delta = 3.0, 5, 0.05, 200, 1e-10
 
     def build(h):
-        up, lo = accountant.gaussian_pld_pair(
+        up, lo = pricing.gaussian_pld_pair(
             noise_multiplier=sigma, sampling_probability=1.0, discretization=h
         )
         return [pld.MixturePart((rate,), (up,), (lo,), (steps,), rounds)]

@@ -12,8 +12,13 @@ of random participation's Figure 4),
 price it, with their status.
 """
 
+# the formula modules register their events' prices (dpfl.accounting.pricing)
+from dpfl.accounting import checkin as _checkin  # noqa: F401
 from dpfl.accounting import checkins_balle
-from dpfl.accounting.accountant import Accountant, price
+from dpfl.accounting import fdp as _fdp  # noqa: F401
+from dpfl.accounting import participation as _participation  # noqa: F401
+from dpfl.accounting import rdp as _rdp  # noqa: F401
+from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.bounds import Bound, Guarantee
 from dpfl.accounting.calibrate import (
     CertifiesEverySigma,
@@ -22,6 +27,7 @@ from dpfl.accounting.calibrate import (
     calibrate_sampling_rate,
     solve_noise_multiplier,
 )
+from dpfl.accounting.cohorts import CohortRecordPoisson
 from dpfl.accounting.events import (
     CheckIn,
     ClientPoisson,
@@ -37,13 +43,9 @@ from dpfl.accounting.events import (
     event_to_dict,
     scale_noise,
 )
-from dpfl.accounting.ledger import (
-    Budget,
-    LedgerEntry,
-    MomentsAccountantLedger,
-    PrivacyLedger,
-    RdpLedger,
-)
+from dpfl.accounting.guards import Guard, MomentsAccountantGuard, RdpGuard
+from dpfl.accounting.ledger import Budget, LedgerEntry, PrivacyLedger
+from dpfl.accounting.pricing import price, prices
 from dpfl.accounting.schemes import Analysis, Scheme, describe, scheme_of
 
 __all__ = [
@@ -54,15 +56,17 @@ __all__ = [
     "CertifiesEverySigma",
     "CheckIn",
     "ClientPoisson",
+    "CohortRecordPoisson",
     "Event",
     "FixedCohort",
     "Gaussian",
     "Guarantee",
+    "Guard",
     "LedgerEntry",
-    "MomentsAccountantLedger",
+    "MomentsAccountantGuard",
     "PoissonSampled",
     "PrivacyLedger",
-    "RdpLedger",
+    "RdpGuard",
     "RecordPoisson",
     "Scheme",
     "SelfComposed",
@@ -76,6 +80,7 @@ __all__ = [
     "event_from_dict",
     "event_to_dict",
     "price",
+    "prices",
     "scale_noise",
     "scheme_of",
     "solve_noise_multiplier",

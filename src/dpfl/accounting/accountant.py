@@ -7,9 +7,11 @@ optimistic discretisation of the *same* analysis. The value discretisation is
 refined until the two agree within ``tolerance`` (relative) or the size cap is
 reached; the achieved gap is visible in the returned bound.
 
-Events are priced by :func:`price`, a ``functools.singledispatch`` function:
-each event class registers how to turn itself into an (upper, lower) pair of
-dp_accounting privacy-loss distributions for a given analysis.
+Events are priced by :func:`dpfl.accounting.pricing.price`, a registry that
+each formula module fills, next to its formula, with how an event class turns
+into an (upper, lower) pair of dp_accounting privacy-loss distributions for a
+given analysis (:func:`dpfl.accounting.pricing.prices`).
+:meth:`Accountant.supports` says whether an event can be priced.
 """
 
 from __future__ import annotations
@@ -17,99 +19,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from dpfl._validate import check_count, check_delta, check_nonnegative
 from dpfl.accounting import events as ev
 from dpfl.accounting import gaussian, mixture, pld, schemes
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.accounting.bounds import Bound
-from dpfl.errors import InvalidParameterError, UnsupportedEventError
+from dpfl.accounting.pricing import (
+    PLD,
+    PldPair,
+    canonical,
+    exclusive,
+    price,
+    supports,
+    unit_gaussian,
+)
+from dpfl.errors import InvalidParameterError
 
-__all__ = ["Accountant", "price"]
-
-PLD: TypeAlias = pld_lib.PrivacyLossDistribution
-PldPair = tuple[PLD, PLD]
-
-
-@functools.singledispatch
-def price(event: ev.Event, *, analysis: str, discretization: float) -> PldPair:
-    """Return (pessimistic, optimistic) PLDs of one ``event`` under ``analysis``.
-
-    Parameters
-    ----------
-    event : Event
-        The release to price.
-    analysis : str
-        Which analysis of the event's scheme to use (a name the scheme offers,
-        see :mod:`dpfl.accounting.schemes`).
-    discretization : float
-        Value discretisation interval of the privacy-loss grid.
-
-    Returns
-    -------
-    tuple of PrivacyLossDistribution
-        An upper (certified) and a lower PLD.
-
-    Raises
-    ------
-    UnsupportedEventError
-        If no pricing is registered for the event's class.
-    """
-    raise UnsupportedEventError(
-        f"no privacy-loss distribution is known for event {type(event).__name__}; "
-        f"supported: {sorted(c.__name__ for c in price.registry if c is not object)}"
-    )
-
-
-@price.register
-def _(event: ev.SelfComposed, *, analysis: str, discretization: float) -> PldPair:
-    up, lo = price(event.event, analysis=analysis, discretization=discretization)
-    return pld.self_compose(up, event.count), pld.self_compose(lo, event.count)
-
-
-@functools.singledispatch
-def canonical(event: ev.Event) -> ev.Event:
-    """Return the event with fields that do not affect its price normalised.
-
-    Rounds whose events differ only in such fields are composed as one event
-    (one PLD, one self-composition) instead of one by one.
-    """
-    return event
-
-
-@canonical.register
-def _(event: ev.TwoStage) -> ev.Event:
-    # The price depends on q1, the largest p2 and the two noise levels only.
-    return dataclasses.replace(event, second_stage_size=1)
-
-
-@canonical.register
-def _(event: ev.PoissonSampled) -> ev.Event:
-    # Sampling with probability 1 is no sampling: the Gaussian itself, whose
-    # composition has a closed form (Dong, Roth and Su 2022, Corollary 3.3).
-    if event.sampling_probability == 1.0 and isinstance(event.event, ev.Gaussian):
-        return event.event
-    return event
-
-
-@canonical.register
-def _(event: ev.ClientPoisson) -> ev.Event:
-    # Client-level Poisson sampling of a Gaussian prices as PoissonSampled.
-    if isinstance(event.event, ev.Gaussian):
-        return canonical(ev.PoissonSampled(event.sampling_probability, event.event))
-    return event
-
-
-@canonical.register
-def _(event: ev.RecordPoisson) -> ev.Event:
-    # Without client sampling the record count d does not enter the price.
-    if isinstance(event.event, ev.Gaussian):
-        return canonical(ev.PoissonSampled(event.sampling_probability, event.event))
-    return event
+__all__ = ["Accountant"]
 
 
 class Accountant:
@@ -284,6 +214,16 @@ class Accountant:
                 return Bound(b.lower, 0.5 * (b.lower + rdp_up), rdp_up, "rdp-fallback")
         return dataclasses.replace(b, method=method)
 
+    @staticmethod
+    def supports(event: ev.Event) -> bool:
+        """Whether ``event`` can be priced (some module registered its price).
+
+        A composed event (e.g. :class:`~dpfl.accounting.events.SelfComposed`)
+        is supported if its class is; its inner events are checked when it is
+        priced.
+        """
+        return supports(event)
+
     def describe(self) -> list[dict[str, Any]]:
         """The terms, analysis and status of each distinct composed event.
 
@@ -306,217 +246,6 @@ class Accountant:
         return self._bracket(epsilon=check_nonnegative("epsilon", epsilon))
 
 
-# -- standard events: dp_accounting's own PLDs ----------------------------------
-def gaussian_pld_pair(
-    *, noise_multiplier: float, sampling_probability: float, discretization: float
-) -> PldPair:
-    """Add/remove Poisson-subsampled Gaussian (sensitivity 1): upper and lower PLD.
-
-    Built by :mod:`dpfl.accounting.pld` as the one-label mixture pair
-    ``((1-q) N(0) + q N(1), N(0))``: connect-the-dots above, a grid garbling
-    of the true pair below, both second-order accurate in the grid step.
-    """
-    q = sampling_probability
-    pair = pld.MixturePair.create([0.0, 1.0], [1.0 - q, q], [1.0, 0.0])
-    with _quiet():
-        up, lo = pld.pld_bounds_from_label_mixture(
-            [(1.0, pair)],
-            noise_std=noise_multiplier,
-            value_discretization=discretization,
-            relative_spacing=min(0.05, 100.0 * discretization),
-            tail_mass=_ROUND_TAIL,
-        )
-    return up, lo
-
-
-#: Mass of one round's loss cut off at the top (it goes to +infinity in the
-#: upper PLD): 1e5 rounds then leave 1e-19 at +infinity, far below the
-#: smallest delta (1e-15) a query asks about.
-_ROUND_TAIL = 1e-24
-
-
-def _unit_gaussian(event: ev.Event) -> float | None:
-    """Noise multiplier per unit sensitivity if ``event`` is a Gaussian, else None."""
-    if isinstance(event, ev.Gaussian):
-        return event.noise_multiplier / event.sensitivity
-    return None
-
-
-@price.register
-def _(event: ev.Gaussian, *, analysis: str, discretization: float) -> PldPair:
-    return gaussian_pld_pair(
-        noise_multiplier=event.noise_multiplier / event.sensitivity,
-        sampling_probability=1.0,
-        discretization=discretization,
-    )
-
-
-def _poisson_of_gaussian(
-    rate: float, inner: ev.Event, discretization: float
-) -> PldPair:
-    sigma = _unit_gaussian(inner)
-    if sigma is None:
-        raise UnsupportedEventError(
-            f"Poisson sampling is priced over a Gaussian event; got {inner!r}"
-        )
-    return gaussian_pld_pair(
-        noise_multiplier=sigma,
-        sampling_probability=rate,
-        discretization=discretization,
-    )
-
-
-@price.register
-def _(event: ev.PoissonSampled, *, analysis: str, discretization: float) -> PldPair:
-    return _poisson_of_gaussian(event.sampling_probability, event.event, discretization)
-
-
-@price.register
-def _(event: ev.ClientPoisson, *, analysis: str, discretization: float) -> PldPair:
-    inner = event.event
-    if isinstance(inner, ev.RecordPoisson):
-        # Random participation: one of the paper's analyses.
-        from dpfl.accounting import participation
-
-        sigma = _unit_gaussian(inner.event)
-        if sigma is None:
-            raise UnsupportedEventError(
-                "random participation is priced over a Gaussian event; "
-                f"got {inner.event!r}"
-            )
-        kw: dict[str, Any] = {
-            "participation_probability": event.sampling_probability,
-            "record_probability": inner.sampling_probability,
-            "records_per_client": inner.records_per_client,
-            "noise_multiplier": sigma,
-            "analysis": analysis,
-            "value_discretization": discretization,
-        }
-        return (
-            participation.participation_pld(pessimistic=True, **kw),
-            participation.participation_pld(pessimistic=False, **kw),
-        )
-    # Client-level Poisson sampling of a Gaussian sum (add/remove one client).
-    return _poisson_of_gaussian(event.sampling_probability, inner, discretization)
-
-
-def _replace_one_subsampled(
-    rate: float, inner: ev.Event, discretization: float
-) -> PldPair:
-    """C_rate(G_mu) symmetrised: uniform subset without replacement, replace-one.
-
-    A replaced contribution moves the sum by up to twice its norm, so the
-    Gaussian's sensitivity doubles (the convention of
-    :mod:`dpfl.accounting.schemes`).
-    """
-    from dpfl.accounting import fdp
-
-    sigma = _unit_gaussian(inner)
-    if sigma is None:
-        raise UnsupportedEventError(
-            f"sampling without replacement is priced over a Gaussian; got {inner!r}"
-        )
-    # fdp's noise multiplier is the one whose single step is G_{1/sigma}.
-    kw: dict[str, Any] = {
-        "noise_multiplier": sigma / 2.0,
-        "sampling_probability": rate,
-        "value_discretization": discretization,
-    }
-    return (
-        fdp.subsampled_gaussian_pld(pessimistic=True, **kw),
-        fdp.subsampled_gaussian_pld(pessimistic=False, **kw),
-    )
-
-
-@price.register
-def _(event: ev.WithoutReplacement, *, analysis: str, discretization: float) -> PldPair:
-    return _replace_one_subsampled(
-        event.sampling_probability, event.event, discretization
-    )
-
-
-@price.register
-def _(event: ev.FixedCohort, *, analysis: str, discretization: float) -> PldPair:
-    if analysis in ("sound-rdp", "paper", "paper-rdp"):
-        raise UnsupportedEventError(
-            f"the {analysis!r} analysis of a fixed cohort is a Renyi-DP "
-            "accountant, not a privacy-loss distribution: use "
-            "dpfl.accounting.rdp.dp_fedavg_epsilon, or a MomentsAccountantLedger "
-            "for the paper's stop rule"
-        )
-    if analysis == "paper-pld":
-        # Geyer et al.'s reading: the cohort as Poisson sampling at rate m/K
-        # (add/remove); not valid for fixed-size cohorts.
-        return _poisson_of_gaussian(
-            event.sampling_probability, event.event, discretization
-        )
-    return _replace_one_subsampled(
-        event.sampling_probability, event.event, discretization
-    )
-
-
-def _public_mixture(
-    parts: list[tuple[float, ev.Event]], analysis: str, discretization: float
-) -> PldPair:
-    """Price "w.p. w_j release j, and the adversary sees which" (else nothing)."""
-    priced = [
-        (w, price(e, analysis=analysis, discretization=discretization))
-        for w, e in parts
-        if w > 0
-    ]
-    if not priced:
-        return gaussian_pld_pair(
-            noise_multiplier=1.0,
-            sampling_probability=0.0,
-            discretization=discretization,
-        )
-    return (
-        pld.public_mixture([(w, up) for w, (up, _) in priced]),
-        pld.public_mixture([(w, lo) for w, (_, lo) in priced]),
-    )
-
-
-def _exclusive(
-    costs: dict[str, tuple[ev.Event, float]],
-) -> list[tuple[float, ev.Event]]:
-    """Turn "role or worse w.p. at most p_r" (worst first) into exclusive weights."""
-    out: list[tuple[float, ev.Event]] = []
-    covered = 0.0
-    for cost, prob in costs.values():
-        out.append((max(prob - covered, 0.0), cost))
-        covered = max(covered, prob)
-    return out
-
-
-@price.register
-def _(event: ev.CheckIn, *, analysis: str, discretization: float) -> PldPair:
-    if analysis == "paper":
-        # The paper's amplification by the check-in probability: every round's
-        # replace-one release Poisson(p)-subsampled (not a valid bound).
-        cost, _ = schemes.participant_costs(event)["participant"]
-        return _poisson_of_gaussian(event.probability, cost, discretization)
-    # The server sees who checked in: w.p. p the full release, else nothing.
-    return _public_mixture(
-        _exclusive(schemes.participant_costs(event)), "exact", discretization
-    )
-
-
-@price.register
-def _(event: ev.TwoStage, *, analysis: str, discretization: float) -> PldPair:
-    # Server view (and observer view, bounded by it): w.p. q1 the noisy norm,
-    # and w.p. at most q1 * max p2 also the noisy update; who took part is seen.
-    return _public_mixture(
-        _exclusive(schemes.participant_costs(event)), "exact", discretization
-    )
-
-
-@price.register
-def _(event: ev.RecordPoisson, *, analysis: str, discretization: float) -> PldPair:
-    # Without client sampling, a record of a client is in the round's sum w.p. q:
-    # the Poisson-subsampled Gaussian at rate q (OLS, Theorem 5.1).
-    return _poisson_of_gaussian(event.sampling_probability, event.event, discretization)
-
-
 def _mixture_part(
     event: ev.Event, analysis: str | None, h: float, count: int
 ) -> pld.MixturePart | None:
@@ -532,7 +261,7 @@ def _mixture_part(
     elif not isinstance(event, ev.TwoStage):
         return None
     weights, ups, lows, powers = [], [], [], []
-    for weight, cost in _exclusive(schemes.participant_costs(event)):
+    for weight, cost in exclusive(schemes.participant_costs(event)):
         if weight <= 0:
             continue
         steps = 1
@@ -681,7 +410,7 @@ def _public_gaussian_roles(
     elif not isinstance(event, ev.TwoStage):
         return None
     roles = []
-    for weight, cost in _exclusive(schemes.participant_costs(event)):
+    for weight, cost in exclusive(schemes.participant_costs(event)):
         mu2 = _gaussian_mu2(cost)
         if mu2 is None:
             return None
@@ -833,9 +562,9 @@ def _rdp_upper(
             count *= inner.count
             inner = canonical(inner.event)
         if isinstance(inner, ev.Gaussian):
-            rate, sigma = 1.0, _unit_gaussian(inner)
+            rate, sigma = 1.0, unit_gaussian(inner)
         elif isinstance(inner, ev.PoissonSampled):
-            rate, sigma = inner.sampling_probability, _unit_gaussian(inner.event)
+            rate, sigma = inner.sampling_probability, unit_gaussian(inner.event)
         else:
             return None
         if sigma is None:

@@ -16,9 +16,10 @@ reconstructed in docs/analyses.md, next to dpfl's sound replacements (docs/analy
 * :func:`sound_client` — the rigorous default of docs/analyses.md: no γ or p
   amplification against the parameter server, exact Gaussian composition;
 * :func:`pld_subsampled_local` — docs/analyses.md: the exact privacy-loss
-  distribution of C_γ(G_{2C/σ}) composed over the rounds joined;
-* :func:`ms_pafl_report` — a run's guarantee from its ledger: the sound
-  figure beside the paper's Theorems 2-4, each labelled.
+  distribution of C_γ(G_{2C/σ}) composed over the rounds joined.
+
+A run's guarantee from its ledger (the sound figure beside the paper's
+Theorems 2-4) is :func:`dpfl.accounting.reports.ms_pafl_report`.
 
 Units and sign conventions
 --------------------------
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -46,12 +47,10 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
-from dpfl.accounting import composition, fdp, gaussian
+from dpfl.accounting import composition, fdp, gaussian, pricing, schemes
+from dpfl.accounting import events as ev
 from dpfl.accounting._quiet import quiet
-from dpfl.errors import DpflError, InvalidParameterError
-
-if TYPE_CHECKING:
-    from dpfl.accounting.ledger import PrivacyLedger
+from dpfl.errors import InvalidParameterError
 
 __all__ = [
     "amplified",
@@ -62,7 +61,6 @@ __all__ = [
     "hoeffding_tail",
     "lemma1_sigma",
     "local_total_moments",
-    "ms_pafl_report",
     "pld_subsampled_local",
     "poisson_binomial_tail",
     "sound_client",
@@ -790,162 +788,17 @@ def pld_subsampled_local(
         return float(composed.get_epsilon_for_delta(dlt))
 
 
-# ---------------------------------------------------------------------------
-# A run's report
-# ---------------------------------------------------------------------------
-def ms_pafl_report(
-    ledger: PrivacyLedger,
-    *,
-    noise_multiplier: float,
-    clip: float,
-    probabilities: Sequence[float] | np.ndarray,
-    local_epsilon: float,
-    local_delta: float,
-    gamma: float,
-    xi: float,
-    delta: float,
-) -> dict[str, Any]:
-    """An MS-PAFL run's guarantee: the sound figure and the paper's, labelled.
-
-    Parameters
-    ----------
-    ledger : PrivacyLedger
-        The run's ledger (rounds recorded with their participants).
-    noise_multiplier : float
-        Each message's noise std in units of ``clip`` (> 0).
-    clip : float
-        Clip norm C (> 0) of the public update.
-    probabilities : sequence of float
-        The clients' check-in probabilities p_k.
-    local_epsilon, local_delta : float
-        The per-round local (ε, δ) of one message (Lemma 1 / Theorem 1).
-    gamma : float
-        γ: the probability that a record is touched in a round's local steps
-        (:func:`subsampling_ratio`, the largest over the clients).
-    xi : float
-        Hoeffding parameter ξ in (0, 1) of Theorem 2.
-    delta : float
-        Target δ of the totals.
-
-    Returns
-    -------
-    dict
-        ``"rounds"``, ``"delta"``; ``"sound"``: max over clients of the
-        ledger's per-client ε (un-amplified Gaussian composed over the rounds
-        each client joined; ``rounds_joined_max``, an exact-GDP cross-check
-        ``epsilon_gdp``, and the terms). With at least one round also
-        ``"paper_ledger"`` (the ledger's ε under the paper's analysis: CheckIn
-        amplified as Poisson(p) over all rounds), ``"paper_central_round"``
-        (Theorem 2's (ε_c, δ_c) of one round of the global public model, eq. 19
-        with the clients' own p_k, for the most exposed client),
-        ``"paper_global_total"`` (Theorem 4) and ``"paper_local_total"``
-        (Theorem 3). Each paper figure carries a ``caveat``; a figure whose
-        formula does not apply holds ``{"error": reason}``.
-
-    Raises
-    ------
-    InvalidParameterError
-        If a parameter is outside its domain.
-
-    References
-    ----------
-    Li, Wang, Tian, Wang & Su, "MS-PAFL", arXiv 2509.25906, Theorems 2-4;
-    docs/analyses.md.
-    """
-    z = check_positive("noise_multiplier", noise_multiplier)
-    c = check_positive("clip", clip)
-    delta = check_delta("delta", delta)
-    probs = _probabilities("probabilities", probabilities)
-    rounds = ledger.rounds
-    counts: dict[int, int] = {}
-    for entry in ledger.entries:
-        for k in entry.participants or ():
-            counts[k] = counts.get(k, 0) + 1
-    out: dict[str, Any] = {"rounds": rounds, "delta": delta}
-    if counts:
-        worst = max(counts, key=lambda k: (counts[k], -k))
-        # the sound figure whatever analysis the run itself was charged under
-        bound = ledger.client_epsilon(worst, delta, analysis="sound")
-        n_max = counts[worst]
-    else:
-        worst, n_max, bound = -1, 0, None
-    gdp = sound_client(noise_multiplier=z, clip=c, rounds_joined=n_max, delta=delta)
-    out["sound"] = {
-        "epsilon": 0.0 if bound is None else bound.upper,
-        "bound": bound,
-        "epsilon_gdp": gdp["epsilon"],
-        "client": worst,
-        "rounds_joined_max": n_max,
-        "unit": "record (and client: Δ = 2C bounds any change of D_k)",
-        "neighbouring": "replace-one",
-        "adversary": "the parameter server (sees each message and who checked in)",
-        "analysis": "sound: un-amplified Gaussian, composed over the rounds "
-        "the client joined (docs/analyses.md)",
-    }
-    if rounds == 0:
-        return out
-    try:
-        paper = ledger.epsilon(delta, analysis="paper").upper
-    except DpflError as exc:
-        out["paper_ledger"] = {"error": str(exc)}
-    else:
-        out["paper_ledger"] = {
-            "epsilon": paper,
-            "analysis": "paper: every round's release amplified by check-in as "
-            "Poisson(max p_k), composed over all rounds (PLD)",
-            "caveat": "not valid against the server, which sees who checked in "
-            "(docs/analyses.md)",
-        }
-    try:
-        # Theorem 2 in its heterogeneous form (eq. 19): Σ_j p_j check-ins
-        # expected; the figure is the most exposed client's (largest p_k).
-        eps_cs, delta_cs = central_round_clients(
-            epsilon=local_epsilon,
-            delta=local_delta,
-            probabilities=probs,
-            gammas=gamma,
-            xi=xi,
-        )
-        eps_c, delta_c = float(eps_cs.max()), float(delta_cs.max())
-        out["paper_central_round"] = {
-            "epsilon": eps_c,
-            "delta": delta_c,
-            "local_epsilon": local_epsilon,
-            "local_delta": local_delta,
-            "gamma": gamma,
-            "xi": xi,
-            "analysis": "paper: Theorem 2 / Corollary 1, eq. 19 with the "
-            "clients' own p_k (exact Poisson-binomial tail), for the client "
-            "with the largest p_k",
-            "caveat": "protects against parties that see the global public "
-            "model only, assumes σ from Lemma 1 and γ amplification, which "
-            "the persistent private part invalidates (docs/analyses.md)",
-        }
-        eps_g, delta_g = global_total(
-            eps_max=eps_c, delta_max=delta_c, rounds=rounds, delta_slack=delta
-        )
-        out["paper_global_total"] = {
-            "epsilon": eps_g,
-            "delta": delta_g,
-            "analysis": "paper: Theorem 4 (strong composition, DRV)",
-            "caveat": "composes the per-round Theorem-2 figure; same caveat",
-        }
-    except InvalidParameterError as exc:
-        out["paper_central_round"] = {"error": str(exc)}
-        out["paper_global_total"] = {"error": str(exc)}
-    if gamma < 1:
-        local = local_total_moments(
-            probability=float(probs.max()),
-            rounds=rounds,
-            gamma=gamma,
-            noise_multiplier=z,
-            clip=c,
-            delta=delta,
-        )
-        local["caveat"] = (
-            "uses the expected p·R rounds and γ amplification (docs/analyses.md)"
-        )
-        out["paper_local_total"] = local
-    else:
-        out["paper_local_total"] = {"error": "γ = 1: no data subsampling"}
-    return out
+# -- the price of a CheckIn round (registered with the Accountant) -------------
+@pricing.prices(ev.CheckIn)
+def _price_check_in(
+    event: ev.CheckIn, *, analysis: str, discretization: float
+) -> pricing.PldPair:
+    if analysis == "paper":
+        # The paper's amplification by the check-in probability: every round's
+        # replace-one release Poisson(p)-subsampled (not a valid bound).
+        cost, _ = schemes.participant_costs(event)["participant"]
+        return pricing.poisson_of_gaussian(event.probability, cost, discretization)
+    # The server sees who checked in: w.p. p the full release, else nothing.
+    return pricing.public_mixture(
+        pricing.exclusive(schemes.participant_costs(event)), "exact", discretization
+    )

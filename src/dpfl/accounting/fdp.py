@@ -42,7 +42,7 @@ import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from dp_accounting.pld import pld_pmf, privacy_loss_mechanism
@@ -57,6 +57,8 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
+from dpfl.accounting import events as ev
+from dpfl.accounting import pricing
 from dpfl.accounting.bounds import Bound, Guarantee
 from dpfl.accounting.gaussian import (
     _check_alpha,
@@ -64,10 +66,7 @@ from dpfl.accounting.gaussian import (
     gdp_epsilon,
     gdp_mu,
 )
-from dpfl.errors import InvalidParameterError
-
-if TYPE_CHECKING:
-    from dpfl.accounting.ledger import PrivacyLedger
+from dpfl.errors import InvalidParameterError, UnsupportedEventError
 
 __all__ = [
     "clt_mu",
@@ -76,7 +75,6 @@ __all__ = [
     "exact_epsilon",
     "identity_tradeoff",
     "mu_effective",
-    "prifedsync_report",
     "strong_federated",
     "subsampled_gaussian_delta",
     "subsampled_gaussian_pld",
@@ -1196,106 +1194,6 @@ def strong_federated(
     return g
 
 
-def prifedsync_report(
-    ledger: PrivacyLedger,
-    *,
-    delta: float,
-    noise_multiplier: float,
-    batch_size: int,
-    records_per_client: int,
-    local_steps: int,
-    num_clients: int,
-) -> dict[str, Any]:
-    """Weak and strong federated f-DP of a PriFedSync run recorded in ``ledger``.
-
-    Every round charges each synced client the same event, and ε grows with
-    the number of compositions, so the least private client is the one that
-    synced most often (``R_max`` rounds); ``ledger.client_epsilon`` of that
-    client is the run's sound ε. It is reported beside the exact
-    :func:`weak_federated` and :func:`strong_federated` guarantees for
-    ``K · R_max`` steps and the paper's CLT μ (an approximation, not a
-    bound), at ``R_max`` and at the total number of rounds ``R`` (the
-    paper's tables charge every client all ``R`` rounds).
-
-    Parameters
-    ----------
-    ledger : PrivacyLedger
-        The run's ledger (rounds recorded with their synced clients).
-    delta : float
-        δ in (0, 1).
-    noise_multiplier : float
-        The paper's σ (> 0): noise std ``2Cσ`` on a step's clipped sum.
-    batch_size : int
-        B records per local step.
-    records_per_client : int
-        n, the smallest client's number of records.
-    local_steps : int
-        K local steps per synced round.
-    num_clients : int
-        Clients in the federation.
-
-    Returns
-    -------
-    dict
-        ``epsilon`` / ``epsilon_lower`` (ledger, sound), ``delta``,
-        ``rounds``, ``max_client_rounds``, ``least_private_client``,
-        ``mu_effective``, ``mu_clt`` (at ``R_max``), ``mu_clt_all_rounds``
-        (at ``R``), ``epsilon_clt``, ``strong_mu_paper``, and the
-        :class:`~dpfl.accounting.bounds.Guarantee` objects ``weak`` and
-        ``strong`` (``None`` for a single client).
-
-    Raises
-    ------
-    dpfl.errors.InvalidParameterError
-        If a parameter is outside its domain or the ledger holds no round.
-    """
-    d = check_delta("delta", delta)
-    num_clients = check_count("num_clients", num_clients, minimum=1)
-    if ledger.rounds == 0:
-        raise InvalidParameterError("the ledger holds no round")
-    counts = np.zeros(num_clients, dtype=np.int64)
-    for entry in ledger.entries:
-        if entry.participants is None:
-            counts += 1
-        else:
-            counts[list(entry.participants)] += 1
-    least = int(np.argmax(counts))
-    r_max = int(counts[least])
-    eps = ledger.client_epsilon(least, d)
-    common: dict[str, Any] = {
-        "noise_multiplier": float(noise_multiplier),
-        "batch_size": int(batch_size),
-        "records_per_client": int(records_per_client),
-        "local_steps": int(local_steps),
-    }
-    weak = weak_federated(
-        rounds=r_max,
-        delta=d,
-        num_clients=num_clients if num_clients >= 2 else None,
-        **common,
-    )
-    strong = (
-        strong_federated(rounds=r_max, delta=d, num_clients=num_clients, **common)
-        if num_clients >= 2
-        else None
-    )
-    return {
-        "epsilon": eps.upper,
-        "epsilon_lower": eps.lower,
-        "delta": d,
-        "rounds": ledger.rounds,
-        "max_client_rounds": r_max,
-        "least_private_client": least,
-        "mu_effective": mu_effective(epsilon=eps.upper, delta=d),
-        "mu_clt": weak.values["mu_clt"],
-        "mu_clt_all_rounds": clt_mu(rounds=ledger.rounds, **common),
-        "epsilon_clt": weak.values["epsilon_clt"],
-        "strong_mu_paper": None if strong is None else strong.values["mu_paper"],
-        "weak": weak,
-        "strong": strong,
-    }
-
-
 # ----------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------
@@ -1332,3 +1230,62 @@ def _pld_support(pld: PrivacyLossDistribution) -> np.ndarray:
     if not supports:  # pragma: no cover
         return np.arange(-15000, 15001) * 1e-3
     return np.unique(np.concatenate(supports))
+
+
+# -- the price of sampling without replacement (registered with the Accountant) --
+def _replace_one_subsampled(
+    rate: float, inner: ev.Event, discretization: float
+) -> pricing.PldPair:
+    """C_rate(G_mu) symmetrised: uniform subset without replacement, replace-one.
+
+    A replaced contribution moves the sum by up to twice its norm, so the
+    Gaussian's sensitivity doubles (the convention of
+    :mod:`dpfl.accounting.schemes`).
+    """
+    sigma = pricing.unit_gaussian(inner)
+    if sigma is None:
+        raise UnsupportedEventError(
+            f"sampling without replacement is priced over a Gaussian; got {inner!r}"
+        )
+    # fdp's noise multiplier is the one whose single step is G_{1/sigma}.
+    kw: dict[str, Any] = {
+        "noise_multiplier": sigma / 2.0,
+        "sampling_probability": rate,
+        "value_discretization": discretization,
+    }
+    return (
+        subsampled_gaussian_pld(pessimistic=True, **kw),
+        subsampled_gaussian_pld(pessimistic=False, **kw),
+    )
+
+
+@pricing.prices(ev.WithoutReplacement)
+def _price_without_replacement(
+    event: ev.WithoutReplacement, *, analysis: str, discretization: float
+) -> pricing.PldPair:
+    return _replace_one_subsampled(
+        event.sampling_probability, event.event, discretization
+    )
+
+
+@pricing.prices(ev.FixedCohort)
+def _price_fixed_cohort(
+    event: ev.FixedCohort, *, analysis: str, discretization: float
+) -> pricing.PldPair:
+    if analysis in ("sound-rdp", "paper", "paper-rdp"):
+        raise UnsupportedEventError(
+            f"the {analysis!r} analysis of a fixed cohort is a Renyi-DP "
+            "accountant, not a privacy-loss distribution: use "
+            "dpfl.accounting.rdp.dp_fedavg_epsilon, or a ledger with the "
+            "moments-accountant guard (dpfl.accounting.guards) "
+            "for the paper's stop rule"
+        )
+    if analysis == "paper-pld":
+        # Geyer et al.'s reading: the cohort as Poisson sampling at rate m/K
+        # (add/remove); not valid for fixed-size cohorts.
+        return pricing.poisson_of_gaussian(
+            event.sampling_probability, event.event, discretization
+        )
+    return _replace_one_subsampled(
+        event.sampling_probability, event.event, discretization
+    )

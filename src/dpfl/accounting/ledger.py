@@ -64,26 +64,25 @@ from dpfl._files import digest as _digest
 from dpfl._files import fault
 from dpfl._validate import check_delta, check_positive
 from dpfl.accounting import events as ev
-from dpfl.accounting import gaussian, rdp, schemes
-from dpfl.accounting.accountant import Accountant, canonical
+from dpfl.accounting import gaussian, schemes
+from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.accountant import _gaussian_mu2 as _accountant_mu2
 from dpfl.accounting.bounds import Bound
+from dpfl.accounting.pricing import canonical
 from dpfl.errors import (
     BudgetExceededError,
     DpflError,
     InvalidParameterError,
-    UnsupportedEventError,
 )
 
 __all__ = [
-    "GUARDS",
     "Budget",
+    "Guard",
     "LedgerEntry",
     "LedgerMismatchError",
-    "MomentsAccountantLedger",
     "PrivacyLedger",
-    "RdpLedger",
-    "ledger_class",
+    "guard_names",
+    "register_guard",
 ]
 
 _FORMAT = 3
@@ -331,6 +330,64 @@ class _Spend:
         return [(unit, self._named(self._counts[f])) for unit, f in firsts]
 
 
+class Guard:
+    """A budget guard: the rule by which a ledger refuses the next round.
+
+    The base class is the Accountant's rule (name ``"accountant"``): refuse a
+    round after which the worst-off unit's certified ε, under the ledger's
+    analysis, would pass the budget. Other rules (a paper's own stop rule)
+    subclass it in :mod:`dpfl.accounting.guards`, register themselves by name
+    with :func:`register_guard`, and are passed as
+    ``PrivacyLedger(budget, guard=...)``; the ledger saves the name, and
+    :meth:`PrivacyLedger.load` restores the rule from it.
+    """
+
+    #: The name saved with a ledger (``privacy.guard`` in a run config).
+    name: ClassVar[str] = "accountant"
+
+    @property
+    def analysis(self) -> str | None:
+        """The analysis the rule prices under (``None``: the ledger's own)."""
+        return None
+
+    def check(self, ledger: PrivacyLedger, event: ev.Event) -> None:
+        """Raise :class:`~dpfl.errors.BudgetExceededError` to refuse ``event``."""
+        ledger.accountant_check(event)
+
+    def epsilon(
+        self, ledger: PrivacyLedger, delta: float, analysis: str | None
+    ) -> Bound | None:
+        """ε spent under ``analysis`` by this rule's own computation.
+
+        ``None`` (the default) lets the ledger's Accountant answer.
+        """
+        return None
+
+
+#: The guards by name, filled by :func:`register_guard`.
+_GUARDS: dict[str, type[Guard]] = {Guard.name: Guard}
+
+
+def register_guard(cls: type[Guard]) -> type[Guard]:
+    """Register a :class:`Guard` subclass under its ``name`` (a decorator)."""
+    _GUARDS[cls.name] = cls
+    return cls
+
+
+def guard_names() -> tuple[str, ...]:
+    """The registered guards' names, sorted."""
+    return tuple(sorted(_GUARDS))
+
+
+def _guard_named(name: str) -> Guard:
+    try:
+        return _GUARDS[name]()
+    except KeyError:
+        raise InvalidParameterError(
+            f"guard must be one of {list(guard_names())}; got {name!r}"
+        ) from None
+
+
 class PrivacyLedger:
     """Per-run record of privacy events, with a budget guard.
 
@@ -352,11 +409,16 @@ class PrivacyLedger:
     key : str or None
         Fingerprint of the run's secret noise key (never the key); part of
         the header the hash chain starts from.
-    """
+    guard : Guard or None
+        The stop rule (default: the Accountant's, :class:`Guard`); a guard
+        with its own analysis sets the ledger's when ``analysis`` is None.
 
-    #: Name of the budget guard, saved with the ledger so that
-    #: :meth:`load` restores the same stop rule (see :data:`GUARDS`).
-    guard: ClassVar[str] = "accountant"
+    Attributes
+    ----------
+    guard : str
+        The stop rule's name, saved with the ledger so that :meth:`load`
+        restores the same rule.
+    """
 
     def __init__(
         self,
@@ -367,9 +429,12 @@ class PrivacyLedger:
         tolerance: float = 0.02,
         run: str | None = None,
         key: str | None = None,
+        guard: Guard | None = None,
     ) -> None:
+        self.stop_rule = Guard() if guard is None else guard
+        self.guard: str = self.stop_rule.name
         self.budget = budget
-        self.analysis = schemes.check_analysis_name(analysis)
+        self.analysis = schemes.check_analysis_name(analysis or self.stop_rule.analysis)
         self.path = None if path is None else Path(path)
         self.tolerance = tolerance
         self.run = run
@@ -608,6 +673,9 @@ class PrivacyLedger:
         """
         name = analysis or self.analysis
         d = self._delta(delta)
+        own = self.stop_rule.epsilon(self, d, name)
+        if own is not None:  # the guard's rule: every unit charged alike
+            return None, own
         spend = self._summary(name)
         priced = [
             (unit, self._bound(spend.common + own, d, name))
@@ -654,6 +722,14 @@ class PrivacyLedger:
     # -- the guard ------------------------------------------------------------
     def check(self, event: ev.Event) -> None:
         """Raise :class:`BudgetExceededError` if adding ``event`` exceeds the budget.
+
+        The ledger's :class:`Guard` decides (by default
+        :meth:`accountant_check`).
+        """
+        self.stop_rule.check(self, event)
+
+    def accountant_check(self, event: ev.Event) -> None:
+        """The Accountant's stop rule (:class:`Guard`'s default).
 
         The next round is assumed to charge every potentially worst-off unit
         its most expensive cost (per-participant schemes: as if each took
@@ -813,12 +889,13 @@ class PrivacyLedger:
         """
         if not self._pending:
             return self
-        copy = type(self)(
+        copy = PrivacyLedger(
             self.budget,
             analysis=self.analysis,
             tolerance=self.tolerance,
             run=self.run,
             key=self.key,
+            guard=self.stop_rule,
         )
         copy._entries, copy._chain = self._all()
         return copy
@@ -924,8 +1001,9 @@ class PrivacyLedger:
     def load(cls, path: str | Path) -> PrivacyLedger:
         """Read a ledger written by :meth:`save` (or :meth:`flush`), checking it.
 
-        The ledger comes back as the class its file names in ``"guard"``, so
-        a run resumed from it keeps its stop rule. The hash chain is
+        The ledger comes back with the guard its file names in ``"guard"``
+        (a registered :class:`Guard`), so a run resumed from it keeps its stop
+        rule. The hash chain is
         recomputed over the snapshot and the journal; the one thing forgiven
         is a torn *last* journal line (a crash mid-append).
 
@@ -933,7 +1011,7 @@ class PrivacyLedger:
         ------
         DpflError
             If the file is missing, is not a dpfl ledger, names a guard that
-            is not ``cls`` or one of its subclasses, or fails its checksums
+            is not registered, or fails its checksums
             (an entry, the header or the count changed, a journal line
             corrupted, missing or out of sequence).
         """
@@ -951,19 +1029,18 @@ class PrivacyLedger:
             raise DpflError(f"{p} is not a dpfl ledger (format {_FORMAT})")
         try:
             budget = data.get("budget")
-            kind = ledger_class(str(data.get("guard", PrivacyLedger.guard)))
-            if not issubclass(kind, cls):
-                raise DpflError(
-                    f"{p} holds a ledger with the {kind.guard!r} guard; load it "
-                    f"with {kind.__name__}.load or PrivacyLedger.load"
-                )
-            ledger = kind(
+            try:
+                guard = _guard_named(str(data.get("guard", Guard.name)))
+            except InvalidParameterError as exc:
+                raise DpflError(f"{p}: {exc}") from None
+            ledger = cls(
                 None if budget is None else Budget(**budget),
                 analysis=data.get("analysis"),
                 path=p,
                 tolerance=float(data.get("tolerance", 0.02)),
                 run=data.get("run"),
                 key=data.get("key"),
+                guard=guard,
             )
             items = list(data.get("entries", []))
             digests = list(data.get("digests") or [None] * len(items))
@@ -1042,239 +1119,3 @@ class PrivacyLedger:
                 )
             self._read(item, where)
         self._compact = True  # the next flush rewrites the snapshot
-
-
-class MomentsAccountantLedger(PrivacyLedger):
-    """A ledger whose guard is Geyer et al.'s stop rule: the moments accountant.
-
-    Before each round the guard asks for δ at the budget's ε (the paper: ε = 8)
-    and refuses the round after which ``δ > Q`` (the budget's δ), as
-    Algorithm 1 of Geyer, Klein & Nabi (2017) does. δ is the moments
-    accountant's: the RDP of the Poisson-subsampled Gaussian at rate
-    ``q_t = m_t/K`` composed over the rounds (heterogeneous m_t, σ_t allowed),
-    converted with Abadi et al.'s (2016) rule ``δ = min_λ exp(α(λ) − λε)`` over
-    the integer moments λ = 1..32 their implementation used
-    (:func:`dpfl.accounting.rdp.dp_fedavg_delta`, ``analysis="paper"``). This is
-    the rule that reproduces the paper: at σ = 1.081, K = 100, m = 50, ε = 8,
-    Q = 1e-3 it stops at round 9. :class:`RdpLedger` (guard ``"rdp"``) is the
-    same accountant with the newer, tighter RDP-to-DP conversion.
-
-    Reading the fixed-size cohort as Poisson sampling is not valid for the
-    algorithm as written (fixed cohorts need replace-one, sampling without
-    replacement): :meth:`epsilon` with ``analysis="sound"`` gives the proven
-    figure, which run reports print beside this one. The saved file names the
-    guard, so :meth:`PrivacyLedger.load` gives back a ledger of the same class.
-
-    Parameters
-    ----------
-    budget : Budget
-        ``Budget(epsilon=ε, delta=Q)`` (the paper: ε = 8, Q = 1e-3 for K = 100).
-    analysis : str
-        The RDP analysis of :func:`dpfl.accounting.rdp.dp_fedavg_delta` the
-        guard and :meth:`epsilon` use (default: this class's rule).
-    path : str or Path or None
-        Where :meth:`save` writes.
-    tolerance : float
-        Passed to the :class:`~dpfl.accounting.accountant.Accountant` for other
-        analyses.
-    run, key : str or None
-        As :class:`PrivacyLedger`.
-
-    References
-    ----------
-    Geyer, Klein & Nabi (2017), Algorithm 1 lines 4-5; Abadi et al. (2016),
-    Theorem 2 and Section 3.2.
-    """
-
-    guard: ClassVar[str] = "moments-accountant"
-    #: The RDP analysis of :mod:`dpfl.accounting.rdp` this guard applies.
-    rule: ClassVar[str] = "paper"
-
-    def __init__(
-        self,
-        budget: Budget | None = None,
-        *,
-        analysis: str | None = None,
-        path: str | Path | None = None,
-        tolerance: float = 0.02,
-        run: str | None = None,
-        key: str | None = None,
-    ) -> None:
-        super().__init__(
-            budget,
-            analysis=analysis or self.rule,
-            path=path,
-            tolerance=tolerance,
-            run=run,
-            key=key,
-        )
-
-    @staticmethod
-    def _round(event: ev.Event) -> tuple[int, int, float]:
-        if not (
-            isinstance(event, ev.FixedCohort)
-            and isinstance(event.event, ev.Gaussian)
-            and event.event.sensitivity == 1.0
-        ):
-            raise UnsupportedEventError(
-                "the moments-accountant guard prices FixedCohort(m, K, "
-                f"Gaussian(sigma)) rounds only; got {event!r}"
-            )
-        return event.population, event.cohort_size, event.event.noise_multiplier
-
-    def _schedule(
-        self, events: Sequence[ev.Event]
-    ) -> tuple[int, list[int], list[float]]:
-        rounds = [self._round(e) for e in events]
-        populations = {k for k, _, _ in rounds}
-        if len(populations) != 1:
-            raise InvalidParameterError(
-                f"all rounds must share one population K; got {sorted(populations)}"
-            )
-        return populations.pop(), [m for _, m, _ in rounds], [z for _, _, z in rounds]
-
-    def moments_delta(self, epsilon: float, events: Sequence[ev.Event]) -> float:
-        """δ(ε) of ``events`` under this ledger's moments accountant.
-
-        Parameters
-        ----------
-        epsilon : float
-            ε >= 0.
-        events : sequence of Event
-            FixedCohort rounds with one population K.
-
-        Returns
-        -------
-        float
-            δ (0 for no events).
-
-        Raises
-        ------
-        dpfl.errors.UnsupportedEventError
-            If an event is not ``FixedCohort(m, K, Gaussian(σ))``.
-        dpfl.errors.InvalidParameterError
-            If the rounds have different populations K.
-        """
-        if not events:
-            return 0.0
-        k, ms, zs = self._schedule(events)
-        return rdp.dp_fedavg_delta(
-            epsilon=epsilon,
-            clients=k,
-            cohort_sizes=ms,
-            noise_multipliers=zs,
-            analysis=self.rule,
-        )
-
-    def epsilon(
-        self, delta: float | None = None, *, analysis: str | None = None
-    ) -> Bound:
-        """ε spent at ``delta``: by this guard's RDP rule, or by ``analysis``.
-
-        Parameters
-        ----------
-        delta : float, optional
-            Target δ (default: the budget's).
-        analysis : str, optional
-            Another analysis (e.g. ``"sound"``, the proven one).
-
-        Returns
-        -------
-        Bound
-            ε (exact for the RDP rule: a closed-form conversion).
-        """
-        name = analysis or self.analysis
-        if name not in rdp.ANALYSES or name in ("sound", "paper-pld"):
-            return PrivacyLedger.worst_unit(self, delta, analysis=name)[1]
-        if not self._entries:
-            return Bound.exact(0.0)
-        k, ms, zs = self._schedule(self._events())
-        return Bound.exact(
-            rdp.dp_fedavg_epsilon(
-                delta=self._delta(delta),
-                clients=k,
-                cohort_sizes=ms,
-                noise_multipliers=zs,
-                analysis=name,
-            )
-        )
-
-    def worst_unit(
-        self, delta: float | None = None, *, analysis: str | None = None
-    ) -> tuple[int | None, Bound]:
-        """As :meth:`PrivacyLedger.worst_unit`; every client is charged alike."""
-        return None, self.epsilon(delta, analysis=analysis)
-
-    def check(self, event: ev.Event) -> None:
-        """Raise if recording ``event`` would make the moments-accountant δ exceed Q.
-
-        Parameters
-        ----------
-        event : Event
-            The next round's event.
-
-        Raises
-        ------
-        dpfl.errors.BudgetExceededError
-            If ``δ(ε)`` after the round exceeds ``budget.delta``.
-        """
-        if self.budget is None or math.isinf(self.budget.epsilon):
-            return
-        self._round(event)
-        delta = self.moments_delta(self.budget.epsilon, [*self._events(), event])
-        if delta > self.budget.delta:
-            raise BudgetExceededError(
-                f"round {self.rounds + 1} would give delta={delta:.4g} > "
-                f"Q={self.budget.delta} at epsilon={self.budget.epsilon} "
-                f"({self.guard} stop rule, Poisson reading of the cohort); "
-                f"stopped before it ({self.rounds} rounds spent)"
-            )
-
-
-class RdpLedger(MomentsAccountantLedger):
-    """:class:`MomentsAccountantLedger` with the improved RDP-to-DP conversion.
-
-    The same RDP of the Poisson reading, converted by Balle et al. (2020,
-    Proposition 12; dp_accounting's conversion) over a fine grid of orders:
-    never larger than Abadi et al.'s rule, so the run goes further (at σ =
-    1.081, K = 100, m = 50, ε = 8, Q = 1e-3 it stops at round 12, not 9).
-    """
-
-    guard: ClassVar[str] = "rdp"
-    rule: ClassVar[str] = "paper-rdp"
-
-
-#: The ledgers by the name of their guard (``privacy.guard`` in a run config).
-GUARDS: dict[str, type[PrivacyLedger]] = {
-    PrivacyLedger.guard: PrivacyLedger,
-    MomentsAccountantLedger.guard: MomentsAccountantLedger,
-    RdpLedger.guard: RdpLedger,
-}
-
-
-def ledger_class(guard: str) -> type[PrivacyLedger]:
-    """The ledger class whose budget guard is named ``guard``.
-
-    Parameters
-    ----------
-    guard : str
-        ``"accountant"`` (the Accountant's bound under the ledger's analysis),
-        ``"moments-accountant"`` (DP-FedAvg's stop rule, Abadi et al.'s
-        conversion) or ``"rdp"`` (the same with the improved conversion).
-
-    Returns
-    -------
-    type
-        :class:`PrivacyLedger` or a subclass.
-
-    Raises
-    ------
-    dpfl.errors.InvalidParameterError
-        For an unknown name.
-    """
-    try:
-        return GUARDS[guard]
-    except KeyError:
-        raise InvalidParameterError(
-            f"guard must be one of {sorted(GUARDS)}; got {guard!r}"
-        ) from None

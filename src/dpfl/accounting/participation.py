@@ -79,6 +79,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
@@ -91,9 +92,11 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
+from dpfl.accounting import events as ev
 from dpfl.accounting import pld as _pld
+from dpfl.accounting import pricing
 from dpfl.accounting.bounds import Bound
-from dpfl.errors import InvalidParameterError
+from dpfl.errors import InvalidParameterError, UnsupportedEventError
 
 __all__ = [
     "ANALYSES",
@@ -862,3 +865,45 @@ noise_multiplier
             )
             best = max(best, -float(res.fun))
     return float(best)
+
+
+# -- the price of a ClientPoisson round (registered with the Accountant) -------
+@pricing.canonical.register
+def _(event: ev.ClientPoisson) -> ev.Event:
+    # Client-level Poisson sampling of a Gaussian prices as PoissonSampled.
+    if isinstance(event.event, ev.Gaussian):
+        return pricing.canonical(
+            ev.PoissonSampled(event.sampling_probability, event.event)
+        )
+    return event
+
+
+@pricing.prices(ev.ClientPoisson)
+def _price_client_poisson(
+    event: ev.ClientPoisson, *, analysis: str, discretization: float
+) -> pricing.PldPair:
+    inner = event.event
+    if isinstance(inner, ev.RecordPoisson):
+        # Random participation: one of the paper's analyses.
+        sigma = pricing.unit_gaussian(inner.event)
+        if sigma is None:
+            raise UnsupportedEventError(
+                "random participation is priced over a Gaussian event; "
+                f"got {inner.event!r}"
+            )
+        kw: dict[str, Any] = {
+            "participation_probability": event.sampling_probability,
+            "record_probability": inner.sampling_probability,
+            "records_per_client": inner.records_per_client,
+            "noise_multiplier": sigma,
+            "analysis": analysis,
+            "value_discretization": discretization,
+        }
+        return (
+            participation_pld(pessimistic=True, **kw),
+            participation_pld(pessimistic=False, **kw),
+        )
+    # Client-level Poisson sampling of a Gaussian sum (add/remove one client).
+    return pricing.poisson_of_gaussian(
+        event.sampling_probability, inner, discretization
+    )

@@ -33,13 +33,14 @@ default first; the statuses are those of
     The same Poisson reading with a tight PLD accountant.
 
 LOCKS: :func:`locks_server_view` (exact Gaussian composition of a client's
-realised releases against the server, which sees who sent what) and
-:func:`locks_report` (both views of a run, from its ledger).
+realised releases against the server, which sees who sent what); both views
+of a recorded run are :func:`dpfl.accounting.reports.locks_report`.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -56,7 +57,8 @@ from dpfl._validate import (
     check_nonnegative,
     check_positive,
 )
-from dpfl.accounting import gaussian
+from dpfl.accounting import events as ev
+from dpfl.accounting import gaussian, pricing, schemes
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.accounting.bounds import Bound
 from dpfl.accounting.events import FixedCohort, Gaussian
@@ -67,7 +69,6 @@ __all__ = [
     "dp_fedavg_delta",
     "dp_fedavg_epsilon",
     "dp_fedavg_stop_round",
-    "locks_report",
     "locks_server_view",
     "rdp_to_dp",
 ]
@@ -578,95 +579,19 @@ def locks_server_view(
     }
 
 
-def locks_report(
-    ledger: Any,
-    *,
-    noise_multiplier: float,
-    norm_noise_ratio: float,
-    event: Any,
-    delta: float | None = None,
-) -> dict[str, Any]:
-    """LOCKS: the worst client's guarantee of a run, for the server and observers.
+# -- the price of a TwoStage (LOCKS) round (registered with the Accountant) ----
+@pricing.canonical.register
+def _(event: ev.TwoStage) -> ev.Event:
+    # The price depends on q1, the largest p2 and the two noise levels only.
+    return dataclasses.replace(event, second_stage_size=1)
 
-    The norm noise is ``σ_n = norm_noise_ratio · σ_g`` (σ_g =
-    ``noise_multiplier``): the two scales move together when σ is calibrated.
 
-    Parameters
-    ----------
-    ledger : dpfl.accounting.ledger.PrivacyLedger
-        The run's ledger: participants = S1 and ``extra["second_stage"]`` = S2
-        in every entry.
-    noise_multiplier : float
-        σ_g > 0, noise std of each uploaded update in units of the clip.
-    norm_noise_ratio : float
-        σ_n / σ_g > 0.
-    event : Event
-        The run's round event (``TwoStage``), for the observer view's terms.
-    delta : float, optional
-        Target δ (default: the ledger budget's δ).
-
-    Returns
-    -------
-    dict
-        ``"rounds"``, ``"delta"``; ``"server_view"``: the most exposed
-        client's realised N1 (noisy norms sent) and N2 (noisy updates sent)
-        composed by :func:`locks_server_view` (zero-out; also
-        ``epsilon_replace_one``), with ``epsilon_ledger`` (the ledger's
-        figure for that client) and ``client``; ``"observer_view"``: the
-        ledger's ε for parties that see only the released models, which dpfl
-        bounds by the server's view (no amplification is claimed: the noise is
-        added by the clients, so the aggregate's noise level reveals who took
-        part), with the guarantee's terms.
-
-    Raises
-    ------
-    dpfl.errors.InvalidParameterError
-        If no δ is given and the ledger has no budget, or a parameter is out
-        of its domain.
-
-    References
-    ----------
-    "LOCKS: User differentially private and federated optimal client
-    sampling", Theorem 5.3; Dong, Roth & Su (2022), Corollary 3.3;
-    docs/analyses.md.
-    """
-    from dpfl.accounting import schemes
-
-    sg = check_positive("noise_multiplier", noise_multiplier)
-    sn = sg * check_positive("norm_noise_ratio", norm_noise_ratio)
-    if delta is None:
-        if ledger.budget is None:
-            raise InvalidParameterError(
-                "delta must be given when the ledger has no budget"
-            )
-        delta = ledger.budget.delta
-    dlt = check_delta("delta", delta)
-    worst, bound = ledger.worst_unit(dlt, analysis="server")
-    n1 = n2 = 0
-    for entry in ledger.entries:
-        if worst is not None and worst in (entry.participants or ()):
-            n1 += 1
-            n2 += worst in entry.extra.get("second_stage", ())
-    kw: dict[str, Any] = {
-        "norm_noise_multiplier": sn,
-        "update_noise_multiplier": sg,
-        "norm_rounds": n1,
-        "update_rounds": n2,
-        "delta": dlt,
-    }
-    server = locks_server_view(**kw)
-    server["epsilon_replace_one"] = locks_server_view(**kw, neighbouring="replace-one")[
-        "epsilon"
-    ]
-    server["epsilon_ledger"] = bound.upper
-    server["client"] = worst
-    observer = {
-        "epsilon": ledger.epsilon(dlt, analysis="observer").upper,
-        **schemes.describe(event, "observer"),
-    }
-    return {
-        "rounds": ledger.rounds,
-        "delta": dlt,
-        "server_view": server,
-        "observer_view": observer,
-    }
+@pricing.prices(ev.TwoStage)
+def _price_two_stage(
+    event: ev.TwoStage, *, analysis: str, discretization: float
+) -> pricing.PldPair:
+    # Server view (and observer view, bounded by it): w.p. q1 the noisy norm,
+    # and w.p. at most q1 * max p2 also the noisy update; who took part is seen.
+    return pricing.public_mixture(
+        pricing.exclusive(schemes.participant_costs(event)), "exact", discretization
+    )

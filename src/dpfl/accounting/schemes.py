@@ -107,6 +107,10 @@ class Scheme:
         Analyses under which a run charges each unit only for the rounds it
         took part in (the adversary sees who took part, so a round costs a
         non-participant nothing); the ledger then tracks each unit's spend.
+    guards : tuple of (str, str)
+        Budget guards other than the Accountant's that can stop a run of this
+        scheme (a paper's own stop rule, :mod:`dpfl.accounting.guards`), each
+        with the analysis it applies. Every scheme accepts ``"accountant"``.
     """
 
     name: str
@@ -115,6 +119,24 @@ class Scheme:
     adversary: str
     analyses: tuple[Analysis, ...]
     per_participant: tuple[str, ...] = ()
+    guards: tuple[tuple[str, str], ...] = ()
+
+    def guard_analysis(self, guard: str) -> str:
+        """The analysis the guard named ``guard`` applies to this scheme.
+
+        Raises
+        ------
+        UnsupportedEventError
+            If the scheme offers no such guard (the message lists those it
+            offers).
+        """
+        for name, analysis in self.guards:
+            if name == guard:
+                return analysis
+        raise UnsupportedEventError(
+            f"guard must be one of {['accountant', *(g for g, _ in self.guards)]} "
+            f"for {self.name}; got {guard!r}"
+        )
 
     @property
     def default(self) -> str:
@@ -290,6 +312,9 @@ FIXED_COHORT = Scheme(
             neighbouring=_POISSON_READING,
         ),
     ),
+    # Geyer et al.'s stop rule (Abadi et al.'s conversion), and the same
+    # accountant with the improved conversion.
+    guards=(("moments-accountant", "paper"), ("rdp", "paper-rdp")),
 )
 
 WITHOUT_REPLACEMENT = Scheme(

@@ -53,7 +53,7 @@ from dpfl._validate import (
     parse_number,
     shown,
 )
-from dpfl.accounting.ledger import GUARDS as LEDGER_GUARDS
+from dpfl.accounting.guards import GUARDS as LEDGER_GUARDS
 from dpfl.accounting.schemes import all_analyses
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.executors import EXECUTION_NAMES
@@ -560,26 +560,21 @@ class RunConfig:
                 "inf (there is no budget to calibrate to); got None"
             )
         if priv.guard != "accountant":
-            params = self.algorithm.params
+            # Which rounds the guard can stop is the scheme table's to say
+            # (checked when the run's event is known, in plan_privacy).
             needs = {
-                "algorithm.name 'dp-fedavg'": self.algorithm.name == "dp-fedavg",
-                "algorithm.params.sampling 'fixed'": getattr(
-                    params, "sampling", "fixed"
-                )
-                == "fixed",
                 "privacy.analysis null (the guard's own rule)": priv.analysis is None,
                 "a noise multiplier (privacy.noise_multiplier)": bool(
                     priv.noise_multiplier
                 ),
-                "privacy.allow_unproven true (the rule reads the fixed cohort as "
-                "Poisson sampling, which is not a valid bound for it)": (
-                    priv.allow_unproven
-                ),
+                "privacy.allow_unproven true (a paper's stop rule is not a "
+                "proven bound; e.g. DP-FedAvg's reads the fixed cohort as Poisson "
+                "sampling)": (priv.allow_unproven),
             }
             missing = [k for k, ok in needs.items() if not ok]
             if missing:
                 raise ConfigError(
-                    f"privacy.guard {priv.guard!r} (DP-FedAvg's stop rule) "
+                    f"privacy.guard {priv.guard!r} (a paper's stop rule) "
                     f"needs {', '.join(missing)}"
                 )
 

@@ -106,8 +106,8 @@ from dpfl._files import atomic_write as _atomic_write
 from dpfl._files import read_jsonl
 from dpfl._validate import MAX_CALIBRATED_EPSILON
 from dpfl.accounting import events as ev
-from dpfl.accounting import schemes
-from dpfl.accounting.ledger import Budget, PrivacyLedger, ledger_class
+from dpfl.accounting import guards, schemes
+from dpfl.accounting.ledger import Budget, PrivacyLedger
 from dpfl.errors import BudgetExceededError, DpflError, InvalidParameterError
 from dpfl.experiments import rundir
 from dpfl.experiments.config import (
@@ -509,8 +509,13 @@ def _ledger(
         if math.isinf(priv.epsilon) or not private
         else Budget(priv.epsilon, priv.delta)
     )
-    return ledger_class(priv.guard)(
-        budget, analysis=priv.analysis, path=run_dir / LEDGER, run=run, key=key
+    return PrivacyLedger(
+        budget,
+        analysis=priv.analysis,
+        path=run_dir / LEDGER,
+        run=run,
+        key=key,
+        guard=guards.guard(priv.guard),
     )
 
 
@@ -906,9 +911,7 @@ def _noise_levels(tree: Any) -> list[float]:
 def _check_ledger(ledger: PrivacyLedger, config: RunConfig) -> None:
     priv = config.privacy
     budget = ledger.budget
-    analysis = (
-        priv.analysis if priv.guard == "accountant" else ledger_class(priv.guard).rule  # type: ignore[attr-defined]
-    )
+    analysis = priv.analysis or guards.guard(priv.guard).analysis
     unbudgeted = math.isinf(priv.epsilon) or not priv.noise_multiplier
     same_budget = (budget is None and unbudgeted) or (
         budget is not None

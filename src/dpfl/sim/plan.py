@@ -28,8 +28,8 @@ import math
 from dpfl.accounting import events as ev
 from dpfl.accounting import schemes
 from dpfl.accounting.calibrate import calibrate_noise_multiplier
-from dpfl.accounting.ledger import PrivacyLedger, ledger_class
-from dpfl.errors import DpflError, InvalidParameterError
+from dpfl.accounting.ledger import PrivacyLedger
+from dpfl.errors import DpflError, InvalidParameterError, UnsupportedEventError
 from dpfl.sim.algorithms.base import AlgorithmParams, DataStats, FederatedAlgorithm
 
 __all__ = ["PrivacyPlan", "plan_privacy", "privacy_units"]
@@ -157,7 +157,12 @@ def plan_privacy(
     event = algorithm.round_event(params, stats, noise_multiplier or 1.0)
     valid = algorithm.valid_analyses(params)
     if guard != "accountant":
-        resolved = ledger_class(guard).rule  # type: ignore[attr-defined]
+        # a paper's stop rule: the scheme table says which schemes it stops
+        # and under which analysis
+        try:
+            resolved = schemes.scheme_of(event).guard_analysis(guard)
+        except UnsupportedEventError as exc:
+            raise error(f"{keys}guard: {exc} (the rounds this run releases)") from None
     elif analysis is None and valid is not None:
         # the tightest proven analysis that describes the mechanism run
         resolved = next(

@@ -10,6 +10,8 @@ sampler *realises* the value the accountant *prices*):
   every client or over the round's online clients
   (:class:`ClientAvailability`, which realises no event of its own);
 - :class:`FixedCohortSampler`: ``FixedCohort(m, K, Gaussian(σ))`` (client level);
+- :class:`CohortRecordSampler`: ``CohortRecordPoisson(m, K, q, d, Gaussian(σ))``
+  (fixed-size cohorts with Poisson records; record level);
 - :class:`PoissonClientSampler`: ``ClientPoisson(p, Gaussian(σ))`` (client level);
 - :class:`CheckInSampler`: ``CheckIn(max_k p_k, Gaussian(σ))`` (visible check-in).
 - :class:`SyncSampler`: ``CheckIn(p', SelfComposed(WithoutReplacement(B, n,
@@ -37,6 +39,7 @@ import numpy as np
 
 from dpfl._validate import check_count, check_probability
 from dpfl.accounting import events as ev
+from dpfl.accounting.cohorts import CohortRecordPoisson
 from dpfl.errors import InvalidParameterError
 
 __all__ = [
@@ -389,6 +392,87 @@ class PoissonParticipationSampler(Sampler):
                 self.records_per_client,
                 ev.Gaussian(noise_multiplier),
             ),
+        )
+
+
+class CohortRecordSampler(PoissonParticipationSampler):
+    """Exactly ``cohort_size`` clients, uniformly, then each record w.p. q.
+
+    Fixed-size cohorts with Poisson records: the cohort is drawn without
+    replacement (as :class:`FixedCohortSampler`), and each member keeps each
+    of its records independently w.p. ``record_probability`` (as
+    :class:`PoissonParticipationSampler`). Its event is
+    :class:`~dpfl.accounting.cohorts.CohortRecordPoisson`, whose analysis is
+    in :mod:`dpfl.accounting.cohorts`.
+
+    Parameters
+    ----------
+    num_clients : int
+        Population K (>= 1).
+    cohort_size : int
+        Cohort m, ``1 <= m <= K``.
+    record_probability : float
+        q in (0, 1].
+    client_sizes : numpy.ndarray
+        Records held by each client, shape ``(num_clients,)``.
+    client_indices : sequence of numpy.ndarray, optional
+        Each client's global dataset rows.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        On bad counts, probability or sizes.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_clients: int,
+        cohort_size: int,
+        record_probability: float,
+        client_sizes: np.ndarray,
+        client_indices: Sequence[np.ndarray] | None = None,
+    ) -> None:
+        num_clients = check_count("num_clients", num_clients, minimum=1)
+        self.cohort_size = check_count("cohort_size", cohort_size, minimum=1)
+        if self.cohort_size > num_clients:
+            raise InvalidParameterError(
+                f"cohort_size must be <= num_clients ({num_clients}); "
+                f"got {cohort_size!r}"
+            )
+        super().__init__(
+            num_clients=num_clients,
+            participation_probability=self.cohort_size / num_clients,
+            record_probability=record_probability,
+            client_sizes=client_sizes,
+            client_indices=client_indices,
+        )
+
+    def sample(self, rng: np.random.Generator) -> RoundSample:
+        """Draw one cohort (ascending) and each member's records w.p. q."""
+        rng = _check_rng(rng)
+        return self._with_records(rng, _choose(rng, self.num_clients, self.cohort_size))
+
+    def sample_available(
+        self, rng: np.random.Generator, available: np.ndarray
+    ) -> RoundSample:
+        """Not offered: the cohort is drawn from every client."""
+        raise InvalidParameterError(
+            "a fixed-size cohort is drawn from every client; availability must be 'all'"
+        )
+
+    def event(self, noise_multiplier: float) -> ev.Event:
+        """``CohortRecordPoisson(m, K, q, d, Gaussian(noise_multiplier))``.
+
+        ``d`` is the largest client's size (see
+        :meth:`PoissonParticipationSampler.event`).
+        """
+        return CohortRecordPoisson(
+            self.cohort_size,
+            self.num_clients,
+            self.record_probability,
+            self.records_per_client,
+            ev.Gaussian(noise_multiplier),
         )
 
 

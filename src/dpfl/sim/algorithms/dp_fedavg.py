@@ -29,9 +29,9 @@ would give ``ε(Q) > ε``, the same condition as ``δ(ε) > Q``. Which accountan
 prices the rounds is the ledger's choice: ``PrivacyLedger(budget,
 analysis="sound")`` (fixed cohort, replace-one, exact PLD: valid for
 Algorithm 1 as written), ``analysis="paper-pld"`` (the cohort read as
-Poisson(m/K), tight PLD), or
-:class:`~dpfl.accounting.ledger.MomentsAccountantLedger` (the paper's own rule:
-moments accountant with the Poisson reading; looser, stops earlier).
+Poisson(m/K), tight PLD), or a ledger with
+:class:`~dpfl.accounting.guards.MomentsAccountantGuard` (the paper's own
+rule: moments accountant with the Poisson reading; looser, stops earlier).
 
 **Clipping bounds** (``clipping``):
 

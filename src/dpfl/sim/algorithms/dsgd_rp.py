@@ -75,7 +75,7 @@ from typing import cast
 import numpy as np
 import torch
 
-from dpfl._validate import check_positive, check_probability
+from dpfl._validate import check_count, check_positive, check_probability
 from dpfl.accounting.events import Event
 from dpfl.errors import InvalidParameterError
 from dpfl.sim._flat import flat_view
@@ -100,6 +100,7 @@ from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling import (
     AVAILABILITY_MODELS,
     ClientAvailability,
+    CohortRecordSampler,
     PoissonParticipationSampler,
 )
 
@@ -144,6 +145,11 @@ class DsgdRpParams(AlgorithmParams):
         ``"fixed"``: N_t, the clients online in every round (1 <= N_t <= N).
     max_batch : int or None
         Examples per chunk of the gradient kernel (memory bound).
+    cohort_size : int or None
+        If set, exactly this many clients per round, uniformly without
+        replacement, instead of each w.p. p (fixed-size cohorts with Poisson
+        records, :mod:`dpfl.accounting.cohorts`; ``participation_probability``
+        is then m/K and must be left at its default; availability ``"all"``).
     """
 
     participation_probability: float = 0.1
@@ -157,8 +163,21 @@ class DsgdRpParams(AlgorithmParams):
     availability_rate: float = 1.0
     available_clients: int | None = None
     max_batch: int | None = None
+    cohort_size: int | None = None
 
     def __post_init__(self) -> None:
+        if self.cohort_size is not None:
+            if self.participation_probability != DsgdRpParams.participation_probability:
+                raise InvalidParameterError(
+                    "participation_probability is set by cohort_size (m/K); leave "
+                    f"it at its default; got {self.participation_probability!r}"
+                )
+            if self.availability != "all":
+                raise InvalidParameterError(
+                    "cohort_size needs availability 'all' (the cohort is drawn "
+                    f"from every client); got {self.availability!r}"
+                )
+            self._set("cohort_size", check_count("cohort_size", self.cohort_size))
         self._set(
             "participation_probability",
             check_probability(
@@ -250,7 +269,14 @@ class DsgdRandomParticipation(FederatedAlgorithm):
 
     @staticmethod
     def sampler(params: DsgdRpParams, stats: DataStats) -> PoissonParticipationSampler:
-        """Clients w.p. p, then each of their records w.p. q."""
+        """Clients w.p. p (or a cohort of ``cohort_size``), then records w.p. q."""
+        if params.cohort_size is not None:
+            return CohortRecordSampler(
+                num_clients=stats.num_clients,
+                cohort_size=params.cohort_size,
+                record_probability=params.record_probability,
+                client_sizes=stats.sizes,
+            )
         return PoissonParticipationSampler(
             num_clients=stats.num_clients,
             participation_probability=params.participation_probability,
@@ -266,7 +292,11 @@ class DsgdRandomParticipation(FederatedAlgorithm):
         noise_multiplier: float,
         round_index: int = 0,
     ) -> Event:
-        """``ClientPoisson(p, RecordPoisson(q, d, Gaussian(σ)))``, d: largest client."""
+        """The sampler's event: ``ClientPoisson(p, RecordPoisson(q, d, G(σ)))``.
+
+        With ``cohort_size``: ``CohortRecordPoisson(m, K, q, d, G(σ))``; d is
+        the largest client.
+        """
         return cls.sampler(cast(DsgdRpParams, params), stats).event(noise_multiplier)
 
     def setup(self) -> None:
@@ -313,10 +343,12 @@ class DsgdRandomParticipation(FederatedAlgorithm):
             scaled by infinity.
         """
         p = self.params
-        expected = p.participation_probability * p.record_probability * records
+        rate = self._sampler.participation_probability  # m/K with a fixed cohort
+        expected = rate * p.record_probability * records
         if not expected > 0 or not math.isfinite(1.0 / expected):
             raise InvalidParameterError(
-                f"participation_probability ({p.participation_probability!r}) x "
+                f"the participation rate p ({rate!r}; participation_probability, or "
+                "cohort_size / num_clients) x "
                 f"record_probability ({p.record_probability!r}) x {records} records "
                 "is too small to scale a round by its inverse (a double overflows); "
                 "use larger probabilities"

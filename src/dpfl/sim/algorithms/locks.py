@@ -100,7 +100,7 @@ and updates and stops the run before any client would pass the budget.
 Observers of the released models get no better guarantee from dpfl: the
 noise is added by the clients, so the aggregate's noise level reveals who and
 how many took part. :meth:`Locks.paper_report`
-(:func:`dpfl.accounting.rdp.locks_report`) gives both views.
+(:func:`dpfl.accounting.reports.locks_report`) gives both views.
 
 References
 ----------
@@ -127,7 +127,7 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
-from dpfl.accounting import rdp
+from dpfl.accounting import reports
 from dpfl.accounting.events import Event
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.algorithms.base import (
@@ -369,13 +369,13 @@ class Locks(FederatedAlgorithm):
     ) -> dict[str, Any] | None:
         """The worst client's guarantee for the server and for model observers.
 
-        :func:`dpfl.accounting.rdp.locks_report` with σ_g = σ and
+        :func:`dpfl.accounting.reports.locks_report` with σ_g = σ and
         σ_n = ``norm_noise_ratio`` · σ (``None`` for a non-private run).
         """
         if noise_multiplier <= 0:
             return None
         p = cast(LocksParams, params)
-        return rdp.locks_report(
+        return reports.locks_report(
             ledger,
             noise_multiplier=noise_multiplier,
             norm_noise_ratio=p.norm_noise_ratio,

@@ -56,7 +56,7 @@ amplification is valid: docs/analyses.md), and the ledger charges each client
 only the rounds it joined and reports the worst-off client.
 :meth:`MsPafl.paper_report` puts the paper's central (Theorem 2), local
 (Theorem 3) and global (Theorem 4) figures beside it, labelled
-(:func:`dpfl.accounting.checkin.ms_pafl_report`).
+(:func:`dpfl.accounting.reports.ms_pafl_report`).
 
 References
 ----------
@@ -81,7 +81,7 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
-from dpfl.accounting import checkin, gaussian
+from dpfl.accounting import checkin, gaussian, reports
 from dpfl.accounting.events import Event
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.models.split import ParameterSplit, split_parameters
@@ -382,7 +382,7 @@ class MsPafl(FederatedAlgorithm):
     ) -> dict[str, Any]:
         """The sound figure and the paper's Theorems 2-4, labelled.
 
-        See :func:`dpfl.accounting.checkin.ms_pafl_report`.
+        See :func:`dpfl.accounting.reports.ms_pafl_report`.
 
         Raises
         ------
@@ -391,7 +391,7 @@ class MsPafl(FederatedAlgorithm):
         """
         p = cast(MsPaflParams, params)
         eps_l, delta_l = cls.local_guarantee(p, noise_multiplier)
-        return checkin.ms_pafl_report(
+        return reports.ms_pafl_report(
             ledger,
             noise_multiplier=noise_multiplier,
             clip=p.clip,

@@ -43,7 +43,8 @@ The synced clients are recorded as the round's participants, so a client's
 spend is the composition of the rounds it synced in
 (``PrivacyLedger.client_epsilon``); the federation's weak (and, soundly,
 strong) guarantee is that of the client that synced most often
-(:func:`dpfl.accounting.fdp.prifedsync_report`, via :meth:`PriFedSync.paper_report`).
+(:func:`dpfl.accounting.reports.prifedsync_report`, via
+:meth:`PriFedSync.paper_report`).
 
 **Client sampling gives no amplification here.** Who synced is visible (it
 is recorded, and a helper model changes only when its client synced), and
@@ -80,7 +81,7 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
-from dpfl.accounting import fdp
+from dpfl.accounting import reports
 from dpfl.accounting.events import Event
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.models.losses import predicted_labels
@@ -292,12 +293,12 @@ class PriFedSync(FederatedAlgorithm):
     ) -> dict[str, Any] | None:
         """Weak and strong federated f-DP of the run (None when σ = 0).
 
-        See :func:`dpfl.accounting.fdp.prifedsync_report`.
+        See :func:`dpfl.accounting.reports.prifedsync_report`.
         """
         if not noise_multiplier > 0:
             return None
         p = cast(PriFedSyncParams, params)
-        return fdp.prifedsync_report(
+        return reports.prifedsync_report(
             ledger,
             delta=delta,
             noise_multiplier=noise_multiplier,
