@@ -46,6 +46,7 @@ from dpfl.experiments.config import config_from_dict  # noqa: E402
 from dpfl.integrations import flower as fl  # noqa: E402
 from dpfl.sim.randomness import client_key  # noqa: E402
 from dpfl.sim.secure_noise import KEY_FILE, read_key_file  # noqa: E402
+from tiny_runs import run_key  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -105,14 +106,13 @@ def _config(out: Path, algorithm: str, *, rounds: int = 3, epsilon: float = 50.0
     )
 
 
-def same_key(flower_dir: Path, config):
-    """Give ``config``'s run folder the Flower run's secret noise key.
+def simulate(flower_dir: Path, config):
+    """``dpfl train`` of ``config`` under the Flower run's secret noise key.
 
     The two runs are the same run only under the same key (secure noise).
     """
-    config.run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(flower_dir / KEY_FILE, config.run_dir / KEY_FILE)
-    return config
+    with run_key(flower_dir):
+        return runner.run(config, progress=False)
 
 
 def _key(flower_dir: Path) -> bytes:
@@ -121,8 +121,8 @@ def _key(flower_dir: Path) -> bytes:
 
 def _simulated(tmp: Path, algorithm: str, **kw) -> Path:
     """``dpfl train``'s run folder for the same configuration (and key)."""
-    config = same_key(tmp / "flower" / algorithm, _config(tmp / "sim", algorithm, **kw))
-    return runner.run(config, progress=False).run_dir
+    config = _config(tmp / "sim", algorithm, **kw)
+    return simulate(tmp / "flower" / algorithm, config).run_dir
 
 
 def _entries(run_dir: Path) -> list[dict]:
@@ -263,7 +263,7 @@ def test_budget_guard_stops_before_sending_the_refused_round(tmp_path, task_iden
     assert summary["rounds"] == summary["charged_rounds"] == 2
     assert sorted(set(grid.train_rounds)) == [0, 1]  # round 2 was never sent
     config = _config(tmp_path / "sim", "dsgd-rp", rounds=4, epsilon=5.0)
-    sim = runner.run(same_key(strategy.run_dir, config), progress=False)
+    sim = simulate(strategy.run_dir, config)
     assert sim.stopped == "budget" and sim.rounds_completed == 2
     _assert_same_run(strategy.run_dir, sim.run_dir)
 
@@ -344,6 +344,97 @@ def test_untrusted_dsgd_is_refused_not_silently_centralised(tmp_path):
     tree["algorithm"]["params"]["server"] = "untrusted"
     with pytest.raises(Exception, match="untrusted"):
         fl.build_trainer(config_from_dict(tree), ledger_path=False)
+
+
+def test_a_flower_run_holds_the_run_folders_lock(tmp_path, task_identity):
+    # A Flower server run took no lock: `dpfl train` or `dpfl resume` could
+    # write the same folder meanwhile.
+    from dpfl.experiments.rundir import RunFolderBusyError, RunLock
+
+    config = _config(tmp_path / "flower", "dsgd-rp", rounds=2)
+    with RunLock(config.run_dir), pytest.raises(RunFolderBusyError, match="in use"):
+        fl.DpflStrategy(config)
+    assert not (config.run_dir / "run.json").exists()  # nothing written
+    strategy = fl.DpflStrategy(config)
+    with pytest.raises(RunFolderBusyError, match="in use"):
+        runner.run(config, progress=False)
+    with pytest.raises(RunFolderBusyError, match="in use"):
+        fl.DpflStrategy(config)
+    strategy.start(LocalGrid(fl.client_app()))
+    with RunLock(config.run_dir):  # released when the run ends
+        pass
+    with pytest.raises(Exception, match="already holds a run"):
+        fl.DpflStrategy(config)  # and a finished run is never started over
+
+
+_LOSING_SUPERLINK = """
+import socket, sys, threading, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+import test_flower as t
+from flwr.supercore.task_identity import TaskIdentity
+from dpfl.integrations import flower as fl
+
+TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
+link = socket.socket()
+link.bind(("127.0.0.1", 0))
+link.listen(16)
+
+def serve():
+    while True:
+        try:
+            link.accept()[0].close()
+        except OSError:
+            return
+
+threading.Thread(target=serve, daemon=True).start()
+
+class LosingGrid(t.LocalGrid):
+    # the SuperLink's address, as Flower's network grid keeps it
+    _addr = "127.0.0.1:%d" % link.getsockname()[1]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        if self.train_rounds and max(self.train_rounds) >= 1:
+            link.close()  # the SuperLink dies; the grid waits on it forever
+            while True:
+                time.sleep(1)
+        return super().send_and_receive(messages, timeout=timeout)
+
+config = t._config(Path({out!r}), "dsgd-rp", rounds=6)
+strategy = fl.DpflStrategy(config, superlink_timeout=3)
+strategy.start(LosingGrid(fl.client_app()))
+"""
+
+
+def test_the_server_leaves_when_its_superlink_is_gone(tmp_path):
+    # A ServerApp kept running (metrics.jsonl open) for minutes after its
+    # SuperLink died; now it leaves within superlink_timeout (3 s here) with
+    # exit status 75, between two writes, the ledger as it was.
+    script = _LOSING_SUPERLINK.format(
+        tests=str(Path(__file__).parent), out=str(tmp_path / "flower")
+    )
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=_env(tmp_path / "home"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == fl.EXIT_SUPERLINK_LOST, done.stderr[-3000:]
+    assert time.monotonic() - start < 90
+    assert "unreachable" in done.stderr and "dpfl resume" in done.stderr
+    run_dir = tmp_path / "flower" / "dsgd-rp"
+    summary = json.loads((run_dir / "flower.json").read_text())
+    assert summary["stopped"] == "superlink-lost"
+    # rounds 0 and 1 ran and were charged; round 2's messages never came back
+    ledger = PrivacyLedger.load(run_dir / "ledger.json")
+    assert [e.round for e in ledger.entries] == [0, 1]
+    assert summary["charged_rounds"] == 2
+    from dpfl.experiments.rundir import RunLock
+
+    with RunLock(run_dir):  # the process is gone: so is its lock
+        pass
 
 
 # -- real processes ---------------------------------------------------------------
@@ -560,7 +651,7 @@ def test_superlink_three_supernodes_and_flwr_run_equal_the_simulator(tmp_path):
             config = runner.config_from_dict(
                 {**_app_config(algorithm, 2), "output_dir": str(tmp_path / "sim")}
             )
-            sim = runner.run(same_key(run_dir, config), progress=False)
+            sim = simulate(run_dir, config)
             _assert_same_run(run_dir, sim.run_dir)
     finally:
         fed.close()
@@ -579,6 +670,77 @@ def _app_config(algorithm: str, rounds: int) -> dict:
         "eval_every": 1,
         **CONFIGS[algorithm],
     }
+
+
+def _descendants(pid: int) -> dict[int, bytes]:
+    """The processes below ``pid`` and their command lines (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+    out: dict[int, bytes] = {}
+    frontier = [pid]
+    while frontier:
+        here = frontier.pop()
+        for child, parent in parents.items():
+            if parent == here and child not in out:
+                try:
+                    out[child] = Path(f"/proc/{child}/cmdline").read_bytes()
+                except OSError:
+                    out[child] = b""
+                frontier.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.integration
+def test_a_serverapp_whose_superlink_dies_leaves_in_bounded_time(tmp_path):
+    fed = Federation(tmp_path / "fed")
+    try:
+        app = fed.app()
+        out = tmp_path / "flower"
+        fed.run(
+            app,
+            f"algorithm='dsgd-rp' num-server-rounds=500 output-dir='{out}' "
+            "set='privacy.epsilon=.inf'",
+        )
+        run_dir = out / "dsgd-rp-seed0"
+        deadline = time.monotonic() + 180
+        while True:  # a round or two charged: the federation is running
+            assert time.monotonic() < deadline, "no round was charged"
+            if (run_dir / "metrics.jsonl").exists():
+                rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+                if len(rows) >= 2:
+                    break
+            time.sleep(0.5)
+        superlink = fed.procs[0]
+        # the ServerApp process (under Flower's SuperExec, under the SuperLink)
+        below = _descendants(superlink.pid)
+        apps = [p for p, cmd in below.items() if b"serverapp" in cmd and _alive(p)]
+        assert apps, f"no ServerApp process under the SuperLink: {below}"
+        os.kill(superlink.pid, signal.SIGKILL)  # the SuperLink alone dies
+        killed = time.monotonic()
+        while any(_alive(p) for p in apps):
+            # superlink_timeout (20 s) after its SuperLink stopped answering
+            assert time.monotonic() - killed < 120, "the ServerApp is still running"
+            time.sleep(0.5)
+        summary = json.loads((run_dir / "flower.json").read_text())
+        assert summary["stopped"] == "superlink-lost"
+        ledger = PrivacyLedger.load(run_dir / "ledger.json")
+        assert ledger.rounds == summary["charged_rounds"] >= 2
+    finally:
+        fed.close()
 
 
 _STALLING_CLIENT = """

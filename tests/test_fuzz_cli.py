@@ -133,9 +133,14 @@ BASES: dict[str, tuple[list[str], bool]] = {
 #: Values a flag is given: edge cases first, then random ones.
 EDGES = [
     "0", "-1", "1", "2", "-0.0", "1e-300", "5e-324", "1.0000001", "1e300",
-    "1e400", "-1e400", "nan", "inf", "-inf", "", " ", "abc", "\x00\xff",
-    "\n", "9" * 5000, "1" + "0" * 400, "1000000000000", "0x10", "1e3",
-    " 3", "1_000", "--json",
+    "1e308", "1e400", "-1e400", "1e-400", "nan", "inf", "-inf", "", " ",
+    "abc", "\x00\xff", "\n", "9" * 5000, "1" + "0" * 400, "1000000000000",
+    "0x10", "1e3", " 3", "1_000", "1e-6_0", "--json",
+    # other scripts' digits and spaces: one spelling of numbers, refused
+    "\uff11", "\uff10.\uff15", "\u0661", "\u0660.\u0665", "1\u00a0",
+    "\u00a00.5", "1\u2009000",
+    # booleans as words are not numbers
+    "yes", "no", "true", "false",
 ]  # fmt: skip
 
 VALUES = st.one_of(
@@ -249,9 +254,61 @@ def run_cli(argv: list[str], *, parse_only: bool = False) -> tuple[int, str, str
 
 def _strict(text: str) -> Any:
     def refuse(name: str) -> Any:
-        raise AssertionError(f"--json printed {name}, which JSON does not have")
+        raise ValueError(f"--json printed {name}, which JSON does not have")
 
     return json.loads(text, parse_constant=refuse)
+
+
+#: The ways an input can fail to answer (:func:`verdict`); ``hang`` is an
+#: input that ran past :data:`HANG_SECONDS` (:func:`run_cli` raises
+#: :class:`_Hang`), ``traceback`` also one whose exception left ``main``.
+FAILURES = (
+    "traceback",
+    "hang",
+    "silent accept",
+    "unclear refusal",
+    "exit status",
+    "invalid output",
+)
+
+
+def verdict(
+    argv: list[str],
+    status: int,
+    out: str,
+    err: str,
+    *,
+    invalid: list[str],
+    named: bool = True,
+) -> tuple[str, str] | None:
+    """How an outcome breaks the rule, as (one of :data:`FAILURES`, detail).
+
+    The rule: exit 0 with a valid result, or exit 2 with one line; nothing
+    else. ``invalid``: the flags (or keys) given invalid values; the command
+    must refuse, and (if ``named``) its line must name one of them. ``None``:
+    the input answered as it must. Shared by the tests
+    (:func:`check_outcome`) and the fuzz report (``benchmarks/fuzz.py``), so
+    that both count by one rule.
+    """
+    if "Traceback" in err:
+        return "traceback", err[-2000:]
+    if status not in (0, 2):
+        return "exit status", f"{argv} exited {status}: {err[-500:]}"
+    if status == 0:
+        if invalid:
+            return "silent accept", f"accepted silently: {invalid} in {argv}"
+        if "--json" in argv and out.strip():
+            try:
+                _strict(out)
+            except ValueError as exc:
+                return "invalid output", f"{argv}: {exc}"
+        return None
+    lines = err.strip().splitlines()
+    if len(lines) != 1 or len(lines[0]) > 600 or "error" not in lines[0]:
+        return "unclear refusal", f"{argv}: {err[:2000]}"
+    if invalid and named and not any(flag in lines[0] for flag in invalid):
+        return "unclear refusal", f"{argv} names none of {invalid}: {lines[0]}"
+    return None
 
 
 def check_outcome(
@@ -263,23 +320,29 @@ def check_outcome(
     invalid: list[str],
     named: bool = True,
 ) -> None:
-    """Exit 0 with a valid result, or exit 2 with one line; nothing else.
+    """Exit 0 with a valid result, or exit 2 with one line (:func:`verdict`)."""
+    found = verdict(argv, status, out, err, invalid=invalid, named=named)
+    assert found is None, f"{found[0]}: {found[1]}"
 
-    ``invalid``: the flags (or keys) given invalid values; the command must
-    refuse, and (if ``named``) its line must name one of them.
-    """
-    assert "Traceback" not in err, err[-2000:]
-    assert status in (0, 2), (argv, status, err[-500:])
-    if status == 0:
-        assert not invalid, f"accepted silently: {invalid} in {argv}"
-        if "--json" in argv and out.strip():
-            _strict(out)
-        return
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and len(lines[0]) <= 600, err[:2000]
-    assert "error" in lines[0]
-    if invalid and named:  # one of the refused values is named
-        assert any(flag in lines[0] for flag in invalid), (argv, lines[0])
+
+def test_the_verdict_names_each_way_of_not_answering() -> None:
+    # the rule the tests assert and benchmarks/fuzz.py counts by
+    ok = "dpfl: error: --delta must be in (0, 1); got 2\n"
+    assert verdict(["x", "--delta", "2"], 2, "", ok, invalid=["--delta"]) is None
+    assert verdict(["x"], 0, "done\n", "", invalid=[]) is None
+    cases = [
+        ((0, "done", ""), ["--delta"], "silent accept"),
+        ((2, "", "Traceback (most recent call last):\n..."), [], "traceback"),
+        ((1, "", "dpfl: error: x\n"), [], "exit status"),
+        ((2, "", "dpfl: error: a\nand more\n"), [], "unclear refusal"),
+        ((2, "", "dpfl: error: something else\n"), ["--delta"], "unclear refusal"),
+        ((0, "NaN", ""), [], "invalid output"),
+    ]
+    for (status, out, err), invalid, kind in cases:
+        argv = ["account", "gaussian", "--json"]
+        found = verdict(argv, status, out, err, invalid=invalid)
+        assert found is not None and found[0] == kind, (status, out, err, found)
+        assert kind in FAILURES
 
 
 #: Flags the cost of a computation grows with. Where a command runs to
@@ -401,6 +464,7 @@ def test_every_accounting_command_answers_or_refuses(command: str, data: Any) ->
 PATHS = st.one_of(
     st.sampled_from(
         ["", ".", "..", "/", "/nonexistent/x", "no-such-dir", "a" * 5000, "\n", "-"]
+        + ["/dev/zero", "/dev/null", "/dev/stdin", "/proc/self/fd/0"]
     ),
     st.text(max_size=40).map(lambda s: s.replace("\x00", "")),
 )
@@ -431,6 +495,27 @@ def test_run_folder_commands_refuse_what_is_not_a_run(
         if path.startswith("-"):
             argv = [argv[0], "--", *argv[1:]]
         with _inside(empty):
+            status, out, err = run_cli(argv)
+        check_outcome(argv, status, out, err, invalid=[])
+        assert status == 2, (argv, out)
+
+
+def test_commands_given_a_fifo_answer_without_blocking(tmp_path: Any) -> None:
+    # `dpfl train FIFO --check` blocked forever: opening a FIFO for reading
+    # waits for a writer. Every command that reads a path refuses it at once.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "folder" / "config.yaml")  # a run folder's config
+    for argv in (
+        ["train", str(fifo), "--check"],
+        ["train", str(fifo)],
+        ["sweep", str(fifo), "--seeds", "0"],
+        ["resume", str(fifo), "--no-progress"],
+        ["resume", str(tmp_path / "folder"), "--no-progress"],
+        ["plot", str(fifo)],
+    ):
+        with _inside(tmp_path):
             status, out, err = run_cli(argv)
         check_outcome(argv, status, out, err, invalid=[])
         assert status == 2, (argv, out)

@@ -27,6 +27,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dpfl._validate import parse_number
 from test_fuzz_cli import _inside, check_outcome, run_cli
 
 PRESETS = sorted((Path(__file__).parent.parent / "presets").glob("*.yaml"))
@@ -57,13 +58,27 @@ TINY: dict[str, Any] = {
     "checkpoint_every": 1,
 }
 
+#: Numbers spelled in other scripts or with separators, and booleans spelled
+#: as words: refused wherever a number or a boolean is due (one spelling).
+SPELLINGS = [
+    "\uff11\uff12",  # full-width 12
+    "\u0661\u0662",  # Arabic-Indic 12
+    "1\u00a0",  # a no-break space after 1
+    "\u00a00.5",
+    "1_000",
+    "1e-6_0",
+    "0x10",
+    " 3",
+    "yes", "no", "on", "off", "true", "false", "True", "1", "0",
+]  # fmt: skip
+
 VALUES = st.one_of(
     st.sampled_from(
         [
-            0, -1, 1, 2, 10**12, 2**63, 10**400, 0.5, 1e-300, 1e300,
-            math.nan, math.inf, -math.inf, -0.0, "", "abc", "\x00\xff",
-            "x" * 5000, None, True, [], [1, 2], {}, {"a": 1}, "1e-5",
-            "../../escape", "/abs/path", "..", ".", "a/b", "a\\b",
+            0, -1, 1, 2, 10**12, 2**63, 10**400, 0.5, 1e-300, 1e300, 1e308,
+            5e-324, math.nan, math.inf, -math.inf, -0.0, "", "abc", "\x00\xff",
+            "x" * 5000, None, True, False, [], [1, 2], {}, {"a": 1}, "1e-5",
+            "../../escape", "/abs/path", "..", ".", "a/b", "a\\b", *SPELLINGS,
         ]
     ),
     st.integers(),
@@ -102,8 +117,11 @@ RAW: dict[str, bytes] = {
     "too large": b"# " + b"x" * (1 << 20) + b"\n",
 }
 
-#: Of RAW, the files a configuration reader must refuse.
-REFUSED = set(RAW) - {"empty"}  # empty: every key takes its default
+#: Of RAW, the files ``--check`` must refuse: all of them. (An empty file
+#: gives every key its default, a valid configuration, but not a run: the
+#: default equal-size partition needs data.records_per_client, and --check
+#: refuses what train would.)
+REFUSED = set(RAW)
 
 
 def _leaves(tree: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -112,18 +130,60 @@ def _leaves(tree: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     return [prefix] if prefix else []
 
 
+#: A parameter of each algorithm (and a valid value of it for its own).
+FOREIGN = {
+    "cohort_size": 4,
+    "participation_probability": 0.5,
+    "second_stage_size": 3,
+    "checkin_probability": 0.5,
+    "sync_probability": 0.5,
+    "local_learning_rate": 0.1,
+}
+
+
+def _own_params(name: Any) -> set[str]:
+    import dataclasses
+
+    from dpfl.sim.algorithms import algorithm_class
+
+    try:
+        return {f.name for f in dataclasses.fields(algorithm_class(str(name)).Params)}
+    except Exception:  # an unknown (mutated) name: refused anyway
+        return set()
+
+
+def _get(tree: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(tree, dict):
+            return None
+        tree = tree.get(key)
+    return tree
+
+
 def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     for key in path[:-1]:
         tree = tree[key]
     tree[path[-1]] = value
 
 
-def _known_invalid(path: tuple[str, ...], value: Any) -> bool:
-    """Values no configuration key accepts."""
+def _known_invalid(path: tuple[str, ...], value: Any, was: Any = None) -> bool:
+    """Values no configuration key accepts (``was``: the key's valid value)."""
     if isinstance(value, float) and math.isnan(value):
         return True
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
         return True
+    if isinstance(was, bool) and not isinstance(value, bool):
+        return True  # a boolean key: true or false, never "yes" or 1
+    if isinstance(was, int | float) and not isinstance(was, bool):
+        if isinstance(value, bool):
+            return True
+        if isinstance(value, str):  # a number key reads one spelling
+            try:
+                parse_number(value, integer=isinstance(was, int))
+            except ValueError:
+                return True
+    if path == ("privacy", "delta") and isinstance(value, int | float):
+        return not 1e-15 <= value < 1  # below 1e-15: refused (double precision)
     if path == ("name",):
         return (
             not isinstance(value, str)
@@ -181,9 +241,13 @@ def mutated(draw: Any, presets: bool = True) -> tuple[bytes, list[str]]:
     source = draw(st.sampled_from(PRESETS)) if presets else None
     tree = yaml.safe_load(source.read_text()) if source else copy.deepcopy(TINY)
     bad: dict[tuple[str, ...], bool] = {}  # the keys set, and if invalid
+    foreign: set[str] = set()  # parameters of other algorithms added
+    twice: set[str] = set()  # parameters also given beside the name
     leaves = _leaves(tree)
     for _ in range(draw(st.integers(1, 3))):
-        how = draw(st.sampled_from(["set", "set", "set", "delete", "add"]))
+        how = draw(
+            st.sampled_from(["set", "set", "set", "delete", "add", "foreign", "twice"])
+        )
         path = draw(st.sampled_from(leaves))
         if how == "delete":
             parent = tree
@@ -196,14 +260,39 @@ def mutated(draw: Any, presets: bool = True) -> tuple[bytes, list[str]]:
             key = draw(st.sampled_from(["unknown_key", "rounds ", "Seed"]))
             tree[key] = 1
             bad[(key,)] = True  # an unknown key is refused
+        elif how == "foreign" and isinstance(tree.get("algorithm"), dict):
+            # a parameter of another algorithm: not this one's, refused
+            name = tree["algorithm"].get("name", "dsgd-rp")
+            key, value = draw(st.sampled_from(sorted(FOREIGN.items())))
+            if key in _own_params(name):
+                continue
+            params = tree["algorithm"].setdefault("params", {})
+            if isinstance(params, dict):
+                params[key] = value
+                foreign.add(key)
+        elif how == "twice" and isinstance(tree.get("algorithm"), dict):
+            # a parameter beside name and under params: refused as given twice
+            params = tree["algorithm"].get("params")
+            if isinstance(params, dict) and params:
+                key = draw(st.sampled_from(sorted(params)))
+                tree["algorithm"][key] = params[key]
+                twice.add(key)
         else:
             value = draw(VALUES)
+            was = _get(tree, path)
             try:
                 _set(tree, path, value)
             except (TypeError, KeyError):
                 continue
             bad = {p: b for p, b in bad.items() if p[: len(path)] != path}
-            bad[path] = _known_invalid(path, value)
+            bad[path] = _known_invalid(path, value, was)
+    # what the later mutations left of the foreign and repeated keys
+    algorithm = tree.get("algorithm")
+    params = algorithm.get("params") if isinstance(algorithm, dict) else None
+    if isinstance(params, dict):
+        own = _own_params(algorithm.get("name", "dsgd-rp"))
+        bad.update({("p", k): True for k in foreign if k in params and k not in own})
+        bad.update({("a", k): True for k in twice if k in params and k in algorithm})
     invalid = [p[-1] for p, b in bad.items() if b]
     try:
         return _dump(tree), invalid
@@ -229,6 +318,7 @@ NAMED = {
     "latin1": "UTF-8",
     "deep list": "deeply",
     "deep mapping": "deeply",
+    "empty": "records_per_client",
 }
 
 
@@ -274,7 +364,7 @@ def test_set_overrides_validate_or_refuse(
     argv = ["train", str(config), "--check", "--set", f"{'.'.join(path)}={text}"]
     with _inside(tmp):
         status, out, err = run_cli(argv)
-    invalid = [path[-1]] if _known_invalid(path, value) else []
+    invalid = [path[-1]] if _known_invalid(path, value, _get(TINY, path)) else []
     check_outcome(argv, status, out, err, invalid=invalid)
 
 

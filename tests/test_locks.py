@@ -140,17 +140,19 @@ def test_expected_second_stage_size_against_closed_forms():
         1.0, norm_noise=0.0, floor=0.01, rng=np.random.default_rng(0), draws=40_000
     )
     assert got == pytest.approx(exact, abs=0.05)
-    # Every p2 = 1 (m2 beyond any K): every S1 client uploads, E|S2| = K q1.
+    # Every p2 = 1 (m2 = K, every released norm at a floor far above the
+    # norms and their noise, as the uniform baseline's preset does): every
+    # S1 client uploads, E|S2| = K q1.
     everyone = TwoStageSampler(
         num_clients=30,
         first_stage_probability=0.4,
-        second_stage_size=10**12,
+        second_stage_size=30,
         client_sizes=np.full(30, 3),
     )
     got = everyone.expected_second_stage_size(
         np.linspace(0.1, 1.0, 30),
         norm_noise=3.0,
-        floor=0.01,
+        floor=1e9,
         rng=np.random.default_rng(1),
         draws=40_000,
     )

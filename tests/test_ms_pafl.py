@@ -362,9 +362,9 @@ def test_training_improves_personalised_accuracy_and_resumes_exactly():
     assert after > max(before, 0.5) + 0.15
 
     other = _algorithm(ds, sigma=1.0, learning_rate=0.5, seed=5)
-    ledger = PrivacyLedger(None)
-    for entry in trainer.ledger.entries[:8]:
-        ledger.record(entry.event, participants=entry.participants)
+    ledger = PrivacyLedger(None)  # the ledger as saved with the checkpoint
+    for entry in trainer.ledger.entries[:8]:  # its chain covers the model digests
+        ledger.record(entry.event, participants=entry.participants, digest=entry.digest)
     resumed = Trainer(other, ledger=ledger, seed=0, noise_key=KEY)
     resumed.load_state_dict(state)
     resumed.run(4)

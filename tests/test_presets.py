@@ -63,6 +63,27 @@ def test_image_presets_build_their_model_at_the_datas_shape(name, shape, classes
     assert model(torch.zeros(2, *shape)).shape == (2, classes)
 
 
+@pytest.mark.slow  # every preset's data read and sigma calibrated: about 2 minutes
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_every_preset_passes_trains_checks(path):
+    # What `dpfl train PRESET` (and --check) checks before its first round,
+    # through the same code: a rule that a shipped preset breaks is caught
+    # here (LOCKS's second stage <= K once met a preset that wrote m2 = 1e12).
+    # A preset whose data set is not on this machine stops at the data, saying
+    # how to get it: all its other checks need the data.
+    from dpfl.data.loaders import DatasetNotFoundError
+    from dpfl.experiments.runner import prepare
+
+    config = load_config(path, [])
+    try:
+        prepared = prepare(config)
+    except DatasetNotFoundError as exc:
+        assert "dpfl data fetch" in str(exc)
+        pytest.skip(f"{config.data.name} is not on this machine")
+    assert prepared.config.privacy.noise_multiplier is not None
+    assert prepared.parameters > 0
+
+
 def _train(path: Path, tmp_path: Path, *extra: str):
     from dpfl.experiments.runner import run
 

@@ -51,21 +51,21 @@ from test_contract import (  # noqa: E402
     _ledger_json,
     _trainer,
 )
+from tiny_runs import run_key  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 TESTS = ROOT / "tests"
 
 
-def same_key(source_dir: Path, run_dir: Path) -> None:
-    """Give the run folder ``run_dir`` the secret noise key of ``source_dir``.
+def key_hex(run_dir: Path) -> str:
+    """The secret noise key of ``run_dir``, in hex (for a driver process).
 
     Two runs are the same run only under the same key (secure noise).
     """
-    from dpfl.sim.secure_noise import KEY_FILE
+    from dpfl.sim.secure_noise import KEY_FILE, read_key_file
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(source_dir / KEY_FILE, run_dir / KEY_FILE)
+    return read_key_file(run_dir / KEY_FILE).hex()
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -296,6 +296,9 @@ _DRIVER = textwrap.dedent(
     from dpfl.integrations import ray as dray
 
     tree, stall, flag = json.loads(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+    # the uninterrupted run's key (a test's comparison; a run makes its own)
+    from dpfl.sim import secure_noise
+    secure_noise.new_key = lambda: bytes.fromhex(sys.argv[4])
     gather = dray.RayExecutor._gather
 
     def stalled(self, ray, jobs, weights_ref, round_index, *rest):
@@ -326,9 +329,9 @@ def test_a_lost_driver_resumes_to_the_uninterrupted_run(local_ray, tmp_path):
         num_cpus_per_worker=0.25,
     )
     flag = tmp_path / "in-round"
-    same_key(whole.run_dir, tmp_path / "runs" / "lost")
+    key = key_hex(whole.run_dir)
     driver = subprocess.Popen(
-        [sys.executable, "-c", _DRIVER, json.dumps(tree), str(stall), str(flag)],
+        [sys.executable, "-c", _DRIVER, json.dumps(tree), str(stall), str(flag), key],
         env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -588,10 +591,11 @@ def test_a_run_over_two_ray_nodes_equals_the_in_process_run(tmp_path):
         )
         assert cli.returncode == 0, cli.stderr
         assert "2 workers ready on 2 node(s)" in cli.stderr
-        same_key(runs / "cli", runs / "whole")
-        whole = run(
-            config_from_dict(_run_tree(tmp_path, "whole", "batched")), progress=False
-        )
+        with run_key(runs / "cli"):
+            whole = run(
+                config_from_dict(_run_tree(tmp_path, "whole", "batched")),
+                progress=False,
+            )
         mine = PrivacyLedger.load(runs / "cli" / "ledger.json").to_json()["entries"]
         want = PrivacyLedger.load(whole.run_dir / "ledger.json").to_json()["entries"]
         assert mine == want

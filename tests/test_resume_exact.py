@@ -16,7 +16,7 @@ import pytest
 
 from dpfl.accounting import events as ev
 from dpfl.accounting.ledger import Budget, LedgerMismatchError, PrivacyLedger
-from tiny_runs import SHARED_KEY, tiny_config
+from tiny_runs import SHARED_KEY, run_key, tiny_config
 
 EVENT = ev.PoissonSampled(0.1, ev.Gaussian(1.0))
 
@@ -98,17 +98,18 @@ from dpfl.sim.callbacks import load_checkpoint  # noqa: E402
 from dpfl.sim.loop import Trainer  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _one_key() -> Any:
+    """Secure noise with one key for every run of a test: the runs compared
+    draw the same noise, replays use the sampler."""
+    with run_key(SHARED_KEY):
+        yield
+
+
 def tiny(tmp_path: Path, name: str, **top: Any) -> Any:
-    # 8 rounds, checkpoint every 3; secure noise with one key for every run of
-    # a test: the runs compared draw the same noise, replays use the sampler
+    # 8 rounds, checkpoint every 3
     return tiny_config(
-        tmp_path,
-        name,
-        rounds=8,
-        eval_every=2,
-        checkpoint_every=3,
-        key=SHARED_KEY,
-        **top,
+        tmp_path, name, rounds=8, eval_every=2, checkpoint_every=3, **top
     )
 
 

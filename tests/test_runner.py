@@ -15,13 +15,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("tqdm")
 
 from dpfl.accounting import events as ev  # noqa: E402
+from dpfl.accounting import schemes  # noqa: E402
 from dpfl.accounting.accountant import Accountant  # noqa: E402
 from dpfl.accounting.ledger import PrivacyLedger  # noqa: E402
 from dpfl.errors import DpflError  # noqa: E402
 from dpfl.experiments import config_from_dict, resume, run  # noqa: E402
 from dpfl.experiments.runner import read_metrics  # noqa: E402
 from dpfl.plotting import plot_epsilon_curves, plot_runs  # noqa: E402
-from tiny_runs import tiny_config  # noqa: E402
+from tiny_runs import run_key, tiny_config  # noqa: E402
 
 # A tiny task: 20 clients x 10 digits, p = q = 0.5, an MLP with 8 hidden units.
 SIGMA = 1.0
@@ -35,21 +36,6 @@ def run_event(sigma):
 
 def tiny(tmp_path, name="tiny", **top):
     return tiny_config(tmp_path, name, **top)
-
-
-def same_key(source_dir, config):
-    """Give ``config``'s new run folder the secret noise key of ``source_dir``.
-
-    Two runs are comparable only with the same key (secure noise, the
-    default); a run reads the key file it finds in its folder.
-    """
-    import shutil
-
-    from dpfl.sim.secure_noise import KEY_FILE
-
-    config.run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(source_dir / KEY_FILE, config.run_dir / KEY_FILE)
-    return config
 
 
 def final_model(run_dir):
@@ -135,9 +121,10 @@ def test_tiny_run_writes_all_files(tmp_path):
 def test_interrupt_then_resume_equals_uninterrupted(tmp_path, monkeypatch):
     # Prepare: an uninterrupted run, and the same run stopped by Ctrl-C after 3
     full = run(tiny(tmp_path, "full"), progress=False)
-    cfg = same_key(full.run_dir, tiny(tmp_path, "cut"))
+    cfg = tiny(tmp_path, "cut")
     interrupt_after(monkeypatch, 3)
-    cut = run(cfg, progress=False)
+    with run_key(full.run_dir):  # two runs compared draw for draw: one key
+        cut = run(cfg, progress=False)
     assert cut.stopped == "interrupted" and cut.rounds_completed == 3
     assert final_model(cfg.run_dir)[0] == 3  # checkpoint at the stop
     assert len(ledger_entries(cfg.run_dir)) == 3
@@ -161,9 +148,9 @@ def test_interrupt_then_resume_equals_uninterrupted(tmp_path, monkeypatch):
 def test_kill_between_checkpoints_replays_without_charging_again(tmp_path, monkeypatch):
     # A crash in round 4: checkpoint at round 2, ledger saved after round 3.
     full = run(tiny(tmp_path, "full"), progress=False)
-    cfg = same_key(full.run_dir, tiny(tmp_path, "killed"))
+    cfg = tiny(tmp_path, "killed")
     crash_at(monkeypatch, 4)
-    with pytest.raises(RuntimeError, match="killed"):
+    with run_key(full.run_dir), pytest.raises(RuntimeError, match="killed"):
         run(cfg, progress=False)
     assert final_model(cfg.run_dir)[0] == 2
     assert len(ledger_entries(cfg.run_dir)) == 3
@@ -223,17 +210,18 @@ def test_nonprivate_run_charges_nothing(tmp_path):
 @pytest.mark.slow  # .ci/run runs it (-m slow)
 def test_calibrated_run_meets_budget_tightly(tmp_path):
     # With no noise multiplier the run calibrates one: the resolved sigma must
-    # meet the budget under the guard's own computation (the default analysis,
-    # wcs, at the ledger's 2% bracket), 1% less noise must not (the calibrator
-    # stops at 0.2% in sigma), and the run completes all its rounds.
+    # meet the budget under the guard's own computation (the scheme's default
+    # analysis, sound, at the ledger's 2% bracket), 1% less noise must not (the
+    # calibrator stops at 0.2% in sigma), and the run completes all its rounds.
     cfg = tiny(tmp_path, rounds=5, privacy={"epsilon": 2.0, "noise_multiplier": None})
     res = run(cfg, progress=False)
     sigma = res.config.privacy.noise_multiplier
-    assert res.config.privacy.analysis == "wcs"
+    analysis = res.config.privacy.analysis
+    assert analysis == schemes.scheme_of(run_event(1.0)).default == "sound"
     assert res.stopped == "completed" and res.epsilon <= 2.0
 
     def eps(s):
-        acc = Accountant("wcs", tolerance=0.02)
+        acc = Accountant(analysis, tolerance=0.02)
         return acc.compose(run_event(s), 5).epsilon(1e-5).upper
 
     assert eps(sigma) <= 2.0 < eps(0.99 * sigma)
@@ -249,7 +237,7 @@ def test_calibrated_run_meets_budget_tightly(tmp_path):
         record_probability=Q,
         records_per_client=D,
         noise_multiplier=sigma,
-        analysis="wcs",
+        analysis=analysis,
     )
     assert b.upper == pytest.approx(2.0, rel=0.03)
 

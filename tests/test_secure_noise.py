@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import math
 import pickle
-import shutil
 import struct
 
 import numpy as np
@@ -31,7 +30,7 @@ from dpfl.sim.randomness import (  # noqa: E402
     client_streams,
     server_streams,
 )
-from tiny_runs import tiny_config  # noqa: E402
+from tiny_runs import run_key, tiny_config  # noqa: E402
 
 Z = 4.42  # two-sided normal quantile for a false-alarm rate of 1e-5
 KEY = bytes(range(32))
@@ -491,6 +490,9 @@ def test_key_file_is_private_written_once_and_never_in_config_or_checkpoint(
     with pytest.raises(DpflError, match="cannot be resumed without its key"):
         resume(result.run_dir, progress=False)
     path.write_text("not a key\n")
+    with pytest.raises(DpflError, match=r"mode 0644.*chmod 600"):
+        resume(result.run_dir, progress=False)  # others may read it
+    path.chmod(0o600)
     with pytest.raises(DpflError, match="32-byte hex key"):
         resume(result.run_dir, progress=False)
 
@@ -524,8 +526,6 @@ def test_a_resumed_secure_run_draws_what_the_uninterrupted_run_drew(
 
     whole = run(tiny(tmp_path, "whole", secure=True, rounds=3), progress=False)
     config = tiny(tmp_path, "cut", secure=True, rounds=3)
-    config.run_dir.mkdir(parents=True)
-    shutil.copy(whole.run_dir / sn.KEY_FILE, config.run_dir / sn.KEY_FILE)
     original = Trainer.step
 
     def step(self):
@@ -534,7 +534,7 @@ def test_a_resumed_secure_run_draws_what_the_uninterrupted_run_drew(
             os.kill(os.getpid(), signal.SIGINT)
         return report
 
-    with monkeypatch.context() as m:
+    with monkeypatch.context() as m, run_key(whole.run_dir):
         m.setattr(Trainer, "step", step)
         assert run(config, progress=False).stopped == "interrupted"
     assert resume(config.run_dir, progress=False).rounds_completed == 3
@@ -584,8 +584,9 @@ def test_a_released_round_cannot_be_denoised_from_the_config_and_code(
             m.setattr(CentralGaussian, "noise_std", lambda self, **kw: 0.0)
             config = tiny(tmp_path, name, secure=secure, sigma=20.0, rounds=1)
             if key_from is not None:
-                config.run_dir.mkdir(parents=True)
-                shutil.copy(key_from / sn.KEY_FILE, config.run_dir / sn.KEY_FILE)
+                m.setattr(
+                    sn, "new_key", lambda: sn.read_key_file(key_from / sn.KEY_FILE)
+                )
             run_dir = run(config, progress=False).run_dir
         w0 = build(config).weights.detach().double()
         estimate = (w0 - released(run_dir)) / config.algorithm.params.learning_rate
@@ -606,10 +607,10 @@ def test_a_released_round_cannot_be_denoised_from_the_config_and_code(
 
 
 def test_a_run_records_its_stream_and_resumes_with_it(tmp_path, monkeypatch):
-    # run.json records the stream a run draws from. A run that records none
-    # (started before streams were versioned) resumes with shake256-v1 and
-    # draws what it drew uninterrupted; a stream this dpfl lacks is refused
-    # in one line.
+    # run.json records the stream a run draws from (part of the run's
+    # identity). A run started under shake256-v1 resumes with shake256-v1,
+    # whatever this dpfl draws for new runs, and draws what it drew
+    # uninterrupted; a stream this dpfl lacks is refused in one line.
     import json
     import os
     import signal
@@ -625,8 +626,6 @@ def test_a_run_records_its_stream_and_resumes_with_it(tmp_path, monkeypatch):
         m.setattr(sn, "STREAM_VERSION", "shake256-v1")
         whole = run(tiny(tmp_path, "whole", secure=True, rounds=3), progress=False)
     config = tiny(tmp_path, "cut", secure=True, rounds=3)
-    config.run_dir.mkdir(parents=True)
-    shutil.copy(whole.run_dir / sn.KEY_FILE, config.run_dir / sn.KEY_FILE)
     original = Trainer.step
 
     def step(self):
@@ -635,18 +634,16 @@ def test_a_run_records_its_stream_and_resumes_with_it(tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)
         return report
 
-    with monkeypatch.context() as m:
+    with monkeypatch.context() as m, run_key(whole.run_dir):
         m.setattr(Trainer, "step", step)
         m.setattr(sn, "STREAM_VERSION", "shake256-v1")
         assert run(config, progress=False).stopped == "interrupted"
     path = config.run_dir / "run.json"
-    old = json.loads(path.read_text())
-    assert old.pop("stream_version") == "shake256-v1"
-    path.write_text(json.dumps(old))  # as the run.json of an earlier release
+    assert json.loads(path.read_text())["stream_version"] == "shake256-v1"
+    assert sn.STREAM_VERSION != "shake256-v1"  # new runs draw another stream
     assert resume(config.run_dir, progress=False).rounds_completed == 3
     assert torch.equal(released(config.run_dir), released(whole.run_dir))
 
-    old["stream_version"] = "chacha20-v9"
-    path.write_text(json.dumps(old))
-    with pytest.raises(DpflError, match="'chacha20-v9', which this dpfl does not"):
+    monkeypatch.setattr(sn, "STREAM_VERSIONS", (sn.STREAM_VERSION,))
+    with pytest.raises(DpflError, match="'shake256-v1', which this dpfl does not"):
         resume(config.run_dir, progress=False)

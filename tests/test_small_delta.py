@@ -286,3 +286,27 @@ def test_mixture_rounds_of_several_steps_are_composed_in_one_transform():
     assert _mixture_delta(b.upper, rounds, roles, 60) <= delta
     assert _mixture_delta(b.lower, rounds, roles, 60) > delta
     assert res.converged and b.gap <= 0.005
+
+
+def test_too_little_noise_for_the_loss_range_gives_the_trivial_bound():
+    # Random participation at sigma = 0.01 (d = 157, p = 1.26e-4, q = 3.2e-3):
+    # one round's loss keeps more than the tail mass beyond e^670, so no
+    # discretised PLD holds it. The answer is the trivial, always-valid one
+    # (epsilon in [0, inf], delta in [0, 1]), never an internal error; a
+    # calibration then reads "no guarantee" there and searches more noise.
+    from dpfl.accounting import participation as rp
+    from dpfl.accounting.events import ClientPoisson, Gaussian, RecordPoisson
+
+    kw = dict(
+        participation_probability=1.26e-4,
+        record_probability=3.2e-3,
+        records_per_client=157,
+        noise_multiplier=0.01,
+    )
+    b = rp.epsilon(6e-3, rounds=3, **kw)
+    assert (b.lower, b.upper) == (0.0, math.inf)
+    d = rp.delta(5.0, rounds=3, **kw)
+    assert (d.lower, d.upper) == (0.0, 1.0)
+    event = ClientPoisson(1.26e-4, RecordPoisson(3.2e-3, 157, Gaussian(0.01)))
+    acc = Accountant().compose(event, 3).epsilon(6e-3)
+    assert acc.upper == math.inf and acc.lower == 0.0

@@ -27,13 +27,20 @@ from dpfl.experiments import resume, run  # noqa: E402
 from dpfl.experiments.runner import read_metrics  # noqa: E402
 from dpfl.sim.callbacks import load_checkpoint  # noqa: E402
 from dpfl.sim.loop import Trainer  # noqa: E402
-from tiny_runs import SHARED_KEY, tiny_config  # noqa: E402
+from tiny_runs import SHARED_KEY, run_key, tiny_config  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_key() -> Any:
+    """One secure key for every run of this module (they are compared)."""
+    with run_key(SHARED_KEY):
+        yield
 
 
 def tiny(tmp_path: Path, name: str = "t", **privacy: Any) -> Any:
-    # a budget of 50 (the ledger has one to check); one secure key for all runs
+    # a budget of 50 (the ledger has one to check)
     privacy = {"epsilon": 50.0, **privacy}
-    return tiny_config(tmp_path, name, privacy=privacy, key=SHARED_KEY)
+    return tiny_config(tmp_path, name, privacy=privacy)
 
 
 def stop_after(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
@@ -80,11 +87,11 @@ def _save_json(path: Path, data: Any) -> None:
 
 def _rechain(data: dict[str, Any]) -> None:
     """Recompute the hash chain, as someone who knows dpfl's code would."""
-    head = {k: data[k] for k in ("guard", "analysis", "budget", "tolerance", "run")}
-    chain = digest(head)
-    for entry in data["entries"]:
+    keys = ("guard", "analysis", "budget", "tolerance", "run", "key")
+    chain = digest({k: data[k] for k in keys})
+    for entry, model in zip(data["entries"], data["digests"], strict=True):
         body = {k: v for k, v in entry.items() if k != "chain"}
-        chain = entry["chain"] = digest([chain, body])
+        chain = entry["chain"] = digest([chain, body, model])
     data["head"], data["count"] = chain, len(data["entries"])
 
 
@@ -304,8 +311,13 @@ def test_a_replay_that_differs_stops_naming_the_round(copy: Path, monkeypatch):
     # Another seed's noise in round 5 (the round past the checkpoint).
     from dpfl.sim import loop
 
-    real = loop.weights_digest
-    monkeypatch.setattr(loop, "weights_digest", lambda w: real(w + 1.0))
+    real, load = loop.weights_digest, loop.Trainer.load_state_dict
+
+    def loaded(self: Trainer, state: Any) -> None:
+        load(self, state)  # the checkpoint's model checks out; then it differs
+        monkeypatch.setattr(loop, "weights_digest", lambda w: real(w + 1.0))
+
+    monkeypatch.setattr(loop.Trainer, "load_state_dict", loaded)
     with pytest.raises(LedgerMismatchError, match="round 5 replayed differently"):
         resume(copy, progress=False)
     assert PrivacyLedger.load(copy / "ledger.json").released == 5

@@ -7,13 +7,40 @@ folder holds, how it resumes and what it refuses.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 #: One secret noise key for every run of a test that compares runs: two runs
 #: with secure noise (the default) draw the same noise only with one key.
 SHARED_KEY = bytes(range(32))
+
+
+@contextlib.contextmanager
+def run_key(key: bytes | Path) -> Iterator[bytes]:
+    """Runs started inside the block make ``key`` their secret noise key.
+
+    A run makes its own key and refuses a folder that holds one (two runs
+    with one key draw the same noise, which is what a test comparing two
+    runs draw for draw wants, and what a user must never get). Tests get it
+    by patching the key maker, ``dpfl.sim.secure_noise.new_key``.
+
+    Parameters
+    ----------
+    key : bytes or Path
+        The key, or a run folder whose key to take.
+    """
+    from dpfl.sim import secure_noise
+
+    if isinstance(key, Path):
+        key = secure_noise.read_key_file(key / secure_noise.KEY_FILE)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(secure_noise, "new_key", lambda: key)
+        yield key
 
 
 def tiny_config(
@@ -23,7 +50,6 @@ def tiny_config(
     privacy: dict[str, Any] | None = None,
     algorithm: dict[str, Any] | None = None,
     records_per_client: int = 10,
-    key: bytes | None = None,
     **top: Any,
 ) -> Any:
     """A :class:`~dpfl.experiments.config.RunConfig` of the tiny run.
@@ -38,9 +64,6 @@ def tiny_config(
         Keys that replace the defaults (σ 1, no budget; p = q = 0.5).
     records_per_client : int
         Records of each of the 20 clients.
-    key : bytes or None
-        A secret noise key written into the run folder before the run (so
-        that runs given the same key draw the same secure noise).
     **top
         Top-level keys that replace the defaults (rounds 6, seed 3, ...).
     """
@@ -70,10 +93,4 @@ def tiny_config(
         },
     }
     tree.update(top)
-    cfg = config_from_dict(tree)
-    if key is not None:
-        from dpfl.sim.secure_noise import KEY_FILE, write_key_file
-
-        cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        write_key_file(cfg.run_dir / KEY_FILE, key)
-    return cfg
+    return config_from_dict(tree)

@@ -7,6 +7,8 @@ names the parameter, the constraint and the value received.
 from __future__ import annotations
 
 import math
+import re
+from decimal import Decimal
 from numbers import Integral, Real
 
 from dpfl.errors import InvalidParameterError
@@ -29,8 +31,93 @@ NOISE_RANGE = (1e-3, 1e6)
 #: before that.
 MAX_EPSILON = 500.0
 
+#: The largest ε a noise multiplier is calibrated to. Past it no guarantee is
+#: left (e^100 is about 2.7e43), and the noise such a budget allows is so
+#: small that the accounting's cost to price it grows without bound (calibrating
+#: DP-FedAvg to ε = 500 searched for minutes). A budget up to
+#: :data:`MAX_EPSILON` may still guard a run whose σ is given.
+MAX_CALIBRATED_EPSILON = 100.0
+
 #: The largest seed: numpy's and torch's generators take 64-bit seeds.
 MAX_SEED = 2**63 - 1
+
+#: The smallest δ a command or a run accepts. The accounting computes δ in
+#: double precision, whose rounding (about 1e-16 of the probability mass,
+#: accumulated over a composition) it cannot tell apart from a smaller δ.
+MIN_DELTA = 1e-15
+
+# -- the spelling of a number ------------------------------------------------------
+#: An integer: an optional sign and ASCII digits.
+INT_PATTERN = r"[-+]?[0-9]+"
+#: A decimal number: an optional sign, ASCII digits with an optional point,
+#: an optional exponent (``1e-5``, ``.5``, ``2.``, ``-3.0E+2``).
+FLOAT_PATTERN = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+#: Infinity, as YAML (``.inf``) or Python (``inf``) spell it, any case.
+INF_PATTERN = r"[-+]?\.?(?:[iI][nN][fF](?:[iI][nN][iI][tT][yY])?)"
+#: Not a number, as YAML (``.nan``) or Python (``nan``) spell it: read as
+#: NaN so that the refusal says so.
+NAN_PATTERN = r"\.?[nN][aA][nN]"
+#: The longest spelling read (longer text is not a number dpfl takes).
+NUMBER_CHARS = 100
+
+_INT_RE = re.compile(INT_PATTERN)
+_REAL_RE = re.compile(f"{FLOAT_PATTERN}|{INF_PATTERN}|{NAN_PATTERN}")
+
+
+def parse_number(text: str, *, integer: bool = False) -> int | float:
+    """Read a number spelled in text: the one rule of configurations and flags.
+
+    The rule: ASCII digits ``0``-``9`` only, with an optional sign, decimal
+    point and exponent (``3``, ``-0.5``, ``1e-5``, ``.5``), or ``inf`` /
+    ``.inf`` (any case, with a sign) and ``nan``; nothing else. No spaces
+    (not even around the number), no ``_`` between digits, no hexadecimal or
+    octal, no other script's digits (full-width, Arabic-Indic, ...), no
+    no-break space: each of those is refused, never guessed.
+
+    Parameters
+    ----------
+    text : str
+        The spelling.
+    integer : bool
+        Read an integer: any spelling above whose value is a whole number
+        (``100``, ``1e3``, ``100.0``), read exactly.
+
+    Returns
+    -------
+    int or float
+        An int (an integer's spelling, or ``integer``), else a float (NaN and
+        infinities included: range checks are the caller's).
+
+    Raises
+    ------
+    ValueError
+        If ``text`` is not a number by this rule, spells a finite number
+        that a double cannot hold (``1e400``, ``1e-400``), or (``integer``)
+        is not a whole finite number below 2**63 in size.
+    """
+    if not isinstance(text, str) or len(text) > NUMBER_CHARS:
+        raise ValueError("not a number")
+    if _INT_RE.fullmatch(text):
+        return int(text)
+    if not _REAL_RE.fullmatch(text):
+        raise ValueError("not a number")
+    if not re.fullmatch(FLOAT_PATTERN, text):  # an infinity or NaN
+        if integer:
+            raise ValueError("not a whole number")
+        if "nan" in text.lower():
+            return math.nan
+        return -math.inf if text.startswith("-") else math.inf
+    if not integer:
+        value = float(text)
+        if math.isinf(value) or (
+            value == 0 and re.search(r"[1-9]", text.split("e")[0].split("E")[0])
+        ):
+            raise ValueError("outside the range of a double")
+        return value
+    exact = Decimal(text)
+    if abs(exact) >= 2**63 or exact != exact.to_integral_value():
+        raise ValueError("not a whole number")
+    return int(exact)
 
 
 def shown(value: object, limit: int = ECHO_LIMIT) -> str:

@@ -29,7 +29,15 @@ import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, NoReturn
 
-from dpfl._validate import MAX_EPSILON, MAX_ROUNDS, MAX_SEED, NOISE_RANGE
+from dpfl._validate import (
+    MAX_CALIBRATED_EPSILON,
+    MAX_EPSILON,
+    MAX_ROUNDS,
+    MAX_SEED,
+    MIN_DELTA,
+    NOISE_RANGE,
+    parse_number,
+)
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.errors import DpflError, InvalidParameterError
 
@@ -152,13 +160,12 @@ class _Domain:
         bad = argparse.ArgumentTypeError(
             f"must be {self.describe()}; got {shown(text)}"
         )
-        raw = text.strip()
-        if len(raw) > 40 or not raw:
-            raise bad
-        try:
-            value: Any = int(raw) if self.kind is int else float(raw)
+        try:  # the one spelling of a number (dpfl._validate.parse_number)
+            value: Any = parse_number(text, integer=self.kind is int)
         except ValueError:
             raise bad from None
+        if self.kind is float:
+            value = float(value)
         if math.isnan(value):
             raise bad
         low_ok = value > self.low if self.low_open else value >= self.low
@@ -174,9 +181,24 @@ def _ints(low: int, high: int, why: str = "") -> _Domain:
 
 _PROBABILITY = _Domain(float, 0.0, 1.0, low_open=True)
 _OPEN_UNIT = _Domain(float, 0.0, 1.0, low_open=True, high_open=True)
+_DELTA = _Domain(
+    float,
+    MIN_DELTA,
+    1.0,
+    high_open=True,
+    why=" (below 1e-15 the accounting's double-precision rounding exceeds delta)",
+)
 _POSITIVE = _Domain(float, 0.0, math.inf, low_open=True, high_open=True)
 _EPSILON = _Domain(
     float, 0.0, MAX_EPSILON, low_open=True, why=" (e^epsilon must stay finite)"
+)
+_CALIBRATED_EPSILON = _Domain(
+    float,
+    0.0,
+    MAX_CALIBRATED_EPSILON,
+    low_open=True,
+    why=" (no guarantee is left past it, and the noise it allows is too small "
+    "to price in bounded time)",
 )
 _ROUNDS = _ints(1, MAX_ROUNDS, " (the range the accounting answers in bounded time)")
 _RECORDS = _ints(1, MAX_RECORDS, " (the accounting's memory grows with it)")
@@ -197,10 +219,10 @@ FLAG_DOMAINS: dict[str, _Domain] = {
     "probability": _PROBABILITY,
     "sync_probability": _PROBABILITY,
     "participation": _PROBABILITY,
-    "delta": _OPEN_UNIT,
-    "local_delta": _OPEN_UNIT,
+    "delta": _DELTA,
+    "local_delta": _DELTA,
     "confidence": _OPEN_UNIT,
-    "threshold": _OPEN_UNIT,
+    "threshold": _DELTA,
     "epsilon": _EPSILON,
     "local_epsilon": _EPSILON,
     "noise_multiplier": _NOISE,
@@ -229,7 +251,8 @@ FLAG_DOMAINS: dict[str, _Domain] = {
     "hidden": _ints(1, 100_000),
 }
 
-#: Per-command overrides of :data:`FLAG_DOMAINS` (``prog`` suffix -> dest).
+#: Per-command overrides of :data:`FLAG_DOMAINS` (``prog`` suffix -> dest; a
+#: command's first word covers all its schemes, e.g. ``"calibrate"``).
 FLAG_DOMAINS_BY_COMMAND: dict[str, dict[str, _Domain]] = {
     # the training audits run real rounds on the digits (1,347 records)
     "audit dp-fedavg": {
@@ -244,6 +267,8 @@ FLAG_DOMAINS_BY_COMMAND: dict[str, dict[str, _Domain]] = {
     },
     # the demo trains four runs of --rounds rounds each
     "demo": {"rounds": _ints(1, 10_000)},
+    # every `calibrate SCHEME`: the ε a noise multiplier is calibrated to
+    "calibrate": {"epsilon": _CALIBRATED_EPSILON},
 }
 
 
@@ -258,7 +283,8 @@ def _check_flags(parser: argparse.ArgumentParser) -> None:
             continue
         command = parser.prog.partition(" ")[2]
         domain = FLAG_DOMAINS_BY_COMMAND.get(command, {}).get(action.dest)
-        domain = domain or FLAG_DOMAINS.get(action.dest)
+        group = FLAG_DOMAINS_BY_COMMAND.get(command.partition(" ")[0], {})
+        domain = domain or group.get(action.dest) or FLAG_DOMAINS.get(action.dest)
         if domain is None or domain.kind is not action.type:
             raise TypeError(  # a programming error: a new flag without a domain
                 f"flag {action.option_strings} of {parser.prog!r} has no domain"
@@ -1829,6 +1855,38 @@ def _flag_first(message: str, args: argparse.Namespace) -> str:
     return f"--{dest.replace('_', '-')}: {message}"
 
 
+#: Commands whose computation grows with their inputs and is bounded in time.
+_TIMED = ("account", "calibrate")
+
+
+def _answer_in_time(args: argparse.Namespace) -> Any:
+    """An accounting command answers within :data:`~dpfl._deadline.ANSWER_SECONDS`.
+
+    Past it, the command is refused in one line naming its inputs (the
+    accounting's cost grows with rounds and records, as epsilon grows and
+    as delta shrinks); other commands run without a limit here.
+    """
+    import contextlib
+
+    from dpfl._deadline import ANSWER_SECONDS, time_limit
+
+    if getattr(args, "command", None) not in _TIMED:
+        return contextlib.nullcontext()
+    shown_inputs = ", ".join(
+        f"--{k.replace('_', '-')} {v:g}"
+        for k, v in _inputs(args).items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    )
+    return time_limit(
+        ANSWER_SECONDS,
+        f"{args.command} {getattr(args, 'scheme', '')}: no answer within "
+        f"{ANSWER_SECONDS:g} s for {shown_inputs} (the accounting's cost grows "
+        "with the rounds and records, as epsilon grows and as delta shrinks); "
+        "use smaller values (a larger --delta, a smaller --epsilon, fewer "
+        "--rounds)",
+    )
+
+
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:
     """The options a command ran with (for ``--json``: a script logs them)."""
     skip = {"handler", "json", "plot", "command", "default_delta"}
@@ -1992,7 +2050,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.delta = args.default_delta
     try:
         with _quiet():
-            outcome = args.handler(args)
+            with _answer_in_time(args):  # the answer; a --plot is extra work
+                outcome = args.handler(args)
             if isinstance(outcome, Report):
                 print(
                     outcome.to_json(_inputs(args))

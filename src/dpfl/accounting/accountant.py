@@ -263,13 +263,16 @@ class Accountant:
                 max_grid_points=self.max_support,
                 resolution=self.resolution,
             )
-        except MemoryError:
-            # Last resort (the composition cap should prevent this): a closed
-            # upper value, and only the trivial 0 below, said so by the name.
+        except (MemoryError, pld.LossTailTooHeavy) as exc:
+            # Last resort (the composition cap should prevent a MemoryError; a
+            # too-heavy tail is too little noise): a closed upper value, and
+            # only the trivial 0 below, said so by the name.
             rdp_up = _fallback_upper(self._events, delta=delta, epsilon=epsilon)
-            if rdp_up is None:
+            if rdp_up is not None:
+                return Bound(0.0, 0.5 * rdp_up, rdp_up, "rdp-fallback-no-lower")
+            if isinstance(exc, MemoryError):
                 raise
-            return Bound(0.0, 0.5 * rdp_up, rdp_up, "rdp-fallback-no-lower")
+            return Bound.trivial(for_delta=delta is None)
         b = result.bound
         method = "pld-coarse" if result.coarse else "pld"
         if not result.converged:

@@ -52,6 +52,12 @@ class Bound:
         v = float(value)
         return cls(v, v, v, method)
 
+    @classmethod
+    def trivial(cls, *, for_delta: bool, method: str = "no-guarantee") -> Bound:
+        """What always holds: ε in [0, ∞], or δ in [0, 1] (loss too heavy to price)."""
+        top = 1.0 if for_delta else math.inf
+        return cls(0.0, top, top, method)
+
     @property
     def gap(self) -> float:
         """Relative width ``(upper - lower) / upper`` of the bracket (0 if exact)."""

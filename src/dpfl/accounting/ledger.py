@@ -26,9 +26,12 @@ temporary file and renames it over the old one (atomic on POSIX),
 :meth:`PrivacyLedger.load` restores the exact spend of a stopped run.
 
 Checksums. Entries form a hash chain: entry ``i`` carries
-``chain_i = sha256(chain_{i-1}, entry_i)``, starting from the SHA-256 of the
-ledger's header (budget, analysis, guard, tolerance and the digest of the run
-it belongs to), and each journal line carries its own link. :meth:`load`
+``chain_i = sha256(chain_{i-1}, entry_i, digest_i)``, where ``digest_i`` is the
+digest of the model the round released, starting from the SHA-256 of the
+ledger's header (budget, analysis, guard, tolerance, the digest of the run it
+belongs to and the fingerprint of the run's secret key), and each journal line
+carries its own link. A checkpoint records the chain hash at its round, so
+the chain ties it to every model released up to then. :meth:`load`
 recomputes the chain and refuses a file whose entries, header or count were
 changed, dropped or cut short (a torn *last* journal line, a crash
 mid-append, is the one thing skipped: that round was never checkpointed). The
@@ -83,7 +86,7 @@ __all__ = [
     "ledger_class",
 ]
 
-_FORMAT = 2
+_FORMAT = 3
 
 
 class LedgerMismatchError(DpflError):
@@ -145,9 +148,9 @@ class LedgerEntry:
         )
 
 
-def _link(previous: str, entry: dict[str, Any]) -> str:
-    """The chain hash after ``entry`` (its JSON form) following ``previous``."""
-    return _digest([previous, entry])
+def _link(previous: str, entry: dict[str, Any], digest: str | None) -> str:
+    """The chain hash after ``entry`` (its JSON form and model digest)."""
+    return _digest([previous, entry, digest])
 
 
 def _normal(entry: LedgerEntry) -> dict[str, Any]:
@@ -343,8 +346,12 @@ class PrivacyLedger:
     tolerance : float
         Relative bracket width passed to the :class:`Accountant`.
     run : str or None
-        Digest of the run the ledger belongs to (a run folder's frozen
-        configuration); part of the header the hash chain starts from.
+        Digest of the run the ledger belongs to (a run folder's identity:
+        frozen configuration, key and data fingerprints); part of the header
+        the hash chain starts from.
+    key : str or None
+        Fingerprint of the run's secret noise key (never the key); part of
+        the header the hash chain starts from.
     """
 
     #: Name of the budget guard, saved with the ledger so that
@@ -359,12 +366,14 @@ class PrivacyLedger:
         path: str | Path | None = None,
         tolerance: float = 0.02,
         run: str | None = None,
+        key: str | None = None,
     ) -> None:
         self.budget = budget
         self.analysis = schemes.check_analysis_name(analysis)
         self.path = None if path is None else Path(path)
         self.tolerance = tolerance
         self.run = run
+        self.key = key
         self._entries: list[LedgerEntry] = []
         self._chain: list[str] = []  # chain hash after each confirmed entry
         # entries read from disk past a rewind: released, awaiting their replay
@@ -405,6 +414,7 @@ class PrivacyLedger:
             "budget": None if self.budget is None else dataclasses.asdict(self.budget),
             "tolerance": self.tolerance,
             "run": self.run,
+            "key": self.key,
         }
 
     def chain_at(self, count: int) -> str:
@@ -423,7 +433,9 @@ class PrivacyLedger:
         return self._chain[count - 1] if count else _digest(self._header())
 
     def _append(self, entry: LedgerEntry) -> None:
-        self._chain.append(_link(self.chain_at(len(self._entries)), _normal(entry)))
+        self._chain.append(
+            _link(self.chain_at(len(self._entries)), _normal(entry), entry.digest)
+        )
         self._entries.append(entry)
 
     def rewind(self, count: int) -> None:
@@ -806,7 +818,11 @@ class PrivacyLedger:
         if not self._pending:
             return self
         copy = type(self)(
-            self.budget, analysis=self.analysis, tolerance=self.tolerance, run=self.run
+            self.budget,
+            analysis=self.analysis,
+            tolerance=self.tolerance,
+            run=self.run,
+            key=self.key,
         )
         copy._entries, copy._chain = self._all()
         return copy
@@ -951,6 +967,7 @@ class PrivacyLedger:
                 path=p,
                 tolerance=float(data.get("tolerance", 0.02)),
                 run=data.get("run"),
+                key=data.get("key"),
             )
             items = list(data.get("entries", []))
             digests = list(data.get("digests") or [None] * len(items))
@@ -1064,7 +1081,7 @@ class MomentsAccountantLedger(PrivacyLedger):
     tolerance : float
         Passed to the :class:`~dpfl.accounting.accountant.Accountant` for other
         analyses.
-    run : str or None
+    run, key : str or None
         As :class:`PrivacyLedger`.
 
     References
@@ -1085,6 +1102,7 @@ class MomentsAccountantLedger(PrivacyLedger):
         path: str | Path | None = None,
         tolerance: float = 0.02,
         run: str | None = None,
+        key: str | None = None,
     ) -> None:
         super().__init__(
             budget,
@@ -1092,6 +1110,7 @@ class MomentsAccountantLedger(PrivacyLedger):
             path=path,
             tolerance=tolerance,
             run=run,
+            key=key,
         )
 
     @staticmethod

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import math
 import os
 import pickle
 from collections.abc import Sequence
@@ -117,6 +118,10 @@ def _open(path: Path) -> Any:
     return gzip.open(path, "rb") if gz else open(path, "rb")
 
 
+#: The largest IDX body read (bytes): 64 GiB, far above any image set.
+_IDX_MAX_BYTES = 1 << 36
+
+
 def load_idx(path: str | os.PathLike[str]) -> np.ndarray:
     """Read an IDX file (the MNIST format), plain or gzip-compressed.
 
@@ -150,24 +155,36 @@ def load_idx(path: str | os.PathLike[str]) -> np.ndarray:
     if not p.is_file():
         raise DatasetNotFoundError(f"IDX file not found: {p}")
     with _open(p) as f:
-        raw = f.read()
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        raise DpflError(f"{p}: not an IDX file (magic {raw[:4]!r})")
-    code, ndim = raw[2], raw[3]
-    if code not in _IDX_DTYPES:
-        raise DpflError(f"{p}: unknown IDX type code 0x{code:02X}")
-    head = 4 + 4 * ndim
-    if len(raw) < head:
-        raise DpflError(f"{p}: truncated IDX header")
-    dims = tuple(int(v) for v in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
-    dtype = _IDX_DTYPES[code]
-    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
-    if len(raw) - head != expected:
+        magic = f.read(4)
+        if len(magic) < 4 or magic[0] != 0 or magic[1] != 0:
+            raise DpflError(f"{p}: not an IDX file (magic {magic[:4]!r})")
+        code, ndim = magic[2], magic[3]
+        if code not in _IDX_DTYPES:
+            raise DpflError(f"{p}: unknown IDX type code 0x{code:02X}")
+        header = f.read(4 * ndim)
+        if len(header) < 4 * ndim:
+            raise DpflError(f"{p}: truncated IDX header")
+        dims = tuple(int(v) for v in np.frombuffer(header, dtype=">u4", count=ndim))
+        dtype = _IDX_DTYPES[code]
+        # Python integers: exact, never wrapping around (2**64 is not 0)
+        expected = math.prod(dims) * dtype.itemsize
+        if expected > _IDX_MAX_BYTES:
+            raise DpflError(
+                f"{p}: IDX header promises {dims} of {dtype} ({expected} bytes), "
+                f"more than the {_IDX_MAX_BYTES} bytes an IDX file may hold here"
+            )
+        # at most one byte more than the header promises
+        body = f.read(expected + 1)
+    if len(body) != expected:
         raise DpflError(
             f"{p}: IDX header promises {dims} of {dtype} ({expected} bytes) but "
-            f"{len(raw) - head} bytes follow"
+            + (
+                f"more than {expected} bytes follow"
+                if len(body) > expected
+                else f"{len(body)} bytes follow"
+            )
         )
-    arr = np.frombuffer(raw, dtype=dtype, offset=head).reshape(dims)
+    arr = np.frombuffer(body, dtype=dtype).reshape(dims)
     return arr.astype(dtype.newbyteorder("="), copy=True)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ from dpfl.data.sources import load_csv, load_idx_files, load_npz
 from dpfl.data.synthetic import synthetic, synthetic_images
 from dpfl.errors import DpflError, InvalidParameterError
 
-__all__ = ["DATASETS", "get_dataset"]
+__all__ = ["DATASETS", "dataset_options", "get_dataset"]
 
 
 def _emnist(*, root: Any = None, split: str = "byclass", lean: bool = False) -> Dataset:
@@ -130,21 +131,56 @@ _GENERATORS: dict[str, Callable[..., FederatedDataset]] = {
 #: Names :func:`get_dataset` accepts.
 DATASETS = tuple(_LOADERS) + tuple(_GENERATORS)
 
-_FEDERATE_KEYS = {
-    "partition",
-    "num_clients",
-    "seed",
-    "client_test_records",
-    "shards_per_client",
-    "beta",
-    "records_per_client",
-    "min_size",
-    "allow_repeats",
+
+#: The types of the partition's keywords (:meth:`Dataset.federate` takes them
+#: as ``**kwargs``).
+_FEDERATE_TYPES: dict[str, Any] = {
+    "partition": str,
+    "num_clients": int | None,
+    "seed": int,
+    "client_test_records": int,
+    "shards_per_client": int,
+    "beta": float,
+    "records_per_client": int | None,
+    "min_size": int,
+    "allow_repeats": bool,
 }
 
 
 def _params(fn: Callable[..., Any]) -> set[str]:
     return set(inspect.signature(fn).parameters)
+
+
+_FEDERATE_KEYS = set(_FEDERATE_TYPES)
+
+
+def dataset_options(name: str) -> dict[str, tuple[Any, bool]] | None:
+    """The keywords :func:`get_dataset` takes for ``name``: type and if required.
+
+    Parameters
+    ----------
+    name : str
+        A data set name (as :func:`get_dataset` reads it).
+
+    Returns
+    -------
+    dict or None
+        Keyword to ``(type hint, required)``; ``None`` for an unknown name.
+    """
+    key = name.lower().replace("_", "-")
+    key = {"fashion": "fashion-mnist", "cifar-10": "cifar10"}.get(key, key)
+    fn = _GENERATORS.get(key) or _LOADERS.get(key)
+    if fn is None:
+        return None
+    hints = typing.get_type_hints(fn)
+    out = {
+        k: (hints.get(k, Any), p.default is inspect.Parameter.empty)
+        for k, p in inspect.signature(fn).parameters.items()
+        if p.kind is not p.VAR_KEYWORD
+    }
+    if key in _LOADERS:
+        out.update({k: (tp, False) for k, tp in _FEDERATE_TYPES.items()})
+    return out
 
 
 def get_dataset(name: str, **kwargs: Any) -> FederatedDataset:

@@ -20,6 +20,23 @@ from typing import Any
 __all__ = ["add_subcommands"]
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler writing to ``sys.stderr`` as it is when a record comes.
+
+    (``logging.StreamHandler(sys.stderr)`` keeps the stream it was made with:
+    a command run in-process with stderr redirected, then closed, would leave
+    it writing to a closed stream.)
+    """
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def _logging() -> None:
     """Show the runner's messages (calibration, budget stop, resume) on stderr.
 
@@ -33,7 +50,7 @@ def _logging() -> None:
     for name in ("dpfl.experiments", "dpfl.integrations"):
         logger = logging.getLogger(name)
         if not logger.handlers:
-            handler = logging.StreamHandler(sys.stderr)
+            handler = _Stderr()
             handler.setFormatter(logging.Formatter("%(message)s"))
             logger.addHandler(handler)
             logger.setLevel(logging.INFO)
@@ -108,13 +125,31 @@ def _train(args: argparse.Namespace) -> int:
     from dpfl.experiments.runner import run
     from dpfl.sim.callbacks import AccuracyFigure
 
-    _logging()
+    if not args.check:  # --check prints its verdict only, one line
+        _logging()
     overrides = list(args.set or [])
     if args.out is not None:
         overrides.append(f"output_dir={json.dumps(str(args.out))}")
     config = load_config(args.config, overrides)
     if args.check:
-        print(f"{args.config}: valid; the run would write {config.run_dir}")
+        # every check `train` makes before its first round, nothing written
+        from dpfl.experiments import rundir
+        from dpfl.experiments.runner import prepare
+
+        rundir.check_new_folder(config.run_dir)
+        prepared = prepare(config)
+        sigma = prepared.config.privacy.noise_multiplier
+        noise = (
+            "no noise (NOT PRIVATE)"
+            if not sigma
+            else f"noise multiplier {sigma:.4g}"
+            + (" (calibrated)" if config.privacy.noise_multiplier is None else "")
+        )
+        print(
+            f"{args.config}: valid; the run would write {config.run_dir} "
+            f"({prepared.dataset.num_clients} clients, {prepared.parameters} model "
+            f"parameters, {noise})"
+        )
         return 0
     return _finish(
         run(config, progress=not args.no_progress, callbacks=[AccuracyFigure()])
@@ -253,8 +288,10 @@ def add_subcommands(subparsers: Any) -> None:
     p.add_argument(
         "--check",
         action="store_true",
-        help="validate the configuration (keys, types, ranges) and exit: no data "
-        "is read, nothing is written",
+        help="run every check train makes before its first round and exit: keys, "
+        "types and ranges, the data read and partitioned, the privacy settings "
+        "against the algorithm and the data (sigma calibrated), sizes against "
+        "memory and time; nothing is written",
     )
     p.set_defaults(handler=_train)
 

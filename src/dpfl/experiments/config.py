@@ -30,15 +30,29 @@ import contextlib
 import dataclasses
 import difflib
 import math
+import os
+import re
+import stat
 import types
 import typing
+from collections import abc
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from dpfl._validate import MAX_EPSILON, MAX_ROUNDS, MAX_SEED, NOISE_RANGE, shown
+from dpfl._validate import (
+    FLOAT_PATTERN,
+    INT_PATTERN,
+    MAX_EPSILON,
+    MAX_ROUNDS,
+    MAX_SEED,
+    MIN_DELTA,
+    NOISE_RANGE,
+    parse_number,
+    shown,
+)
 from dpfl.accounting.ledger import GUARDS as LEDGER_GUARDS
 from dpfl.accounting.schemes import all_analyses
 from dpfl.errors import InvalidParameterError
@@ -95,7 +109,7 @@ def _address(v: Any) -> str | None:
     if v is None or v == "auto" or v.startswith("ray://"):
         return None
     host, sep, port = v.rpartition(":")
-    if sep and host and port.isdigit() and 0 < int(port) < 65536:
+    if sep and host and port.isascii() and port.isdigit() and 0 < int(port) < 65536:
         return None
     return "must be null (a local Ray instance), 'auto' or 'host:port'"
 
@@ -116,8 +130,13 @@ def _noise(v: Any) -> str | None:
     )
 
 
-def _open_unit(v: Any) -> str | None:
-    return None if v is None or 0 < v < 1 else "must be in (0, 1)"
+def _delta(v: Any) -> str | None:
+    if MIN_DELTA <= v < 1:
+        return None
+    return (
+        f"must be in [{MIN_DELTA:g}, 1) (below {MIN_DELTA:g} the accounting's "
+        "double-precision rounding exceeds delta)"
+    )
 
 
 def _one_of(choices: Sequence[str | None]) -> Any:
@@ -237,6 +256,72 @@ class DataConfig:
                 f"'natural' (all of the data's own clients); got partition "
                 f"{shown(self.partition)}"
             )
+        from dpfl.data.registry import dataset_options
+
+        schema = dataset_options(self.name)
+        if schema is not None:  # an unknown name: get_dataset lists the names
+            # what the runner passes itself (a section key left null passes
+            # nothing, and its option is then the one value)
+            given = {
+                "num_clients": "data.num_clients",
+                "seed": "seed (the run's seed seeds the data)",
+                "partition": "data.partition",
+                "records_per_client": "data.records_per_client",
+                "path": "data.path",
+            }
+            given = {
+                k: v
+                for k, v in given.items()
+                if k in ("num_clients", "seed") or getattr(self, k) is not None
+            }
+            checked = _check_options("data.options", self.options, schema, given)
+            object.__setattr__(self, "options", checked)
+            missing = [
+                k
+                for k, (_, required) in schema.items()
+                if required and k not in checked and k not in given
+            ]
+            if missing:
+                raise ConfigError(
+                    f"data.options.{missing[0]} is required for data.name "
+                    f"{shown(self.name)} (it takes {', '.join(sorted(schema))}); "
+                    "got none"
+                )
+
+
+def _check_options(
+    prefix: str,
+    options: Mapping[str, Any],
+    schema: Mapping[str, tuple[Any, bool]],
+    given: Mapping[str, str],
+) -> dict[str, Any]:
+    """Check free-form ``options`` against the keywords of what receives them.
+
+    Each option must be a keyword of the data loader or model (``schema``:
+    name to type hint and whether it is required), of its type: a boolean is
+    ``true`` or ``false`` (never a string such as ``"yes"``), a number follows
+    the one rule of numbers; an option that a section key already sets
+    (``given``: option to that key) is refused, as a key given twice.
+    Numbers come back as the type their keyword takes.
+    """
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        dotted = f"{prefix}.{key}"
+        if key in given:
+            raise ConfigError(
+                f"{dotted} is set by {given[key]}: a key given in two places is "
+                f"refused; keep one; got {shown(value)}"
+            )
+        if key not in schema:
+            raise _unknown(
+                prefix + ".", key, sorted(k for k in schema if k not in given)
+            )
+        checked = _coerce(dotted, value, schema[key][0])
+        plain = isinstance(checked, int | float) and not isinstance(checked, bool)
+        out[key] = checked if plain else value
+        if plain and isinstance(checked, float) and math.isnan(checked):
+            raise ConfigError(f"{dotted} must not be NaN; got {shown(value)}")
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +330,14 @@ class ModelConfig:
 
     name: str = "mlp"
     options: dict[str, Any] = _field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from dpfl.models.registry import model_options
+
+        schema = model_options(self.name)
+        if schema is not None:  # an unknown name: build_model lists the names
+            checked = _check_options("model.options", self.options, schema, {})
+            object.__setattr__(self, "options", checked)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +379,13 @@ def _build_algorithm_config(data: Mapping[str, Any], prefix: str) -> AlgorithmCo
     params = data.pop("params", None) or {}
     if not isinstance(params, Mapping):
         raise ConfigError(f"{prefix}params must be a mapping; got {shown(params)}")
+    twice = sorted(set(params) & set(data), key=str)
+    if twice:
+        key = twice[0]
+        raise ConfigError(
+            f"{prefix}{key} is given twice: beside name ({shown(data[key])}) and "
+            f"under params ({shown(params[key])}); keep one"
+        )
     params = {**params, **data}
     if "noise_multiplier" in params:
         raise ConfigError(
@@ -310,7 +410,7 @@ class PrivacyConfig:
         no guard and no calibration; then ``noise_multiplier`` must be
         given).
     delta : float
-        Total δ in (0, 1); must be below 1/n for n privacy units (records or
+        Total δ in [1e-15, 1); must be below 1/n for n privacy units (records or
         clients) unless ``allow_large_delta``.
     analysis : str or None
         The analysis that prices each round; ``None`` (default): the
@@ -350,7 +450,7 @@ class PrivacyConfig:
     """
 
     epsilon: float = _field(4.0, _epsilon)
-    delta: float = _field(1e-5, _open_unit)
+    delta: float = _field(1e-5, _delta)
     analysis: str | None = _field(None, _one_of((None, *all_analyses())))
     noise_multiplier: float | None = _field(None, _noise)
     guard: str = _field("accountant", _one_of(GUARDS))
@@ -543,7 +643,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         )
     if tp is Any:
         return value
-    if origin in (list, tuple) or tp in (list, tuple):
+    if origin in (list, tuple, abc.Sequence) or tp in (list, tuple):
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{key} must be a list; got {shown(value)}")
         args = typing.get_args(tp)
@@ -572,7 +672,11 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is int:
         if isinstance(value, bool):
             raise ConfigError(f"{key} must be an integer; got {shown(value)}")
+        if isinstance(value, str):
+            value = _spelled(key, value, integer=True)
         if isinstance(value, int):
+            if not INT_RANGE[0] <= value <= INT_RANGE[1]:
+                raise ConfigError(f"{key} must be a 64-bit integer; got {shown(value)}")
             return value
         if isinstance(value, float) and value.is_integer():
             if not INT_RANGE[0] <= value <= INT_RANGE[1]:
@@ -585,13 +689,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if isinstance(value, bool):
             raise ConfigError(f"{key} must be a number; got {shown(value)}")
         if isinstance(value, str):
-            # YAML 1.1 reads "1e-5" as a string; accept numeric strings.
-            try:
-                value = float(value)
-            except ValueError:
-                raise ConfigError(
-                    f"{key} must be a number; got {shown(value)} (str)"
-                ) from None
+            value = _spelled(key, value, integer=False)
         if not isinstance(value, int | float):
             raise ConfigError(
                 f"{key} must be a number; got {shown(value)} ({type(value).__name__})"
@@ -608,6 +706,23 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             )
         return value
     return value  # pragma: no cover - every field type is handled above
+
+
+def _spelled(key: str, text: str, *, integer: bool) -> int | float:
+    """A number written as a string, read by the one rule of dpfl's numbers.
+
+    (:func:`dpfl._validate.parse_number`: ASCII digits, sign, point and
+    exponent; no ``_``, spaces or other scripts' digits.)
+    """
+    try:
+        return parse_number(text, integer=integer)
+    except ValueError:
+        what = "an integer" if integer else "a number"
+        raise ConfigError(
+            f"{key} must be {what} written in ASCII digits (e.g. "
+            f"{'100 or 1e3' if integer else '0.5 or 1e-5'}; no '_', spaces or "
+            f"other digits); got {shown(text)} (str)"
+        ) from None
 
 
 def _unknown(prefix: str, key: str, known: Sequence[str]) -> ConfigError:
@@ -696,12 +811,33 @@ MAX_CONFIG_BYTES = 1 << 20
 
 
 class _RunConfigLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing aliases and repeated keys.
+    """YAML's safe loader, refusing aliases and repeated keys; strict scalars.
 
     An alias (``*name``) lets a few hundred bytes stand for a structure of
     billions of nodes (the "billion laughs"), which any later walk or message
     would expand; a repeated key silently drops the first value.
+
+    Scalars are read as YAML 1.2's core schema reads them, not 1.1's: a
+    boolean is ``true`` or ``false`` only (``yes``, ``no``, ``on``, ``off``
+    stay strings, which a boolean key refuses), and a number is spelled by
+    the one rule of :func:`dpfl._validate.parse_number` (ASCII digits; ``1e-5``
+    is a number, ``1_000``, ``0x10`` and ``1:30`` are strings, which a
+    number key refuses).
     """
+
+    def construct_yaml_int(self, node: Any) -> int:  # type: ignore[override]
+        return int(self.construct_scalar(node))
+
+    def construct_yaml_float(self, node: Any) -> float:  # type: ignore[override]
+        text = str(self.construct_scalar(node))
+        try:
+            return float(parse_number(text))
+        except ValueError:
+            raise ConfigError(
+                f"{shown(text)} (line {node.start_mark.line + 1}) is a number a "
+                "double cannot hold (it overflows to infinity or underflows to "
+                "0); write .inf for infinity"
+            ) from None
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -725,6 +861,34 @@ class _RunConfigLoader(yaml.SafeLoader):
                     )
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+_YAML_BOOL, _YAML_INT, _YAML_FLOAT = (
+    f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float")
+)
+_RunConfigLoader.yaml_implicit_resolvers = {
+    first: [
+        (tag, rx)
+        for tag, rx in rules
+        if tag not in (_YAML_BOOL, _YAML_INT, _YAML_FLOAT)
+    ]
+    for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_RunConfigLoader.add_implicit_resolver(
+    _YAML_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_RunConfigLoader.add_implicit_resolver(
+    _YAML_INT, re.compile(f"^{INT_PATTERN}$"), list("-+0123456789")
+)
+_RunConfigLoader.add_implicit_resolver(
+    _YAML_FLOAT,
+    # YAML's own spellings of infinity and NaN only: a bare ``inf`` stays a
+    # string (a run may be named so), which a number key reads as infinity
+    re.compile(rf"^(?:{FLOAT_PATTERN}|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."),
+)
+_RunConfigLoader.add_constructor(_YAML_INT, _RunConfigLoader.construct_yaml_int)
+_RunConfigLoader.add_constructor(_YAML_FLOAT, _RunConfigLoader.construct_yaml_float)
 
 
 def load_yaml(
@@ -903,13 +1067,26 @@ def read_config_file(path: str | Path) -> Any:
     p = Path(path)
     where = shown(str(p))
     try:
-        with p.open("rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        # non-blocking: opening a FIFO must not wait for a writer
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise ConfigError(f"configuration file not found: {where}") from None
-    except (OSError, ValueError) as exc:  # a folder, no permission, a NUL in the name
+    except (OSError, ValueError) as exc:  # no permission, a NUL in the name
         reason = getattr(exc, "strerror", None) or type(exc).__name__
         raise ConfigError(f"cannot read configuration file {where}: {reason}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(
+            f"configuration file {where} is not a regular file (a folder, FIFO, "
+            "socket or device); give the YAML file itself"
+        )
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read configuration file {where}: {exc.strerror}"
+            ) from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(
             f"configuration file {where} is larger than {MAX_CONFIG_BYTES} bytes; "

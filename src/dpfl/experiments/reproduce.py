@@ -1459,9 +1459,12 @@ def _locks_figures() -> list[Figure]:
 
 
 def _locks_experiment(scale: str) -> Experiment:
-    uniform = (  # as presets/locks-fmnist-uniform.yaml
-        "algorithm.params.second_stage_size=1000000000000",
+    # as presets/locks-fmnist-uniform.yaml: norms that carry nothing, every
+    # one the floor, so with m2 = K (100 clients in both presets) p2 = 1
+    uniform = (
+        "algorithm.params.second_stage_size=100",
         "algorithm.params.norm_noise_ratio=1000000.0",
+        "algorithm.params.norm_floor=1000000000.0",
         "algorithm.params.server_schedule=constant",
         "algorithm.params.server_learning_rate=1.0",
     )

@@ -11,18 +11,37 @@
     between creating and renaming them (``.ledger.json.XXXX``,
     ``.checkpoint.pt.XXXX``, ...); called once the lock is held, so no live
     writer owns them.
-``run.json`` (:func:`write_manifest`, :func:`check_frozen`)
-    Written when a run starts: the run's *frozen* definition (the ``data``,
-    ``model``, ``algorithm`` and ``privacy`` sections with σ as calibrated,
-    ``seed`` and ``rounds``: :data:`FROZEN_KEYS`) and its digest, the run
-    digest. The ledger's header and every checkpoint carry the run digest;
-    the checkpoint also carries the ledger's entry count and chain hash at
-    the time it was taken. ``dpfl resume`` refuses a ``config.yaml`` whose
-    frozen keys differ from ``run.json`` (naming them), a ledger or checkpoint
-    of another run, and a missing ledger beside a run that started.
+``run.json`` (:func:`write_manifest`, :func:`check_frozen`, :func:`check_identity`)
+    Written when a run starts: the run's *identity*. Its *frozen* definition
+    (the ``data``, ``model``, ``algorithm`` and ``privacy`` sections with σ
+    as calibrated, ``seed`` and ``rounds``: :data:`FROZEN_KEYS`); the
+    fingerprint of its secret key (:func:`key_fingerprint`, an HMAC of a
+    fixed label under the key: it names the key without revealing it); the
+    fingerprint of its data (:func:`data_fingerprint`: every training and
+    test record, label and client's record list, as read and partitioned);
+    and the secure noise stream it draws from
+    (:data:`dpfl.sim.secure_noise.STREAM_VERSION` when it starts; a resumed
+    run draws from the stream it recorded, :func:`recorded_stream`). Their
+    digest is the run digest. The ledger's header carries the run digest and
+    the key fingerprint, its hash chain every round's model digest; every
+    checkpoint carries the run digest, the ledger's entry count and chain
+    hash when it was taken. ``dpfl resume`` refuses, in one line naming the
+    file: a ``config.yaml`` whose frozen keys differ from ``run.json``
+    (naming them); a key or data other than the run's; a noise stream this
+    dpfl lacks; a ledger or checkpoint of another run; a checkpoint whose
+    model is not the one the ledger recorded for its round; and a missing
+    ledger beside a run that started.
+``secret.key`` (:func:`create_run_key`, :func:`read_run_key`)
+    The run's secret noise key, made when the run starts, readable by its
+    owner only. A new run refuses a folder that already holds a key (or a
+    ledger, checkpoint or ``run.json``): two runs with one key draw the same
+    noise, and the difference of their releases cancels it. A key file that
+    its group or others may read or write is refused, with the ``chmod`` to
+    run.
 
 What the checksums defend against: accidents (a truncated or corrupted file,
-a file from another run copied in, a half-finished write) and careless edits
+a file from another run copied in, two runs' files swapped, a half-finished
+write) and careless edits
 (``noise_multiplier: 0`` written into a stopped run's ``config.yaml``, an
 entry's σ raised, entries or the ledger deleted, a checkpoint's round count
 zeroed). They are plain SHA-256 digests without a secret: someone with write
@@ -36,32 +55,51 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
+import hmac
 import json
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dpfl._files import atomic_write, digest
 from dpfl.errors import DpflError
 
 __all__ = [
     "FROZEN_KEYS",
+    "KEY_FILE",
     "LOCK",
     "MANIFEST",
+    "RUN_FILES",
     "RunFolderBusyError",
     "RunLock",
     "check_frozen",
+    "check_identity",
+    "check_new_folder",
     "clean_orphans",
+    "create_run_key",
+    "data_fingerprint",
     "frozen",
+    "key_fingerprint",
     "read_manifest",
+    "read_run_key",
+    "recorded_stream",
     "run_lock",
     "write_manifest",
 ]
 
 LOCK = ".lock"
 MANIFEST = "run.json"
-_MANIFEST_FORMAT = 1
+#: The run's secret key file (:data:`dpfl.sim.secure_noise.KEY_FILE`).
+KEY_FILE = "secret.key"
+_MANIFEST_FORMAT = 2
+#: The files whose presence means a folder holds (or held) a run: a new run
+#: refuses such a folder.
+RUN_FILES = ("ledger.json", "checkpoint.pt", MANIFEST, KEY_FILE)
 
 #: Top-level config keys fixed when a run starts. The others (``name``,
 #: ``output_dir``, ``execution``, ``ray``, ``device``, ``max_clients``,
@@ -76,7 +114,7 @@ _ATOMIC = (
     "ledger.json",
     "checkpoint.pt",
     "guarantee.json",
-    "secret.key",  # dpfl.sim.secure_noise.KEY_FILE (linked, never renamed over)
+    KEY_FILE,  # linked, never renamed over
     MANIFEST,
 )
 
@@ -190,12 +228,206 @@ def frozen(tree: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_new_folder(run_dir: str | Path) -> None:
+    """Refuse to start a run in a folder that holds (or held) one.
+
+    Raises
+    ------
+    DpflError
+        Naming the first of :data:`RUN_FILES` found: a key (two runs with
+        one key draw the same noise), a ledger, a checkpoint or ``run.json``.
+    """
+    d = Path(run_dir)
+    for name in RUN_FILES:
+        path = d / name
+        if path.exists() or path.is_symlink():
+            what = (
+                "a secret key (a new run makes its own: two runs with one key "
+                "draw the same noise)"
+                if name == KEY_FILE
+                else "a run"
+            )
+            raise DpflError(
+                f"{path} exists: {d} already holds {what}; continue it with "
+                f"`dpfl resume {d}` or choose another name (--set name=...)"
+            )
+
+
+# -- the secret key --------------------------------------------------------------
+_FINGERPRINT_LABEL = b"dpfl/run-key-fingerprint/v1"
+
+
+def key_fingerprint(key: bytes) -> str:
+    """``HMAC-SHA256(key, "dpfl/run-key-fingerprint/v1")``, hex: names a key.
+
+    Equal keys give equal fingerprints; without the key, the fingerprint
+    says nothing about it (HMAC is a pseudo-random function) and no noise
+    can be computed from it.
+    """
+    return hmac.new(key, _FINGERPRINT_LABEL, hashlib.sha256).hexdigest()
+
+
+def create_run_key(run_dir: str | Path) -> bytes:
+    """Make a new run's secret key and write it to ``run_dir/secret.key`` (0600).
+
+    Raises
+    ------
+    DpflError
+        If the folder already holds a key file (never replaced or adopted).
+    """
+    from dpfl.sim import secure_noise
+
+    path = Path(run_dir) / KEY_FILE
+    if path.exists() or path.is_symlink():
+        raise DpflError(
+            f"{path} exists: a new run makes its own key and never adopts one "
+            "(two runs with one key draw the same noise); choose another name"
+        )
+    key = secure_noise.new_key()
+    secure_noise.write_key_file(path, key)
+    return key
+
+
+def read_run_key(run_dir: str | Path) -> bytes:
+    """Read a started run's secret key, refusing a file others may read.
+
+    Raises
+    ------
+    DpflError
+        If the file is missing, is not a regular file of its own (a link
+        to another run's key), may be read or written by its group or others
+        (the message gives the ``chmod 600`` to run), or does not hold a key.
+    """
+    from dpfl.sim import secure_noise
+
+    path = Path(run_dir) / KEY_FILE
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise DpflError(
+            f"{path} is missing: this run draws secret noise (privacy.secure_noise) "
+            "and cannot be resumed without its key; start a new run"
+        ) from None
+    if not stat.S_ISREG(info.st_mode):
+        raise DpflError(
+            f"{path} is not a regular file (a link or a device): a run's key is "
+            "its own file; refusing it"
+        )
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077:
+        raise DpflError(
+            f"{path} may be read or written by its group or others (mode "
+            f"{mode:04o}): a secret key is its owner's only; run `chmod 600 "
+            f"{path}` and resume"
+        )
+    return secure_noise.read_key_file(path)
+
+
+# -- the data ----------------------------------------------------------------------
+_ROWS_PER_CHUNK = 1 << 14
+
+
+def _feed(h: Any, label: str, value: Any) -> None:
+    """Hash a labelled array (or lazy feature source, or None) into ``h``."""
+    if value is None:
+        h.update(f"{label}:none;".encode())
+        return
+    data = getattr(value, "data", None)
+    if isinstance(data, np.ndarray) and not isinstance(value, np.ndarray):
+        value = data  # a ScaledUint8Features: its stored bytes
+    if isinstance(value, np.ndarray):
+        arr = np.ascontiguousarray(value)
+        h.update(f"{label}:{arr.dtype.str}:{arr.shape};".encode())
+        h.update(arr.reshape(-1).data.cast("B"))
+        return
+    shape = tuple(int(n) for n in value.shape)  # a lazy source: record by record
+    h.update(f"{label}:lazy:{shape};".encode())
+    for start in range(0, shape[0], _ROWS_PER_CHUNK):
+        part = np.ascontiguousarray(value[start : start + _ROWS_PER_CHUNK])
+        h.update(part.reshape(-1).data.cast("B"))
+
+
+def data_fingerprint(dataset: Any) -> str:
+    """SHA-256 of a federated data set as a run reads it: records and partition.
+
+    Covers every training record (features, labels), each client's record
+    indices, the test set and each client's test rows, the number of classes
+    and the input shape: the data's files as read and the partition as drawn.
+    Changed data (a file edited, a record moved from one client to another)
+    changes it.
+
+    Parameters
+    ----------
+    dataset : FederatedDataset
+        The data.
+
+    Returns
+    -------
+    str
+        64 hex digits.
+    """
+    h = hashlib.sha256()
+    h.update(
+        f"classes:{dataset.num_classes};shape:{tuple(dataset.input_shape)};".encode()
+    )
+    _feed(h, "features", dataset.features)
+    _feed(h, "labels", np.asarray(dataset.labels))
+    h.update(f"clients:{len(dataset.client_indices)};".encode())
+    for rows in dataset.client_indices:
+        _feed(h, "c", np.asarray(rows, dtype=np.int64))
+    _feed(h, "test_features", dataset.test_features)
+    _feed(
+        h,
+        "test_labels",
+        None if dataset.test_labels is None else np.asarray(dataset.test_labels),
+    )
+    tests = dataset.client_test_indices
+    h.update(f"client_tests:{'none' if tests is None else len(tests)};".encode())
+    for rows in tests or ():
+        _feed(h, "t", np.asarray(rows, dtype=np.int64))
+    return h.hexdigest()
+
+
+# -- run.json ----------------------------------------------------------------------
+def _identity(
+    fixed: dict[str, Any], key: str | None, data: str | None, stream: str | None
+) -> dict[str, Any]:
+    return {"frozen": fixed, "key": key, "data": data, "stream_version": stream}
+
+
+def run_digest(
+    tree: dict[str, Any],
+    *,
+    key: str | None,
+    data: str | None,
+    stream_version: str | None,
+) -> str:
+    """The run digest of a resolved configuration and its fingerprints.
+
+    Parameters
+    ----------
+    tree : dict
+        ``RunConfig.to_dict()`` (σ filled in).
+    key : str or None
+        :func:`key_fingerprint` of the run's key (``None``: no secure noise).
+    data : str or None
+        :func:`data_fingerprint` of its data.
+    stream_version : str or None
+        The secure noise stream the run draws from
+        (:data:`dpfl.sim.secure_noise.STREAM_VERSION` when it starts;
+        ``None``: no secure noise).
+    """
+    return digest(_identity(frozen(tree), key, data, stream_version))
+
+
 def write_manifest(
     run_dir: str | Path,
     tree: dict[str, Any],
     *,
+    key: str | None,
+    data: str | None,
+    stream_version: str | None,
     torch_threads: int | None = None,
-    stream_version: str | None = None,
 ) -> str:
     """Write ``run.json`` for a starting run; returns the run digest.
 
@@ -205,23 +437,23 @@ def write_manifest(
         The run folder.
     tree : dict
         The resolved configuration (``RunConfig.to_dict()``, σ filled in).
+    key, data, stream_version : str or None
+        As :func:`run_digest`.
     torch_threads : int or None
-        The torch thread count the run computes with (outside the frozen
-        part: it does not define the run, but a resumed run replays its
-        rounds bit for bit only with it, since matrix products sum in an
-        order that depends on it).
-    stream_version : str or None
-        The secure noise stream the run draws from
-        (:data:`dpfl.sim.secure_noise.STREAM_VERSION`; outside the frozen
-        part too: a resumed run draws from it).
+        The torch thread count the run computes with (outside the identity:
+        it does not define the run, but a resumed run replays its rounds bit
+        for bit only with it, since matrix products sum in an order that
+        depends on it).
     """
     fixed = frozen(tree)
-    run = digest(fixed)
-    manifest: dict[str, Any] = {"format": _MANIFEST_FORMAT, "run": run, "frozen": fixed}
+    run = digest(_identity(fixed, key, data, stream_version))
+    manifest: dict[str, Any] = {
+        "format": _MANIFEST_FORMAT,
+        "run": run,
+        **_identity(fixed, key, data, stream_version),
+    }
     if torch_threads is not None:
         manifest["torch_threads"] = int(torch_threads)
-    if stream_version is not None:
-        manifest["stream_version"] = str(stream_version)
     text = json.dumps(manifest, indent=1)
     atomic_write(Path(run_dir) / MANIFEST, lambda fh: fh.write(text), binary=False)
     return run
@@ -233,7 +465,8 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:
     Raises
     ------
     DpflError
-        If it is not valid JSON or fails its checksum.
+        If it is not valid JSON, was written by an older dpfl (without the
+        key and data fingerprints), or fails its checksum.
     """
     path = Path(run_dir) / MANIFEST
     try:
@@ -242,18 +475,111 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:
         return None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DpflError(f"{path} is corrupted ({exc}); refusing the run") from None
+    if isinstance(data, dict) and data.get("format") == 1:
+        raise DpflError(
+            f"{path} was written by an older dpfl (run.json format 1, without the "
+            "key and data fingerprints): finish the run with that version, or "
+            "start a new one"
+        )
     if (
         not isinstance(data, dict)
         or data.get("format") != _MANIFEST_FORMAT
         or not isinstance(data.get("frozen"), dict)
+        or not all(k in data for k in ("key", "data", "stream_version"))
     ):
         raise DpflError(f"{path} is not a dpfl run manifest")
-    if digest(data["frozen"]) != data.get("run"):
+    identity = _identity(
+        data["frozen"], data["key"], data["data"], data["stream_version"]
+    )
+    if digest(identity) != data.get("run"):
         raise DpflError(
-            f"{path} fails its checksum: the run's frozen definition was altered; "
-            "refusing the run"
+            f"{path} fails its checksum: the run's frozen definition or "
+            "fingerprints were altered; refusing the run"
         )
     return data
+
+
+def recorded_stream(
+    manifest: dict[str, Any], run_dir: str | Path, available: tuple[str, ...]
+) -> str | None:
+    """The secure noise stream a resumed run draws from: the one it started with.
+
+    The one place where ``run.json``'s ``"stream_version"`` is read. A run
+    continues with the stream it recorded (an older stream included, so that
+    it draws what the uninterrupted run drew), if this dpfl has it.
+
+    Parameters
+    ----------
+    manifest : dict
+        :func:`read_manifest`'s result.
+    run_dir : str or Path
+        The run folder (named in the message).
+    available : tuple of str
+        The streams this dpfl draws (:data:`dpfl.sim.secure_noise.STREAM_VERSIONS`).
+
+    Returns
+    -------
+    str or None
+        The stream (``None``: the run draws no secure noise).
+
+    Raises
+    ------
+    DpflError
+        One line naming ``run.json``, if this dpfl does not have the stream.
+    """
+    stream = manifest["stream_version"]
+    if stream is None:
+        return None
+    if stream not in available:
+        raise DpflError(
+            f"{Path(run_dir) / MANIFEST} says the run draws secure noise from stream "
+            f"{stream!r}, which this dpfl does not have (it has "
+            f"{', '.join(available)}): resume it with the dpfl that started it"
+        )
+    return str(stream)
+
+
+def check_identity(
+    manifest: dict[str, Any],
+    run_dir: str | Path,
+    *,
+    key: str | None,
+    data: str,
+) -> None:
+    """Refuse a key or data other than those the run started with.
+
+    Parameters
+    ----------
+    manifest : dict
+        :func:`read_manifest`'s result.
+    run_dir : str or Path
+        The run folder (named in the messages).
+    key : str or None
+        :func:`key_fingerprint` of the key file now in the folder (``None``:
+        no secure noise).
+    data : str
+        :func:`data_fingerprint` of the data as read now.
+
+    Raises
+    ------
+    DpflError
+        One line naming the file: ``secret.key`` (another run's key) or the
+        data (changed since the run started).
+    """
+    d = Path(run_dir)
+    if manifest["key"] != key:
+        raise DpflError(
+            f"{d / KEY_FILE} is not this run's key (its fingerprint differs from "
+            f"the one {MANIFEST} recorded): a key copied or swapped in from another "
+            "run would draw that run's noise; restore the run's own key file"
+        )
+    if manifest["data"] != data:
+        raise DpflError(
+            f"the data of {d} changed since the run started (its fingerprint "
+            f"differs from the one {MANIFEST} recorded): a record moved, added or "
+            "edited changes what the ledger covers; restore the data or start a "
+            "new run"
+        )
 
 
 def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:

@@ -28,9 +28,12 @@ folder ``output_dir/name/`` holding
     analysis and its status; beside an unproven analysis, the proven ε; and
     every other analysis of the scheme with its status.
 ``run.json``
-    The run's frozen definition (data, model, algorithm, privacy with σ as
-    calibrated, seed, rounds) and its digest, written when the run starts
-    (:mod:`dpfl.experiments.rundir`).
+    The run's identity, written when the run starts
+    (:mod:`dpfl.experiments.rundir`): its frozen definition (data, model,
+    algorithm, privacy with σ as calibrated, seed, rounds), the fingerprints
+    of its key and data, its noise stream, and their digest.
+``secret.key``
+    The run's secret noise key (owner-only), made by the run.
 ``.lock``
     The folder's lock: one ``dpfl train`` or ``dpfl resume`` at a time.
 
@@ -66,15 +69,23 @@ order that depends on the thread count): ``run.json`` records the count the
 run started with and an in-process replay uses it; resuming on another kind
 of machine or executor with rounds to replay stops at the first of them.
 
+Before any work, a run (and ``dpfl train --check``) passes :func:`prepare`:
+the data's files, sizes and δ against what the configuration already bounds,
+the data read, σ calibrated within a time limit, the model's size against
+memory and time (:mod:`dpfl.experiments.checks`). A new run refuses a folder
+that holds a key, ledger, checkpoint or ``run.json``, and makes its own key.
+
 Before resuming, the folder is checked: ``config.yaml``'s frozen keys against
 ``run.json`` (``noise_multiplier: 0`` written into a stopped run's config is
-refused, and a calibrated σ is never calibrated again), the ledger's and
-checkpoint's checksums and their run digest, the checkpoint's ledger position
-against the ledger, each ledger entry against what the frozen algorithm
-charges, and a missing ledger beside a run that started. Any failure is an
-error naming the file; nothing is ever reset to zero spend. The checksums
-catch accidents and careless edits, not someone with write access who
-recomputes them.
+refused, and a calibrated σ is never calibrated again), the key file (its
+mode, and its fingerprint against ``run.json``'s), the data's fingerprint, the
+recorded noise stream, the ledger's and checkpoint's checksums and their run
+identity, the checkpoint's ledger position against the ledger and its model
+against the ledger's digest for that round, each ledger entry against what
+the frozen algorithm charges, and a missing ledger beside a run that started.
+Any failure is an error naming the file; nothing is ever reset to zero spend.
+The checksums catch accidents, careless edits and files mixed from two runs,
+not someone with write access who forges a whole consistent folder.
 """
 
 from __future__ import annotations
@@ -89,13 +100,14 @@ from typing import Any
 
 import yaml
 
+from dpfl._deadline import TimeLimitExceeded, time_limit
 from dpfl._files import atomic_write as _atomic_write
-from dpfl._files import digest as _digest
 from dpfl._files import read_jsonl
+from dpfl._validate import MAX_CALIBRATED_EPSILON
 from dpfl.accounting import events as ev
 from dpfl.accounting import schemes
 from dpfl.accounting.ledger import Budget, PrivacyLedger, ledger_class
-from dpfl.errors import DpflError
+from dpfl.errors import BudgetExceededError, DpflError, InvalidParameterError
 from dpfl.experiments import rundir
 from dpfl.experiments.config import (
     ConfigError,
@@ -114,19 +126,30 @@ from dpfl.sim.callbacks import (
 from dpfl.sim.callbacks import progress as progress_callback
 
 __all__ = [
+    "CALIBRATION_SECONDS",
     "CHECKPOINT",
     "CONFIG",
     "GUARANTEE",
     "LEDGER",
     "METRICS",
     "RESUME_KEYS",
+    "Prepared",
     "RunResult",
+    "prepare",
     "read_metrics",
     "resume",
     "run",
 ]
 
 log = logging.getLogger("dpfl.experiments")
+
+#: The longest a run's calibration of σ may take (seconds) before it is
+#: refused, naming the budget: a bound on inputs no one limit catches (the
+#: extreme budgets are refused at once: privacy.epsilon above
+#: :data:`~dpfl._validate.MAX_CALIBRATED_EPSILON`, privacy.delta below
+#: :data:`~dpfl._validate.MIN_DELTA`). Calibrations of ordinary budgets take
+#: seconds to a minute or two on a laptop.
+CALIBRATION_SECONDS = 600.0
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
@@ -285,7 +308,7 @@ def _executor(config: RunConfig) -> Any:
     )
 
 
-def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
+def _resolve(config: RunConfig, dataset: Any, *, started: bool = False) -> RunConfig:
     """Check the privacy settings against the algorithm; fill in analysis and σ.
 
     :func:`dpfl.sim.plan.plan_privacy` (shared with :func:`dpfl.make_private`)
@@ -294,40 +317,138 @@ def _resolve(config: RunConfig, dataset: Any) -> RunConfig:
     algorithm's scheme does not offer, an unproven analysis or mechanism
     without ``privacy.allow_unproven``, and δ >= 1/n without
     ``privacy.allow_large_delta``; it calibrates σ when it is not given,
-    planning for the guard that will run.
+    planning for the guard that will run. Here too: a budget above
+    :data:`~dpfl._validate.MAX_CALIBRATED_EPSILON` to calibrate to is refused,
+    a calibration that runs past :data:`CALIBRATION_SECONDS` is refused, a
+    given σ is priced for one round as the guard will price it (for a run
+    that starts: a started one was priced when it started), and the
+    accounting's own refusals (a privacy loss it cannot price) come back as
+    one line naming the keys, never its internal message.
     """
     from dpfl.sim.algorithms import algorithm_class
     from dpfl.sim.algorithms.base import DataStats
     from dpfl.sim.plan import plan_privacy
 
     priv = config.privacy
-    plan = plan_privacy(
-        algorithm_class(config.algorithm.name),
-        config.algorithm.params,
-        DataStats.of(dataset),
-        epsilon=priv.epsilon,
-        delta=priv.delta,
-        rounds=config.rounds,
-        noise_multiplier=priv.noise_multiplier,
-        analysis=priv.analysis,
-        guard=priv.guard,
-        allow_unproven=priv.allow_unproven,
-        allow_large_delta=priv.allow_large_delta,
-        keys="privacy.",
-        error=ConfigError,
-        logger=log,
+    cls, stats = algorithm_class(config.algorithm.name), DataStats.of(dataset)
+    calibrates = (
+        priv.noise_multiplier is None
+        and cls.resolve_noise(config.algorithm.params, stats) is None
     )
-    tree = config.to_dict()
-    tree["algorithm"]["params"] = plan.params.to_dict()
-    tree["privacy"]["noise_multiplier"] = plan.noise_multiplier
-    if plan.event is not None:
-        tree["privacy"]["analysis"] = (
-            plan.analysis if priv.guard == "accountant" else None
+    if calibrates and priv.epsilon > MAX_CALIBRATED_EPSILON:
+        raise ConfigError(
+            f"privacy.epsilon must be <= {MAX_CALIBRATED_EPSILON:g} when the noise "
+            "multiplier is calibrated (privacy.noise_multiplier null): past it no "
+            "guarantee is left, and the noise it allows is too small to price in "
+            f"bounded time; got {priv.epsilon:g}; give privacy.noise_multiplier "
+            "to run under a larger budget"
         )
-    return config_from_dict(tree)
+    target = (
+        f"privacy.epsilon {priv.epsilon:g} at privacy.delta {priv.delta:g} over "
+        f"{config.rounds} rounds"
+    )
+    try:
+        with time_limit(
+            CALIBRATION_SECONDS,
+            f"the noise multiplier for {target} was not found within "
+            f"{CALIBRATION_SECONDS:g} s (the accounting's cost grows as epsilon "
+            "grows and delta shrinks); use a smaller privacy.epsilon, a larger "
+            "privacy.delta, or give privacy.noise_multiplier",
+        ):
+            plan = plan_privacy(
+                cls,
+                config.algorithm.params,
+                stats,
+                epsilon=priv.epsilon,
+                delta=priv.delta,
+                rounds=config.rounds,
+                noise_multiplier=priv.noise_multiplier,
+                analysis=priv.analysis,
+                guard=priv.guard,
+                allow_unproven=priv.allow_unproven,
+                allow_large_delta=priv.allow_large_delta,
+                keys="privacy.",
+                error=ConfigError,
+                logger=log,
+            )
+            tree = config.to_dict()
+            tree["algorithm"]["params"] = plan.params.to_dict()
+            tree["privacy"]["noise_multiplier"] = plan.noise_multiplier
+            if plan.event is not None:
+                tree["privacy"]["analysis"] = (
+                    plan.analysis if priv.guard == "accountant" else None
+                )
+            resolved = config_from_dict(tree)
+            if plan.event is not None and not plan.calibrated and not started:
+                _price_one_round(resolved, plan.event)
+    except (ConfigError, TimeLimitExceeded):
+        raise
+    except InvalidParameterError as exc:
+        # the algorithm's own checks against the data name a parameter
+        # (e.g. second_stage_size); the accounting's internal refusals (a
+        # privacy loss it cannot price) name the budget instead
+        fields = {f.name for f in dataclasses.fields(config.algorithm.params)}
+        first = str(exc).split(" ", 1)[0]
+        if first in fields:
+            raise ConfigError(f"algorithm.params.{exc}") from None
+        if not _raised_in_accounting(exc):
+            raise
+        sigma = priv.noise_multiplier
+        raise ConfigError(
+            f"{target} "
+            + ("" if sigma is None else f"with privacy.noise_multiplier {sigma:g} ")
+            + "is beyond what the accounting can price for this algorithm (the "
+            "privacy loss at such a small noise overflows its numerical range); "
+            + (
+                "use a smaller privacy.epsilon or a larger privacy.delta"
+                if sigma is None
+                else "use a larger privacy.noise_multiplier"
+            )
+        ) from None
+    return resolved
 
 
-def _ledger(config: RunConfig, run_dir: Path, run: str | None = None) -> PrivacyLedger:
+def _price_one_round(config: RunConfig, event: ev.Event) -> None:
+    """Price one round as the run's guard will, before the run (σ given).
+
+    A budget that does not admit even one round is the run's to report (it
+    stops at once, "budget reached"); a noise the accounting cannot price
+    raises here, before any work, instead of in round 1.
+    """
+    from dpfl.accounting.accountant import Accountant
+
+    ledger = _ledger(config, Path("."))
+    ledger.path = None
+    if ledger.budget is None:
+        return
+    try:
+        ledger.check(event)
+    except BudgetExceededError:
+        # over the budget at once: the run's to report, unless no finite
+        # epsilon holds at all (a loss too heavy to price), the config's
+        one = Accountant(ledger.analysis).compose(event).epsilon(ledger.budget.delta)
+        if math.isinf(one.upper):
+            sigma = config.privacy.noise_multiplier
+            raise ConfigError(
+                f"privacy.noise_multiplier {sigma:g} leaves no finite epsilon for "
+                "even one round (the privacy loss at such a small noise is too "
+                "heavy to price); use a larger privacy.noise_multiplier"
+            ) from None
+
+
+def _raised_in_accounting(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside :mod:`dpfl.accounting` (its internals)."""
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    if last is None:
+        return False
+    return "/dpfl/accounting/" in last.tb_frame.f_code.co_filename.replace("\\", "/")
+
+
+def _ledger(
+    config: RunConfig, run_dir: Path, run: str | None = None, key: str | None = None
+) -> PrivacyLedger:
     priv = config.privacy
     private = bool(priv.noise_multiplier)
     budget = (
@@ -336,8 +457,77 @@ def _ledger(config: RunConfig, run_dir: Path, run: str | None = None) -> Privacy
         else Budget(priv.epsilon, priv.delta)
     )
     return ledger_class(priv.guard)(
-        budget, analysis=priv.analysis, path=run_dir / LEDGER, run=run
+        budget, analysis=priv.analysis, path=run_dir / LEDGER, run=run, key=key
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A run's resolved configuration and what it built before its first round.
+
+    Attributes
+    ----------
+    config : RunConfig
+        The resolved configuration (σ calibrated, the analysis named).
+    dataset : FederatedDataset
+        The data, read and partitioned.
+    algorithm : FederatedAlgorithm
+        The algorithm with its model, on its device.
+    parameters : int
+        The model's parameter count.
+    """
+
+    config: RunConfig
+    dataset: Any
+    algorithm: Any
+    parameters: int
+
+
+def prepare(config: RunConfig, *, started: bool = False) -> Prepared:
+    """Every check a run makes before its first round, and what it builds.
+
+    The one validation path of ``dpfl train`` (:func:`run`) and ``dpfl train
+    --check``: the data's files (:func:`~dpfl.experiments.checks.check_paths`:
+    no FIFO or device), the data's size and δ >= 1/n from the configuration
+    before anything is generated
+    (:func:`~dpfl.experiments.checks.check_data_size`), the data read and
+    partitioned (a missing file, a wrong column, ...), the privacy settings
+    against the algorithm and the data (an unproven analysis without
+    ``privacy.allow_unproven``, δ >= 1/n, ...) with σ calibrated
+    (:func:`_resolve`, within :data:`~dpfl._deadline.ANSWER_SECONDS`), the
+    model's size against memory and its secure noise against time
+    (:func:`~dpfl.experiments.checks.check_model_size`), and the algorithm
+    built on its device. Nothing is written.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+    started : bool
+        The run is resumed (its σ was priced when it started).
+
+    Returns
+    -------
+    Prepared
+        The resolved configuration, the data, the algorithm.
+
+    Raises
+    ------
+    DpflError
+        One line naming the key, the constraint and the value.
+    """
+    from dpfl.experiments import checks
+
+    checks.check_paths(config)
+    checks.check_data_size(config)
+    dataset = _build_dataset(config)
+    if dataset.test_labels is None or len(dataset.test_labels) == 0:
+        log.info("the data has no test set: no test loss or accuracy is reported")
+    config = _resolve(config, dataset, started=started)
+    device = _device(config.device)
+    parameters = checks.check_model_size(config, dataset, device)
+    algorithm = _build_algorithm(config, dataset)
+    return Prepared(config, dataset, algorithm, parameters)
 
 
 # -- the run ------------------------------------------------------------------------
@@ -409,15 +599,9 @@ def _run_locked(
     """:func:`run` with the folder's lock held."""
     ckpt_path = run_dir / CHECKPOINT
     ledger_path = run_dir / LEDGER
-    manifest_path = run_dir / rundir.MANIFEST
-    if not resume and (
-        ckpt_path.exists() or ledger_path.exists() or manifest_path.exists()
-    ):
-        raise DpflError(
-            f"{run_dir} already holds a run; continue it with `dpfl resume "
-            f"{run_dir}` or choose another name (--set name=...)"
-        )
     manifest = rundir.read_manifest(run_dir) if resume else None
+    if not resume:
+        rundir.check_new_folder(run_dir)
     if manifest is not None:
         # before any calibration: a changed σ, budget or sampling is refused,
         # never re-derived
@@ -426,14 +610,18 @@ def _run_locked(
     if resume and not started:
         _check_unstarted(run_dir)
 
-    dataset = _build_dataset(config)
-    config = _resolve(config, dataset)
-    algorithm = _build_algorithm(config, dataset)
-    run_id = manifest["run"] if manifest is not None else _run_digest(config)
+    prepared = prepare(config, started=started)
+    config, dataset, algorithm = prepared.config, prepared.dataset, prepared.algorithm
 
     from dpfl.sim.loop import Trainer
 
     if started:
+        assert manifest is not None
+        noise, key = _started_noise(config, run_dir, manifest)
+        rundir.check_identity(
+            manifest, run_dir, key=key, data=rundir.data_fingerprint(dataset)
+        )
+        run_id = manifest["run"]
         if not ledger_path.exists():
             raise DpflError(
                 f"{ledger_path} is missing but {rundir.MANIFEST} says the run "
@@ -441,18 +629,15 @@ def _run_locked(
                 "never reset)"
             )
         ledger = PrivacyLedger.load(ledger_path)
-        if ledger.run != run_id:
+        if ledger.run != run_id or ledger.key != key:
             raise DpflError(
-                f"{ledger_path} belongs to another run (its run digest differs "
-                f"from {rundir.MANIFEST}'s)"
+                f"{ledger_path} belongs to another run (its run digest or key "
+                f"fingerprint differs from {rundir.MANIFEST}'s)"
             )
         _check_ledger(ledger, config)
         _check_entries(ledger, algorithm)
-    # the key file before run.json: a started secure run always has its key
-    noise = _noise(config, run_dir, started=started, manifest=manifest)
-    if not started:
-        ledger = _ledger(config, run_dir, run=run_id)
-        _start_files(run_dir, config, ledger)
+    else:
+        run_id, ledger, noise = _start(config, run_dir, dataset)
     execution = _executor(config)
     threads_before: int | None = None
     try:
@@ -465,7 +650,10 @@ def _run_locked(
         )
         if started and ckpt_path.exists():
             state = load_checkpoint(ckpt_path, run=run_id)
-            trainer.load_state_dict(state["trainer"])
+            try:
+                trainer.load_state_dict(state["trainer"])
+            except DpflError as exc:
+                raise type(exc)(f"{ckpt_path}: {exc}") from None
             log.info("resuming %s at round %d", run_dir, trainer.round)
         elif started and ledger.released:
             ledger.rewind(0)  # no checkpoint: every charged round is replayed
@@ -495,45 +683,61 @@ def _run_locked(
             torch.set_num_threads(threads_before)
 
 
-def _noise(
-    config: RunConfig,
-    run_dir: Path,
-    *,
-    started: bool,
-    manifest: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The Trainer's noise arguments: the run's secret key and stream version.
-
-    A new secure run makes its key (:data:`~dpfl.sim.secure_noise.KEY_FILE`,
-    never in the config or the checkpoint); a started one must have it. A
-    new run draws from :data:`~dpfl.sim.secure_noise.STREAM_VERSION`; a
-    resumed one from the version its ``run.json`` records (``"shake256-v1"``
-    when it records none: the run predates the record), so that it draws
-    what the uninterrupted run drew. A version this dpfl does not know is
-    refused.
-    """
-    from dpfl.sim.secure_noise import (
-        STREAM_VERSION,
-        STREAM_VERSIONS,
-        load_or_create_key,
-    )
-
+def _stream(config: RunConfig) -> str | None:
+    """The secure noise stream a new run draws from (``None``: seeded noise)."""
     if not config.privacy.secure_noise:
-        return {"secure_noise": False}
-    version = STREAM_VERSION
-    if manifest is not None:
-        version = manifest.get("stream_version", STREAM_VERSIONS[0])
-        if version not in STREAM_VERSIONS:
-            raise DpflError(
-                f"{run_dir / rundir.MANIFEST} says the run draws secure noise from "
-                f"stream {version!r}, which this dpfl does not have (it has "
-                f"{', '.join(STREAM_VERSIONS)}): resume it with the dpfl that "
-                "started it"
-            )
-    return {
-        "noise_key": load_or_create_key(run_dir, started=started),
-        "stream_version": version,
+        return None
+    from dpfl.sim.secure_noise import STREAM_VERSION
+
+    return STREAM_VERSION
+
+
+def _started_noise(
+    config: RunConfig, run_dir: Path, manifest: dict[str, Any]
+) -> tuple[dict[str, Any], str | None]:
+    """A started run's noise arguments and key fingerprint.
+
+    The key from its key file (:func:`~dpfl.experiments.rundir.read_run_key`),
+    the stream it recorded when it started
+    (:func:`~dpfl.experiments.rundir.recorded_stream`: an older stream
+    included, so that it draws what the uninterrupted run drew).
+    """
+    if not config.privacy.secure_noise:
+        return {"secure_noise": False}, None
+    from dpfl.sim.secure_noise import STREAM_VERSIONS
+
+    stream = rundir.recorded_stream(manifest, run_dir, STREAM_VERSIONS)
+    key = rundir.read_run_key(run_dir)
+    return {"noise_key": key, "stream_version": stream}, rundir.key_fingerprint(key)
+
+
+def _start(
+    config: RunConfig, run_dir: Path, dataset: Any
+) -> tuple[str, PrivacyLedger, dict[str, Any]]:
+    """Start a run in an empty folder: its key, identity, ledger and files.
+
+    The run makes its own secret key (never one found in the folder), then
+    writes ``config.yaml``, the empty ledger and ``run.json`` (in that order:
+    a folder with ``run.json`` has the others). Returns the run digest, the
+    ledger and the Trainer's noise arguments.
+    """
+    rundir.check_new_folder(run_dir)
+    stream = _stream(config)
+    if stream is not None:
+        key_bytes = rundir.create_run_key(run_dir)
+        noise: dict[str, Any] = {"noise_key": key_bytes, "stream_version": stream}
+        key: str | None = rundir.key_fingerprint(key_bytes)
+    else:
+        noise, key = {"secure_noise": False}, None
+    identity = {
+        "key": key,
+        "data": rundir.data_fingerprint(dataset),
+        "stream_version": stream,
     }
+    run_id = rundir.run_digest(config.to_dict(), **identity)
+    ledger = _ledger(config, run_dir, run=run_id, key=key)
+    _start_files(run_dir, config, ledger, identity)
+    return run_id, ledger, noise
 
 
 def _replay_threads(manifest: dict[str, Any], config: RunConfig) -> int | None:
@@ -562,12 +766,9 @@ def _replay_threads(manifest: dict[str, Any], config: RunConfig) -> int | None:
     return before
 
 
-def _run_digest(config: RunConfig) -> str:
-    """The digest of a resolved configuration's frozen keys (``run.json``)."""
-    return _digest(rundir.frozen(config.to_dict()))
-
-
-def _start_files(run_dir: Path, config: RunConfig, ledger: PrivacyLedger) -> None:
+def _start_files(
+    run_dir: Path, config: RunConfig, ledger: PrivacyLedger, identity: dict[str, Any]
+) -> None:
     """A starting run's files, in this order: config, empty ledger, manifest.
 
     ``run.json`` comes last: a folder that has it has the other two, so a
@@ -577,23 +778,19 @@ def _start_files(run_dir: Path, config: RunConfig, ledger: PrivacyLedger) -> Non
 
     _write_config(run_dir, config)
     ledger.save()
-    from dpfl.sim.secure_noise import STREAM_VERSION
-
     rundir.write_manifest(
-        run_dir,
-        config.to_dict(),
-        torch_threads=torch.get_num_threads(),
-        stream_version=STREAM_VERSION,
+        run_dir, config.to_dict(), torch_threads=torch.get_num_threads(), **identity
     )
 
 
 def _check_unstarted(run_dir: Path) -> None:
     """Resuming a folder without ``run.json``: only a run that never began.
 
-    A run writes ``config.yaml``, then an empty ledger, then ``run.json``
-    before its first round; a kill between them leaves at most an empty
-    ledger, and the run starts afresh. Anything more without ``run.json`` is
-    refused.
+    A run writes its key, ``config.yaml``, then an empty ledger, then
+    ``run.json`` before its first round; a kill between them leaves at most a
+    key and an empty ledger, which nothing was released with: both are
+    removed and the run starts afresh, with a new key. Anything more without
+    ``run.json`` is refused.
     """
     if (run_dir / CHECKPOINT).exists():
         raise DpflError(
@@ -608,6 +805,8 @@ def _check_unstarted(run_dir: Path) -> None:
                 f"no {rundir.MANIFEST}: it was deleted or the run was written by "
                 "an older dpfl; refusing to resume it"
             )
+        (run_dir / LEDGER).unlink()
+    (run_dir / rundir.KEY_FILE).unlink(missing_ok=True)
 
 
 def _check_entries(ledger: PrivacyLedger, algorithm: Any) -> None:

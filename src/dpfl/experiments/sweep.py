@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dpfl._validate import MAX_SEED, shown
+from dpfl._validate import MAX_SEED, parse_number, shown
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.experiments.config import (
     ConfigError,
@@ -93,11 +93,11 @@ def parse_seeds(text: str) -> list[int]:
     """
     seeds: list[int] = []
     for item in str(text).split(","):
-        item = item.strip()
+        item = item.strip(" ")
         lo, sep, hi = item.partition("-")
-        try:
-            a = int(lo)
-            b = int(hi) if sep else a
+        try:  # the one spelling of numbers (ASCII digits)
+            a = int(parse_number(lo, integer=True))
+            b = int(parse_number(hi, integer=True)) if sep else a
         except ValueError:
             raise InvalidParameterError(
                 f"seeds must be integers or ranges A-B separated by commas; "

@@ -61,6 +61,9 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -92,7 +95,7 @@ import yaml
 
 from dpfl._files import atomic_write
 from dpfl.errors import DpflError, InvalidParameterError
-from dpfl.experiments import runner
+from dpfl.experiments import rundir, runner
 from dpfl.experiments.config import RunConfig, config_from_dict
 from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages, Task
 from dpfl.sim.algorithms.base import Message as DpflMessage
@@ -102,6 +105,7 @@ from dpfl.sim.randomness import Streams, client_streams
 from dpfl.sim.secure_noise import STREAM_VERSION
 
 __all__ = [
+    "EXIT_SUPERLINK_LOST",
     "DpflStrategy",
     "build_trainer",
     "client_app",
@@ -119,6 +123,9 @@ PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 #: The ClientApp's error code when it refuses a task (Flower's own codes are < 100).
 REFUSED = 100
+#: The ServerApp's exit status when its SuperLink is gone (BSD's EX_TEMPFAIL:
+#: try again later, e.g. with ``dpfl resume``).
+EXIT_SUPERLINK_LOST = 75
 
 ConfigFn = Callable[[Context], RunConfig]
 
@@ -158,11 +165,12 @@ def build_trainer(
     config : RunConfig
         The run; σ is calibrated if it is ``None``.
     ledger_path : bool
-        Give the ledger the run folder's ``ledger.json`` as its path.
+        Start the run in its folder (which must hold no run): its own secret
+        key, ``config.yaml``, the ledger (``ledger.json``) and ``run.json``,
+        as ``dpfl train`` does.
     noise_key : bytes or None
-        The run's secret noise key (``privacy.secure_noise``); ``None``: the
-        run folder's key file (made if new) with ``ledger_path``, else a
-        fresh key.
+        Without ``ledger_path`` only: the secret noise key of an in-memory
+        trainer (``privacy.secure_noise``; ``None``: a fresh one).
 
     Returns
     -------
@@ -184,22 +192,28 @@ def build_trainer(
             "yet (its clients would draw their own noise; the simulator's server "
             "draws it); use server: trusted"
         )
-    dataset = runner._build_dataset(config)
-    config = runner._resolve(config, dataset)
-    algorithm = runner._build_algorithm(config, dataset)
+    if ledger_path and noise_key is not None:
+        raise InvalidParameterError(
+            "noise_key is for a trainer without a run folder (ledger_path=False): "
+            "a run folder's run makes its own key; got a key with ledger_path=True"
+        )
+    # the checks and builders of `dpfl train` (dpfl.experiments.runner.prepare)
+    prepared = runner.prepare(config)
+    config, algorithm = prepared.config, prepared.algorithm
+    noise: dict[str, Any]
     if ledger_path:
-        ledger = runner._ledger(config, config.run_dir, run=runner._run_digest(config))
+        # a new run: its own key, identity, ledger, config.yaml and run.json
+        _, ledger, noise = runner._start(config, config.run_dir, prepared.dataset)
     else:
         ledger = runner._ledger(config, Path("."))
         ledger.path = None
-    # secure noise: the key lives in the run folder (a fresh one without it)
-    noise: dict[str, Any] = (
-        {"noise_key": noise_key}
-        if noise_key is not None and config.privacy.secure_noise
-        else runner._noise(config, config.run_dir, started=False)
-        if ledger_path or not config.privacy.secure_noise
-        else {}
-    )
+        noise = (
+            {"secure_noise": False}
+            if not config.privacy.secure_noise
+            else {}
+            if noise_key is None
+            else {"noise_key": noise_key}
+        )
     trainer = Trainer(
         algorithm,
         ledger=ledger,
@@ -372,11 +386,16 @@ class DpflStrategy(Strategy):
         round.
     discovery_timeout : float
         Seconds to wait at start for a node of every partition.
+    superlink_timeout : float
+        Seconds the SuperLink may stay unreachable before the ServerApp
+        leaves (see :meth:`start`).
 
     Raises
     ------
     dpfl.errors.DpflError
-        If the run folder already holds a run.
+        If another process holds the run folder (its lock, as ``dpfl train``
+        takes it), or the folder already holds a run (a ledger, checkpoint,
+        ``run.json`` or secret key).
     """
 
     def __init__(
@@ -385,18 +404,25 @@ class DpflStrategy(Strategy):
         *,
         round_timeout: float = 600.0,
         discovery_timeout: float = 120.0,
+        superlink_timeout: float = 20.0,
     ) -> None:
         run_dir = config.run_dir
-        if (run_dir / runner.LEDGER).exists() or (run_dir / runner.CHECKPOINT).exists():
-            raise DpflError(
-                f"{run_dir} already holds a run; choose another name or output dir"
-            )
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.config, self.trainer = build_trainer(config)
+        # the folder's lock, held until the run ends (start) or close()
+        self._lock = rundir.RunLock(run_dir)
+        self._lock.acquire()
+        try:
+            rundir.clean_orphans(run_dir)
+            rundir.check_new_folder(run_dir)
+            # key, config, empty ledger and run.json: `dpfl resume` can continue
+            self.config, self.trainer = build_trainer(config)
+        except BaseException:
+            self._lock.release()
+            raise
         self.config_text = _config_text(self.config)
         self.run_dir = run_dir
         self.round_timeout = float(round_timeout)
         self.discovery_timeout = float(discovery_timeout)
+        self.superlink_timeout = float(superlink_timeout)
         self.nodes: dict[int, int] = {}  # partition id -> node id
         self.num_partitions = 0
         self.abandoned: list[int] = []
@@ -404,8 +430,28 @@ class DpflStrategy(Strategy):
         self._plan: RoundPlan | None = None
         self._sent: dict[int, list[int]] = {}  # node id -> task positions
         self._missing: list[int] = []
-        # config, empty ledger and run.json: `dpfl resume` can continue the folder
-        runner._start_files(run_dir, self.config, self.trainer.ledger)
+        # held by the main thread except while it waits on the network: the
+        # SuperLink watch leaves only between two writes of the run's files
+        self._local = threading.Lock()
+        self._holding = False  # whether start's thread holds _local
+        self._done = threading.Event()
+
+    def close(self) -> None:
+        """Release the run folder's lock (:meth:`start` does when it ends)."""
+        self._lock.release()
+
+    def _network(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)``: a grid call, during which the watch may act."""
+        held = self._holding
+        if held:
+            self._holding = False
+            self._local.release()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            if held:
+                self._local.acquire()
+                self._holding = True
 
     # -- nodes --------------------------------------------------------------------
     def discover(self, grid: Grid) -> dict[int, int]:
@@ -426,15 +472,17 @@ class DpflStrategy(Strategy):
         deadline = time.monotonic() + self.discovery_timeout
         asked: dict[int, tuple[int, int]] = {}
         while True:
-            live = set(grid.get_node_ids())
+            live = set(self._network(grid.get_node_ids))
             new = [n for n in live if n not in asked]
             if new:
                 queries = [
                     Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY)
                     for n in new
                 ]
-                for reply in grid.send_and_receive(
-                    queries, timeout=max(1.0, deadline - time.monotonic())
+                for reply in self._network(
+                    grid.send_and_receive,
+                    queries,
+                    timeout=max(1.0, deadline - time.monotonic()),
                 ):
                     if reply.has_error():
                         continue
@@ -486,7 +534,7 @@ class DpflStrategy(Strategy):
         trainer = self.trainer
         plan = trainer.begin_round()
         self._plan = plan
-        live = set(grid.get_node_ids())
+        live = set(self._network(grid.get_node_ids))
         by_partition: dict[int, list[int]] = {}
         for j, task in enumerate(plan.cohort.tasks):
             by_partition.setdefault(self.node_of(task.client), []).append(j)
@@ -538,7 +586,10 @@ class DpflStrategy(Strategy):
             Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY)
             for n in fresh
         ]
-        for reply in grid.send_and_receive(queries, timeout=self.round_timeout):
+        replies = self._network(
+            grid.send_and_receive, queries, timeout=self.round_timeout
+        )
+        for reply in replies:
             if not reply.has_error():
                 info = reply.content["partition"]
                 pid = int(cast(int, info[PARTITION_ID]))
@@ -659,7 +710,56 @@ class DpflStrategy(Strategy):
         Result
             Final weights (key ``"weights"``), each round's metrics, and the
             server-side evaluations.
+
+        Notes
+        -----
+        The run folder's lock is held until this returns. When the grid
+        talks to a SuperLink over the network (a deployment), a watch probes
+        the SuperLink's address every second; once it has been unreachable
+        for ``superlink_timeout`` seconds, the process leaves with exit
+        status :data:`EXIT_SUPERLINK_LOST` (75), at a moment when no file of
+        the run is being written: ``flower.json`` says ``"stopped":
+        "superlink-lost"``, the ledger holds every round charged so far
+        (written after each), and ``dpfl resume`` continues the run in the
+        simulator. Without the watch, a ServerApp whose SuperLink died would
+        wait on it forever, its run folder open.
         """
+        try:
+            return self._start(
+                grid,
+                initial_arrays,
+                num_rounds,
+                timeout,
+                train_config,
+                evaluate_fn,
+            )
+        finally:
+            self._done.set()
+            if self._holding:
+                self._holding = False
+                self._local.release()
+            self.close()
+
+    def _start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None,
+        num_rounds: int | None,
+        timeout: float | None,
+        train_config: ConfigRecord | None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
+    ) -> Result:
+        self._local.acquire()
+        self._holding = True
+        address = _superlink_address(grid)
+        if address is not None:
+            watch = threading.Thread(
+                target=self._watch,
+                args=(address,),
+                name="dpfl-superlink-watch",
+                daemon=True,
+            )
+            watch.start()
         trainer = self.trainer
         if initial_arrays is not None:
             given = _np(initial_arrays, "weights")
@@ -682,7 +782,11 @@ class DpflStrategy(Strategy):
                 self.configure_train(server_round, self._arrays(), config, grid)
             )
             replies = (
-                list(grid.send_and_receive(messages, timeout=self.round_timeout))
+                list(
+                    self._network(
+                        grid.send_and_receive, messages, timeout=self.round_timeout
+                    )
+                )
                 if messages
                 else []
             )
@@ -708,6 +812,36 @@ class DpflStrategy(Strategy):
         self.write_summary()
         return result
 
+    def _watch(self, address: tuple[str, int]) -> None:
+        """Leave the process once the SuperLink has been unreachable too long."""
+        lost: float | None = None
+        while not self._done.wait(1.0):
+            if _reachable(address):
+                lost = None
+                continue
+            now = time.monotonic()
+            lost = now if lost is None else lost
+            if now - lost < self.superlink_timeout:
+                continue
+            with self._local:  # not while the run's files are being written
+                if self._done.is_set():
+                    return
+                self.stopped = "superlink-lost"
+                log.error(
+                    "the SuperLink at %s:%d has been unreachable for %.0f s: "
+                    "leaving (exit status %d) with the ledger as it stands after "
+                    "round %d; continue the run with `dpfl resume %s`",
+                    *address,
+                    now - lost,
+                    EXIT_SUPERLINK_LOST,
+                    self.trainer.ledger.released,
+                    self.run_dir,
+                )
+                self.write_summary()
+                for handler in logging.getLogger().handlers + log.handlers:
+                    handler.flush()
+                os._exit(EXIT_SUPERLINK_LOST)
+
     def write_summary(self) -> None:
         """Write ``flower.json``: how the run ended."""
         summary = {
@@ -727,6 +861,7 @@ def server_app(
     *,
     round_timeout: float | Callable[[Context], float] = 600.0,
     discovery_timeout: float = 120.0,
+    superlink_timeout: float = 20.0,
 ) -> ServerApp:
     """A Flower ServerApp that runs ``config_fn(context)`` with :class:`DpflStrategy`.
 
@@ -738,6 +873,9 @@ def server_app(
         Seconds to wait for a round's replies (or ``Context -> float``).
     discovery_timeout : float
         Seconds to wait at start for a node of every partition.
+    superlink_timeout : float
+        Seconds the SuperLink may stay unreachable before the ServerApp
+        leaves with exit status :data:`EXIT_SUPERLINK_LOST`.
 
     Returns
     -------
@@ -752,10 +890,37 @@ def server_app(
             config_fn(context),
             round_timeout=timeout,
             discovery_timeout=discovery_timeout,
+            superlink_timeout=superlink_timeout,
         )
         strategy.start(grid)
 
     return app
+
+
+def _superlink_address(grid: Any) -> tuple[str, int] | None:
+    """The SuperLink address a deployment's grid talks to (None: in process).
+
+    Flower's network grid keeps the address of the SuperLink's API it
+    connects to as ``host:port``; in-process grids (the simulation engine's,
+    a test's) have none.
+    """
+    addr = getattr(grid, "_addr", None)
+    if not isinstance(addr, str):
+        return None
+    host, _, port = addr.rpartition(":")
+    if not (port.isascii() and port.isdigit()):
+        return None
+    host = host.strip("[]") or "127.0.0.1"
+    return ("127.0.0.1" if host in ("0.0.0.0", "::") else host), int(port)
+
+
+def _reachable(address: tuple[str, int]) -> bool:
+    """Whether something accepts a TCP connection at ``address``."""
+    try:
+        with socket.create_connection(address, timeout=2.0):
+            return True
+    except OSError:
+        return False
 
 
 # -- the clients ------------------------------------------------------------------

@@ -143,7 +143,11 @@ def _check_reachable(address: str, timeout: float = 10.0) -> None:
     import socket
 
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or address.startswith("ray://"):
+    if (
+        not sep
+        or not (port.isascii() and port.isdigit())
+        or address.startswith("ray://")
+    ):
         return  # "auto", or an address Ray parses itself
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):

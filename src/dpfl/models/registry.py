@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import math
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,7 +15,7 @@ from dpfl.errors import InvalidParameterError
 from dpfl.models.cnn import McMahanCNN, PaperCNN, PriFedSyncCNN, TfTutorialCNN
 from dpfl.models.linear import MLP, LogisticRegression
 
-__all__ = ["MODEL_NAMES", "build_model"]
+__all__ = ["MODEL_NAMES", "build_model", "model_options"]
 
 
 def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -63,6 +65,54 @@ _REGISTRY: dict[str, Callable[..., nn.Module]] = {
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(sorted(_REGISTRY))
+
+#: Per model, the class whose keyword arguments are its options, the options
+#: its builder adds, and the arguments the builder sets from the data.
+_OPTIONS: dict[str, tuple[Callable[..., Any], dict[str, Any], tuple[str, ...]]] = {
+    **{
+        name: (cls.__init__, {}, ("num_classes", "in_channels", "image_size"))
+        for name, cls in (
+            ("paper_cnn", PaperCNN),
+            ("prifedsync_cnn", PriFedSyncCNN),
+            ("mcmahan_cnn", McMahanCNN),
+            ("tf_tutorial_cnn", TfTutorialCNN),
+        )
+    },
+    "logistic_regression": (
+        LogisticRegression.__init__,
+        {"binary": (bool, False)},
+        ("in_features", "num_classes"),
+    ),
+    "mlp": (MLP.__init__, {}, ("in_features", "num_classes")),
+}
+
+
+def model_options(name: str) -> dict[str, tuple[Any, bool]] | None:
+    """The keyword options of model ``name``: each one's type and if required.
+
+    Parameters
+    ----------
+    name : str
+        A model name (as :func:`build_model` reads it).
+
+    Returns
+    -------
+    dict or None
+        Option name to ``(type hint, required)``; ``None`` for an unknown
+        name (:func:`build_model` refuses it, listing the names).
+    """
+    key = str(name).strip().lower().replace("-", "_")
+    if key not in _OPTIONS:
+        return None
+    init, extra, fixed = _OPTIONS[key]
+    hints = typing.get_type_hints(init)
+    out: dict[str, tuple[Any, bool]] = {
+        k: (hints.get(k, Any), p.default is inspect.Parameter.empty)
+        for k, p in inspect.signature(init).parameters.items()
+        if k != "self" and k not in fixed and p.kind is not p.VAR_KEYWORD
+    }
+    out.update({k: (tp, False) for k, (tp, _) in extra.items()})
+    return out
 
 
 def build_model(

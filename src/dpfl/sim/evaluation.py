@@ -41,10 +41,11 @@ def evaluate_model(
     Returns
     -------
     dict of str to float
-        ``{"test_loss", "test_accuracy"}``; empty if there is no test set.
+        ``{"test_loss", "test_accuracy"}``; empty if there is no test set or
+        it holds no record (never an accuracy of 0 over nothing).
     """
-    if features is None or labels is None:
-        return {}
+    if features is None or labels is None or len(labels) == 0:
+        return {}  # no test set (an empty one included): nothing to report
     n = len(labels)
     loss_sum, correct = 0.0, 0
     was_training = model.training

@@ -683,8 +683,9 @@ class Trainer:
             If the checkpoint is not a trainer checkpoint, was taken with
             another seed, the ledger holds fewer rounds than were charged
             when the checkpoint was taken (the spend is never silently reset),
-            or its entries up to the checkpoint are not the ones the
-            checkpoint was taken with (chain hash).
+            its entries up to the checkpoint are not the ones the checkpoint
+            was taken with (chain hash), or the checkpoint's model is not the
+            one the ledger recorded for its last charged round (digest).
         """
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
             raise DpflError(
@@ -710,6 +711,19 @@ class Trainer:
                 "an altered one"
             )
         self.algorithm.load_state_dict(state["algorithm"])
+        if count:
+            # the model must be the one the ledger recorded after its last
+            # charged round (what the chain covers): not another run's
+            recorded = self.ledger.entries[count - 1].digest
+            if recorded is not None and recorded != weights_digest(
+                self.algorithm.weights
+            ):
+                raise DpflError(
+                    f"the checkpoint's model is not the model the ledger recorded "
+                    f"after its round {self.ledger.entries[count - 1].round + 1} "
+                    "(model digest differs): a checkpoint of another run, or an "
+                    "altered one; refusing it"
+                )
         self.round = int(state["round"])
 
 

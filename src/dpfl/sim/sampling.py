@@ -1039,7 +1039,8 @@ class TwoStageSampler(Sampler):
         adds up :meth:`second_stage_probabilities`. It is ``m2`` only when no
         cap ``p2 <= 1`` binds; with noisy norms the cap binds often and
         ``E|S2| < m2`` (LOCKS Lemma 4.1 bounds it by ``m2``). With every
-        ``p2_k = 1`` (``m2`` beyond any ``K``) it is ``K q1``.
+        ``p2_k = 1`` (``m2 = K`` and equal released norms, e.g. all at the
+        floor) it is ``K q1``.
 
         Parameters
         ----------

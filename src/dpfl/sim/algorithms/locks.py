@@ -320,7 +320,19 @@ class Locks(FederatedAlgorithm):
     # -- accounting (pure) ------------------------------------------------------
     @staticmethod
     def sampler(params: LocksParams, stats: DataStats) -> TwoStageSampler:
-        """S1 w.p. q1, then S2 ⊆ S1 w.p. ``min(1, m2 ω_k)``."""
+        """S1 w.p. q1, then S2 ⊆ S1 w.p. ``min(1, m2 ω_k)``.
+
+        Raises
+        ------
+        dpfl.errors.InvalidParameterError
+            If ``second_stage_size`` exceeds the number of clients (the
+            second stage cannot expect more clients than there are).
+        """
+        if params.second_stage_size > stats.num_clients:
+            raise InvalidParameterError(
+                f"second_stage_size must be <= the number of clients "
+                f"({stats.num_clients}); got {params.second_stage_size}"
+            )
         return TwoStageSampler(
             num_clients=stats.num_clients,
             first_stage_probability=params.first_stage_probability,
