@@ -97,3 +97,26 @@ def test_errors():
 
     with pytest.raises(UnsupportedEventError, match="Strange"):
         Accountant().compose(Strange()).epsilon(1e-5)
+
+
+def test_composed_epsilon_is_the_accountants_answer_kept_for_the_process():
+    # The ledger, its guard and calibration ask through composed_epsilon; the
+    # answer must be the Accountant's own, and a repeated question (another
+    # seed of the same run, another ledger) must not be computed again.
+    from dpfl.accounting.accountant import composed_epsilon
+
+    events = ((ClientPoisson(0.3, Gaussian(1.7)), 3), (Gaussian(9.0), 1))
+    direct = Accountant("sound", tolerance=0.02)
+    for e, n in events:
+        direct.compose(e, n)
+    composed_epsilon.cache_clear()
+    first = composed_epsilon(events, 1e-5, analysis="sound", tolerance=0.02)
+    assert first == direct.epsilon(1e-5)
+    again = composed_epsilon(events, 1e-5, analysis="sound", tolerance=0.02)
+    assert again == first
+    info = composed_epsilon.cache_info()
+    assert (info.hits, info.misses) == (1, 1)
+    # another δ, tolerance or analysis is another question
+    composed_epsilon(events, 1e-6, analysis="sound", tolerance=0.02)
+    composed_epsilon(events, 1e-5, analysis="sound", tolerance=0.005)
+    assert composed_epsilon.cache_info().misses == 3

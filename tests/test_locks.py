@@ -123,6 +123,58 @@ def test_two_stage_sampler():
     assert abs(np.mean(sizes) - 20) < 5 * math.sqrt(50 * 0.4 * 0.6 / 2000)
 
 
+def test_expected_second_stage_size_against_closed_forms():
+    from scipy import stats
+
+    sampler = TwoStageSampler(
+        num_clients=30,
+        first_stage_probability=0.4,
+        second_stage_size=5,
+        client_sizes=np.full(30, 3),
+    )
+    # Without norm noise and equal norms, p2_k = min(1, m2 / |S1|), so
+    # E|S2| = E[min(|S1|, m2)] with |S1| ~ Binomial(K, q1): computed exactly
+    # here; the Monte Carlo (40,000 draws, s.e. < 0.01) within 0.05.
+    n = np.arange(31)
+    exact = float(np.sum(np.minimum(n, 5) * stats.binom.pmf(n, 30, 0.4)))
+    got = sampler.expected_second_stage_size(
+        1.0, norm_noise=0.0, floor=0.01, rng=np.random.default_rng(0), draws=40_000
+    )
+    assert got == pytest.approx(exact, abs=0.05)
+    # Every p2 = 1 (m2 = K, every released norm at a floor far above the
+    # norms and their noise, as the uniform baseline's preset does): every
+    # S1 client uploads, E|S2| = K q1.
+    everyone = TwoStageSampler(
+        num_clients=30,
+        first_stage_probability=0.4,
+        second_stage_size=30,
+        client_sizes=np.full(30, 3),
+    )
+    got = everyone.expected_second_stage_size(
+        np.linspace(0.1, 1.0, 30),
+        norm_noise=3.0,
+        floor=1e9,
+        rng=np.random.default_rng(1),
+        draws=40_000,
+    )
+    assert got == pytest.approx(12.0, abs=0.05)  # s.e. 2.7 / 200
+    # Noisy norms make some p2 hit the cap: E|S2| < m2 (Lemma 4.1's bound).
+    noisy = sampler.expected_second_stage_size(
+        1.0, norm_noise=6.0, floor=0.01, rng=np.random.default_rng(2), draws=20_000
+    )
+    assert noisy < exact
+    for bad in (
+        {"norms": np.ones(3)},
+        {"norms": -1.0},
+        {"norm_noise": -1.0},
+        {"floor": 0.0},
+        {"draws": 0},
+    ):
+        kwargs = {"norms": 1.0, "norm_noise": 1.0, "floor": 0.01, **bad}
+        with pytest.raises(InvalidParameterError):
+            sampler.expected_second_stage_size(rng=np.random.default_rng(0), **kwargs)
+
+
 # --------------------------------------------------------------- ledger and views
 def test_trainer_records_two_stage_rounds_and_both_views():
     ds = _digits()

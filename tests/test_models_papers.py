@@ -43,6 +43,23 @@ def test_mcmahan_cnn_has_the_papers_parameter_count():
     assert model.features(torch.zeros(1, 1, 28, 28)).shape == (1, 64, 7, 7)
 
 
+def test_mcmahan_cnn_at_reduced_width():
+    # The same stack with c1 = 8, c2 = 16 channels and 64 hidden units:
+    # 5*5*1*8+8 + 5*5*8*16+16 + 7*7*16*64+64 + 64*10+10, by hand.
+    model = build_model(
+        "mcmahan_cnn",
+        input_shape=(1, 28, 28),
+        num_classes=10,
+        channels=[8, 16],
+        hidden=64,
+    )
+    assert n_params(model) == 208 + 3216 + 50240 + 650
+    assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    for bad in ({"channels": [8]}, {"channels": [8, 0]}, {"hidden": 0}):
+        with pytest.raises(InvalidParameterError):
+            McMahanCNN(**bad)
+
+
 def test_tf_tutorial_cnn_has_the_tutorials_parameter_count():
     model = TfTutorialCNN()
     # 896 + 18,496 + 36,928 + 65,600 + 650 (Keras model.summary of the tutorial).

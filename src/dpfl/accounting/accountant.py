@@ -39,7 +39,7 @@ from dpfl.accounting.pricing import (
 )
 from dpfl.errors import InvalidParameterError
 
-__all__ = ["Accountant"]
+__all__ = ["Accountant", "composed_epsilon"]
 
 
 class Accountant:
@@ -244,6 +244,45 @@ class Accountant:
     def delta(self, epsilon: float) -> Bound:
         """δ(ε) of the composition, as a bound."""
         return self._bracket(epsilon=check_nonnegative("epsilon", epsilon))
+
+
+@functools.lru_cache(maxsize=1024)
+def composed_epsilon(
+    events: tuple[tuple[ev.Event, int], ...],
+    delta: float,
+    *,
+    analysis: str | None = None,
+    tolerance: float = 0.005,
+    resolution: float = 0.0,
+) -> Bound:
+    """``Accountant(...).compose(e, n) ... .epsilon(delta)``, memoised per process.
+
+    A run's ledger, its guard and its calibration ask the same questions
+    again and again: seeds of one configuration, the variants of a sweep that
+    share a noise level, a guarantee recomputed after each run. The answer is
+    a pure function of the composed events and the settings, so it is kept
+    (the last 1024 distinct questions) and shared by every caller in the
+    process.
+
+    Parameters
+    ----------
+    events : tuple of (Event, int)
+        The composition, as (event, count) pairs (hashable; order does not
+        change the answer, but a reordered tuple is a different key).
+    delta : float
+        Target δ in (0, 1).
+    analysis, tolerance, resolution
+        As for :class:`Accountant`.
+
+    Returns
+    -------
+    Bound
+        The composition's ε at ``delta``.
+    """
+    acc = Accountant(analysis, tolerance=tolerance, resolution=resolution)
+    for event, count in events:
+        acc.compose(event, count)
+    return acc.epsilon(delta)
 
 
 def _mixture_part(

@@ -36,7 +36,7 @@ from dpfl._validate import (
     check_probability,
 )
 from dpfl.accounting import schemes
-from dpfl.accounting.accountant import Accountant
+from dpfl.accounting.accountant import Accountant, composed_epsilon
 from dpfl.accounting.events import Event
 from dpfl.errors import DpflError
 
@@ -302,18 +302,20 @@ def calibrate_noise_multiplier(
     def epsilon_of(sigma: float) -> float:
         # only "is epsilon below the target?" matters: resolve it to a
         # fraction of the target, not of epsilon (tiny ones cost minutes)
-        acc = Accountant(
-            analysis, tolerance=bound_tolerance, resolution=bound_tolerance * epsilon
-        )
-        for e, n in planned_charges(
+        charges = planned_charges(
             make_event(sigma),
             rounds=rounds,
             analysis=analysis,
             population=population,
             completion=completion,
-        ):
-            acc.compose(e, n)
-        return acc.epsilon(delta).upper
+        )
+        return composed_epsilon(
+            tuple((e, n) for e, n in charges),
+            delta,
+            analysis=analysis,
+            tolerance=bound_tolerance,
+            resolution=bound_tolerance * epsilon,
+        ).upper
 
     counted = (
         f"{rounds} rounds"

@@ -65,7 +65,7 @@ from dpfl._files import fault
 from dpfl._validate import check_delta, check_positive
 from dpfl.accounting import events as ev
 from dpfl.accounting import gaussian, schemes
-from dpfl.accounting.accountant import Accountant
+from dpfl.accounting.accountant import Accountant, composed_epsilon
 from dpfl.accounting.accountant import _gaussian_mu2 as _accountant_mu2
 from dpfl.accounting.bounds import Bound
 from dpfl.accounting.pricing import canonical
@@ -648,10 +648,9 @@ class PrivacyLedger:
         """ε at ``delta`` of one unit charged ``charges`` (memoised)."""
         key = (analysis, _key(charges), delta)
         if key not in self._priced:
-            acc = Accountant(analysis, tolerance=self.tolerance)
-            for e, n in charges.items():
-                acc.compose(e, n)
-            self._priced[key] = acc.epsilon(delta)
+            self._priced[key] = composed_epsilon(
+                key[1], delta, analysis=analysis, tolerance=self.tolerance
+            )
         return self._priced[key]
 
     def worst_unit(
@@ -813,8 +812,13 @@ class PrivacyLedger:
         return count <= fits_up_to
 
     def _epsilon_of(self, event: ev.Event, count: int) -> float:
-        acc = Accountant(self.analysis, tolerance=self.tolerance).compose(event, count)
-        return acc.epsilon(self.budget.delta).upper  # type: ignore[union-attr]
+        bound = composed_epsilon(
+            ((event, count),),
+            self.budget.delta,  # type: ignore[union-attr]
+            analysis=self.analysis,
+            tolerance=self.tolerance,
+        )
+        return bound.upper
 
     def max_rounds(self, event: ev.Event, limit: int = 1_000_000) -> int:
         """Largest T <= ``limit`` with T rounds of ``event`` within the budget."""

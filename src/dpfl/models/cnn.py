@@ -241,6 +241,12 @@ class McMahanCNN(_ImageCNN):
         Input channels.
     image_size : int or (int, int)
         Height and width of the input images.
+    channels : (int, int)
+        Output channels of the two convolutions (the paper: 32 and 64).
+    hidden : int
+        Units of the fully connected layer (the paper: 512). Narrower
+        ``channels`` and ``hidden`` give the same architecture at reduced
+        width, e.g. for CPU tests of the paper's set-up.
 
     Raises
     ------
@@ -261,18 +267,26 @@ class McMahanCNN(_ImageCNN):
         *,
         in_channels: int = 1,
         image_size: int | Sequence[int] = 28,
+        channels: Sequence[int] = (32, 64),
+        hidden: int = 512,
     ) -> None:
         super().__init__()
+        if isinstance(channels, str | int) or len(channels) != 2:
+            raise InvalidParameterError(
+                f"channels must be two channel counts (c1, c2); got {channels!r}"
+            )
+        c1 = check_count("channels[0]", channels[0], minimum=1)
+        c2 = check_count("channels[1]", channels[1], minimum=1)
         self._assemble(
             lambda c: [
-                nn.Conv2d(c, 32, kernel_size=5, padding=2),
+                nn.Conv2d(c, c1, kernel_size=5, padding=2),
                 nn.ReLU(),
                 nn.MaxPool2d(kernel_size=2),
-                nn.Conv2d(32, 64, kernel_size=5, padding=2),
+                nn.Conv2d(c1, c2, kernel_size=5, padding=2),
                 nn.ReLU(),
                 nn.MaxPool2d(kernel_size=2),
             ],
-            hidden=512,
+            hidden=check_count("hidden", hidden, minimum=1),
             num_classes=num_classes,
             in_channels=in_channels,
             image_size=image_size,

@@ -37,7 +37,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dpfl._validate import check_count, check_probability
+from dpfl._validate import (
+    check_count,
+    check_nonnegative,
+    check_positive,
+    check_probability,
+    shown,
+)
 from dpfl.accounting import events as ev
 from dpfl.accounting.cohorts import CohortRecordPoisson
 from dpfl.errors import InvalidParameterError
@@ -1099,6 +1105,80 @@ class TwoStageSampler(Sampler):
             return np.empty(0, np.int64), p2
         chosen = np.flatnonzero(rng.random(p2.size) < p2).astype(np.int64)
         return chosen, p2
+
+    def expected_second_stage_size(
+        self,
+        norms: float | np.ndarray,
+        *,
+        norm_noise: float,
+        floor: float,
+        rng: np.random.Generator,
+        draws: int = 20_000,
+    ) -> float:
+        """E|S2|: the expected number of clients that upload an update per round.
+
+        ``E|S2| = E[Σ_{k∈S1} p2_k]`` over the first stage and the norm noise,
+        estimated by Monte Carlo: each draw takes S1 (each client w.p. q1),
+        releases ``ñ_k = max(ν, n_k + norm_noise · ξ_k)`` for ``k ∈ S1`` and
+        adds up :meth:`second_stage_probabilities`. It is ``m2`` only when no
+        cap ``p2 <= 1`` binds; with noisy norms the cap binds often and
+        ``E|S2| < m2`` (LOCKS Lemma 4.1 bounds it by ``m2``). With every
+        ``p2_k = 1`` (``m2 = K`` and equal released norms, e.g. all at the
+        floor) it is ``K q1``.
+
+        Parameters
+        ----------
+        norms : float or numpy.ndarray
+            The clipped update norms ``n_k = ‖ḡ_k‖`` of the ``K`` clients
+            (``[K]``), or one norm for all (e.g. ``C`` when every update is
+            clipped).
+        norm_noise : float
+            ``σ_n C >= 0``, the std of each released norm's noise.
+        floor : float
+            ν > 0, the floor of a released norm.
+        rng : numpy.random.Generator
+            The generator of the draws.
+        draws : int
+            Monte Carlo draws (>= 1); the standard error is about
+            ``sd(|S2|) / sqrt(draws)``.
+
+        Returns
+        -------
+        float
+            The estimate of ``E|S2|``.
+
+        Raises
+        ------
+        dpfl.errors.InvalidParameterError
+            On a negative or non-finite norm or noise, a floor <= 0, norms of
+            the wrong length or ``draws < 1``.
+        """
+        rng = _check_rng(rng)
+        draws = check_count("draws", draws, minimum=1)
+        norm_noise = check_nonnegative("norm_noise", norm_noise)
+        floor = check_positive("floor", floor)
+        n = np.asarray(norms, dtype=np.float64)
+        if n.ndim == 0:
+            n = np.full(self.num_clients, float(n))
+        if n.shape != (self.num_clients,) or not (
+            np.all(np.isfinite(n)) and n.min() >= 0
+        ):
+            raise InvalidParameterError(
+                f"norms must be one finite norm >= 0 or {self.num_clients} of "
+                f"them (one per client); got {shown(norms)}"
+            )
+        total, chunk = 0.0, max(1, 2_000_000 // self.num_clients)
+        for start in range(0, draws, chunk):
+            rows = min(chunk, draws - start)
+            member = rng.random((rows, self.num_clients)) < self.first_stage_probability
+            noisy = np.maximum(
+                floor, n + norm_noise * rng.standard_normal((rows, self.num_clients))
+            )
+            noisy = np.where(member, noisy, 0.0)
+            sums = noisy.sum(axis=1, keepdims=True)
+            share = np.divide(noisy, sums, out=np.zeros_like(noisy), where=sums > 0)
+            total += float(np.minimum(1.0, self.second_stage_size * share).sum())
+        return total / draws
 
     def event(
         self,

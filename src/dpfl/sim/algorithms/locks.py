@@ -359,6 +359,57 @@ class Locks(FederatedAlgorithm):
         )
 
     @classmethod
+    def expected_uploads(
+        cls,
+        params: AlgorithmParams,
+        stats: DataStats,
+        noise_multiplier: float,
+        *,
+        rng: np.random.Generator,
+        norms: float | np.ndarray | None = None,
+        draws: int = 20_000,
+    ) -> float:
+        """E|S2|: clients expected to upload a noisy update per round.
+
+        :meth:`~dpfl.sim.sampling.TwoStageSampler.expected_second_stage_size`
+        with the run's norm noise ``σ_n C = norm_noise_ratio · σ · C`` and
+        floor ν. It depends on the clients' clipped update norms, which only
+        training reveals; the default ``norms=None`` takes every update
+        clipped to ``C`` (local steps large enough that every update's norm
+        exceeds C), the case in which it is a function of the
+        configuration alone.
+
+        Parameters
+        ----------
+        params : LocksParams
+            The run's parameters.
+        stats : DataStats
+            The data's statistics (K).
+        noise_multiplier : float
+            σ_g >= 0 (0: no norm noise).
+        rng : numpy.random.Generator
+            The generator of the Monte Carlo draws.
+        norms : float, numpy.ndarray or None
+            The clipped norms ``‖ḡ_k‖`` (one, or one per client); default C.
+        draws : int
+            Monte Carlo draws.
+
+        Returns
+        -------
+        float
+            The estimate of E|S2|.
+        """
+        p = cast(LocksParams, params)
+        sigma = check_nonnegative("noise_multiplier", noise_multiplier)
+        return cls.sampler(p, stats).expected_second_stage_size(
+            p.clip if norms is None else norms,
+            norm_noise=p.norm_noise_ratio * sigma * p.clip,
+            floor=p.floor,
+            rng=rng,
+            draws=draws,
+        )
+
+    @classmethod
     def paper_report(
         cls,
         params: AlgorithmParams,
@@ -747,6 +798,7 @@ class Locks(FederatedAlgorithm):
         return {
             "first_stage": float(len(s1)),
             "second_stage": float(len(info["chosen"])),
+            "expected_second_stage": float(info["p2"].sum()),
             "max_p2": info["max_p2"],
             "step_size": eta,
             "variance": info["variance"],

@@ -1,0 +1,75 @@
+"""LOCKS against its uniform-sampling baseline, like for like (the Figure 1 presets).
+
+The two presets must upload the same expected number of clients per round
+(within 5 %) and charge the same expected client the same epsilon, under the
+same budget. Both figures are computed from the configurations: the expected
+uploads by :meth:`dpfl.sim.algorithms.locks.Locks.expected_uploads` (Monte
+Carlo over the first stage and the norm noise, every update clipped to C as
+measured at that learning rate, see the preset), the epsilon by composing an
+expected client's Gaussian releases exactly in Gaussian DP (Dong, Roth & Su
+2022, Corollary 3.3) and converting with :func:`dpfl.accounting.gaussian.gdp_epsilon`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpfl.accounting.gaussian import gdp_epsilon
+from dpfl.experiments.config import load_config
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCKS = ROOT / "presets" / "locks-fmnist.yaml"
+UNIFORM = ROOT / "presets" / "locks-fmnist-uniform.yaml"
+
+
+def _expected(config, seed):
+    """(expected uploads a round, expected client's epsilon after the run)."""
+    from dpfl.sim.algorithms.base import DataStats
+    from dpfl.sim.algorithms.locks import Locks
+
+    p = config.algorithm.params
+    k = config.data.num_clients
+    sigma = config.privacy.noise_multiplier
+    uploads = Locks.expected_uploads(
+        p, DataStats(k, (600,) * k), sigma, rng=np.random.default_rng(seed)
+    )
+    # An expected client: in S1 (one noisy norm, std sigma_n C on a query in
+    # [0, C]) T q1 times, in S2 (one noisy update, std sigma_g C, sensitivity
+    # C under zero-out) T E|S2| / K times.
+    norms = config.rounds * p.first_stage_probability
+    updates = config.rounds * uploads / k
+    mu = math.sqrt(norms / (p.norm_noise_ratio * sigma) ** 2 + updates / sigma**2)
+    return uploads, gdp_epsilon(config.privacy.delta, mu=mu)
+
+
+def test_locks_and_uniform_presets_are_like_for_like():
+    locks = load_config(LOCKS, [])
+    uniform = load_config(UNIFORM, [])
+    # the same task, length and budget
+    assert locks.data == uniform.data
+    assert locks.model == uniform.model
+    assert locks.rounds == uniform.rounds
+    assert locks.privacy.epsilon == uniform.privacy.epsilon
+    assert locks.privacy.delta == uniform.privacy.delta
+    lp, up = locks.algorithm.params, uniform.algorithm.params
+    for field in ("clip", "local_steps", "batch_size", "local_learning_rate"):
+        assert getattr(lp, field) == getattr(up, field), field
+
+    locks_uploads, locks_eps = _expected(locks, 0)
+    uniform_uploads, uniform_eps = _expected(uniform, 1)
+    # The baseline is uniform: every stage-1 client uploads (K q1, Monte
+    # Carlo s.e. about 0.02 at 20,000 draws).
+    k = uniform.data.num_clients
+    assert uniform_uploads == pytest.approx(k * up.first_stage_probability, abs=0.1)
+    # LOCKS's noisy norms make the cap p2 <= 1 bind: fewer than m2 uploads.
+    assert locks_uploads < lp.second_stage_size
+    # Like for like: uploads within 5 %, the expected client's epsilon within 1 %.
+    assert uniform_uploads == pytest.approx(locks_uploads, rel=0.05)
+    assert uniform_eps == pytest.approx(locks_eps, rel=0.01)
+    assert locks_eps < locks.privacy.epsilon
