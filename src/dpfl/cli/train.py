@@ -120,6 +120,7 @@ def _finish(result: Any) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from dpfl.experiments.config import load_config
+    from dpfl.experiments.presets import resolve_config
     from dpfl.experiments.runner import run
     from dpfl.sim.callbacks import AccuracyFigure
 
@@ -128,7 +129,7 @@ def _train(args: argparse.Namespace) -> int:
     overrides = list(args.set or [])
     if args.out is not None:
         overrides.append(f"output_dir={json.dumps(str(args.out))}")
-    config = load_config(args.config, overrides)
+    config = load_config(resolve_config(args.config), overrides)
     if args.check:
         # every check `train` makes before its first round, nothing written
         from dpfl.experiments import rundir
@@ -208,10 +209,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from dpfl.papers import REPRODUCTIONS, reproduce
+    from dpfl.papers import REPRODUCTIONS, check_reproduction, reproduce
 
-    _logging()
     papers = sorted(REPRODUCTIONS) if args.paper == "all" else [args.paper]
+    if args.check:
+        for paper in papers:
+            print(f"{paper}: {check_reproduction(paper, args.scale)}")
+        return 0
+    _logging()
     for paper in papers:
         path = reproduce(
             paper,
@@ -226,11 +231,12 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from dpfl.experiments.presets import resolve_config
     from dpfl.experiments.sweep import parse_seeds, run_sweep
 
     _logging()
     result = run_sweep(
-        args.config,
+        resolve_config(args.config),
         parse_seeds(args.seeds),
         overrides=args.set or [],
         out=args.out,
@@ -271,7 +277,10 @@ def add_subcommands(
         "being the config's output_dir (runs, relative to the current directory) "
         "or --out. Ctrl-C finishes the round, saves a checkpoint and exits 130.",
     )
-    p.add_argument("config", help="the run's YAML configuration")
+    p.add_argument(
+        "config",
+        help="the run's YAML configuration, or a preset's name (dpfl presets list)",
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -304,7 +313,11 @@ def add_subcommands(
         "(seed bands). The grid is the cartesian product of the list-valued --set "
         "items, e.g. --set privacy.epsilon=[2,8] --set algorithm.params.clip=[0.5,1].",
     )
-    p.add_argument("config", help="the base run's YAML configuration")
+    p.add_argument(
+        "config",
+        help="the base run's YAML configuration, or a preset's name "
+        "(dpfl presets list)",
+    )
     p.add_argument(
         "--seeds",
         default="0-2",
@@ -372,6 +385,12 @@ def add_subcommands(
     p.add_argument("--jobs", type=int, help="runs at a time (default: one per CPU)")
     p.add_argument(
         "--no-experiment", action="store_true", help="tables and figures only"
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="find the preset and validate every variant's configuration at "
+        "--scale, then exit; nothing is run or written",
     )
     p.set_defaults(handler=_reproduce)
 

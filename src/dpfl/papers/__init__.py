@@ -30,7 +30,15 @@ from dpfl.experiments.reproduce import Reproduction, write_report
 from dpfl.papers import dp_fedavg, dsgd_rp, gaussian, locks, ms_pafl, prifedsync
 from dpfl.papers.base import Audit, Paper
 
-__all__ = ["PAPERS", "REPRODUCTIONS", "Audit", "Paper", "audits", "reproduce"]
+__all__ = [
+    "PAPERS",
+    "REPRODUCTIONS",
+    "Audit",
+    "Paper",
+    "audits",
+    "check_reproduction",
+    "reproduce",
+]
 
 #: Every paper, in the order ``dpfl account --help`` lists them.
 PAPERS: tuple[Paper, ...] = (
@@ -51,6 +59,17 @@ REPRODUCTIONS: dict[str, Reproduction] = {
 def audits() -> tuple[Audit, ...]:
     """Every ``dpfl audit`` command, paper by paper."""
     return tuple(a for p in PAPERS for a in p.audits)
+
+
+def _reproduction(paper: str) -> Reproduction:
+    """The reproduction named ``paper`` (its key or an alias)."""
+    for spec in REPRODUCTIONS.values():
+        if paper == spec.key or paper in spec.aliases:
+            return spec
+    raise DpflError(
+        f"unknown paper {paper!r}; choose from {', '.join(sorted(REPRODUCTIONS))} "
+        "or all"
+    )
 
 
 def reproduce(paper: str, **options: Any) -> Path:
@@ -75,10 +94,44 @@ def reproduce(paper: str, **options: Any) -> Path:
     DpflError
         If the paper is unknown.
     """
-    for spec in REPRODUCTIONS.values():
-        if paper == spec.key or paper in spec.aliases:
-            return write_report(spec, **options)
-    raise DpflError(
-        f"unknown paper {paper!r}; choose from {', '.join(sorted(REPRODUCTIONS))} "
-        "or all"
+    return write_report(_reproduction(paper), **options)
+
+
+def check_reproduction(paper: str, scale: str) -> str:
+    """Check ``paper``'s experiment at ``scale`` without running it.
+
+    Every variant's configuration (its preset with the scale's and the
+    variant's overrides) is read and validated, as ``dpfl train --check``
+    reads one: keys, types, ranges and the privacy settings. Nothing is
+    written and no data is read.
+
+    Parameters
+    ----------
+    paper : str
+        As for :func:`reproduce`.
+    scale : str
+        One of :data:`dpfl.experiments.reproduce.SCALES`.
+
+    Returns
+    -------
+    str
+        One line: the preset, the variants and the seeds.
+
+    Raises
+    ------
+    DpflError
+        If the paper is unknown, its preset missing, or a variant invalid.
+    """
+    from dpfl.experiments.config import load_config
+    from dpfl.experiments.presets import find_preset
+
+    spec = _reproduction(paper)
+    exp = spec.experiment(scale)
+    preset = find_preset(exp.preset)
+    for _, overrides in exp.variants:
+        load_config(preset, [*exp.overrides, *overrides])
+    labels = ", ".join(label for label, _ in exp.variants)
+    return (
+        f"valid: preset {exp.preset} ({preset}), {len(exp.variants)} variants "
+        f"({labels}) x {exp.seeds} seeds at scale {scale}"
     )
