@@ -15,8 +15,9 @@ entry here.
 Modules: :mod:`~dpfl.papers.dsgd_rp` (random participation),
 :mod:`~dpfl.papers.prifedsync` (federated f-DP), :mod:`~dpfl.papers.dp_fedavg`
 (client-level DP-FedAvg), :mod:`~dpfl.papers.ms_pafl`,
-:mod:`~dpfl.papers.locks` and :mod:`~dpfl.papers.gaussian` (one Gaussian
-mechanism); :mod:`~dpfl.papers.report` (the output and the account/calibrate
+:mod:`~dpfl.papers.locks`, :mod:`~dpfl.papers.gaussian` (one Gaussian
+mechanism) and :mod:`~dpfl.papers.dp_sgd` (record-level DP-SGD);
+:mod:`~dpfl.papers.report` (the output and the account/calibrate
 drivers) and :mod:`~dpfl.papers.audits` (the audit drivers) serve them all.
 """
 
@@ -27,7 +28,15 @@ from typing import Any
 
 from dpfl.errors import DpflError
 from dpfl.experiments.reproduce import Reproduction, write_report
-from dpfl.papers import dp_fedavg, dsgd_rp, gaussian, locks, ms_pafl, prifedsync
+from dpfl.papers import (
+    dp_fedavg,
+    dp_sgd,
+    dsgd_rp,
+    gaussian,
+    locks,
+    ms_pafl,
+    prifedsync,
+)
 from dpfl.papers.base import Audit, Paper
 
 __all__ = [
@@ -48,6 +57,7 @@ PAPERS: tuple[Paper, ...] = (
     ms_pafl.PAPER,
     locks.PAPER,
     gaussian.PAPER,
+    dp_sgd.PAPER,
 )
 
 #: The papers ``dpfl reproduce`` knows, by name (read from :data:`PAPERS`).
