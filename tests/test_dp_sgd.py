@@ -110,3 +110,21 @@ def test_bad_flags_give_one_line(capsys, argv, message):
     assert main(["account", "dp-sgd", *argv, "--noise-multiplier", "1"]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_the_docs_page_shows_what_dpfl_computes(capsys):
+    # docs/dp-sgd.md quotes tools/dp_sgd_accountants.py's output; its dpfl rows
+    # for setting A must be what dpfl computes now (to the 5 figures shown)
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "dp-sgd.md").read_text()
+    section = page.split("**Setting A**")[1].split("**Setting B**")[0]
+    shown = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("dpfl `"):
+            shown[cells[0].split("`")[1]] = float(cells[2])
+    assert set(shown) >= {"exact", "rdp", "gdp-clt"}
+    for analysis in ("exact", "rdp", "gdp-clt"):
+        got = _row(capsys, analysis)["epsilon"]
+        assert float(f"{got:.5g}") == shown[analysis], analysis
