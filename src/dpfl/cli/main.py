@@ -223,7 +223,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dpfl: error: {message}", file=sys.stderr)
         return EXIT_MISSING_EXTRA
     except KeyboardInterrupt:
-        print("dpfl: interrupted", file=sys.stderr)
+        # Ctrl-C outside the rounds (while the run starts or, after its last
+        # round, while it writes its files): name the run and how to go on
+        where: Any = getattr(args, "run_dir_hint", None)
+        if where is None and args.command == "resume":
+            where = args.run_dir
+        hint = (
+            ""
+            if where is None
+            else (
+                f"; if {where} holds a checkpoint, continue or finish the run with: "
+                f"dpfl resume {where}"
+            )
+        )
+        print(f"dpfl: interrupted{hint}", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

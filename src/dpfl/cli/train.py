@@ -130,6 +130,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.out is not None:
         overrides.append(f"output_dir={json.dumps(str(args.out))}")
     config = load_config(resolve_config(args.config), overrides)
+    args.run_dir_hint = config.run_dir  # for Ctrl-C outside the rounds (main)
     if args.check:
         # every check `train` makes before its first round, nothing written
         from dpfl.experiments import rundir
