@@ -225,15 +225,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         # Ctrl-C outside the rounds (while the run starts or, after its last
         # round, while it writes its files): name the run and how to go on
-        where: Any = getattr(args, "run_dir_hint", None)
-        if where is None and args.command == "resume":
-            where = args.run_dir
+        run: Any = getattr(args, "run_dir_hint", None)
+        if run is None and args.command == "resume":
+            run = args.run_dir
         hint = (
             ""
-            if where is None
+            if run is None
             else (
-                f"; if {where} holds a checkpoint, continue or finish the run with: "
-                f"dpfl resume {where}"
+                f"; if {run} holds a checkpoint, continue or finish the run with: "
+                f"dpfl resume {run}"
             )
         )
         print(f"dpfl: interrupted{hint}", file=sys.stderr)
