@@ -16,18 +16,17 @@ import argparse
 import platform
 import sys
 import time
-from pathlib import Path
 
 from dpfl.experiments import load_config
+from dpfl.experiments.presets import resolve_config
 from dpfl.experiments.runner import _build_dataset, _resolve
 
-ROOT = Path(__file__).resolve().parents[1]
 PRESETS = [
-    "presets/digits-dsgd-rp.yaml",
-    "presets/dp-fedavg-digits.yaml",
-    "presets/ms-pafl-tabular.yaml",
-    "presets/prifedsync-digits.yaml",
-    "presets/locks-digits.yaml",
+    "digits-dsgd-rp",
+    "dp-fedavg-digits",
+    "ms-pafl-tabular",
+    "prifedsync-digits",
+    "locks-digits",
 ]
 
 
@@ -39,7 +38,7 @@ def main() -> None:
     print(f"# {platform.platform()}, python {platform.python_version()}")
     print(f"{'preset':<36} {'analysis':<9} {'rounds':>6} {'sigma':>8} {'seconds':>8}")
     for name in args.presets:
-        cfg = load_config(ROOT / name, ["privacy.noise_multiplier=null"])
+        cfg = load_config(resolve_config(name), ["privacy.noise_multiplier=null"])
         dataset = _build_dataset(cfg)
         t0 = time.perf_counter()
         resolved, _ = _resolve(cfg, dataset)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The papers' runs that need a GPU, in one bounded script: DP-FedAvg's CNN at
 # the paper's scale (Geyer, Klein & Nabi 2017, K = 100, m = 50, 11 rounds,
-# presets/dp-fedavg-fmnist.yaml), then its non-private row (the same run
+# preset dp-fedavg-fmnist), then its non-private row (the same run
 # without noise), then as many rounds of the K = 1000 preset as the budget
-# leaves. Every step runs under `timeout` with the smaller of its own limit and
+# leaves, then the K = 10000 preset likewise. Every step runs under `timeout` with the smaller of its own limit and
 # what is left of $GPU_PAPERS_BUDGET seconds (default 200). Run from anywhere
 # on a machine with a CUDA GPU and Fashion-MNIST in
 # /usr/share/datasets/fashion-mnist:
@@ -68,11 +68,12 @@ run() {  # run NAME LIMIT CONFIG [--set ...]: one training run under timeout
     rm -f "$OUT"/runs-"$name"/*/checkpoint*.pt
 }
 
-run dp-fedavg-k100 110 presets/dp-fedavg-fmnist.yaml
-run dp-fedavg-k100-nonprivate 70 presets/dp-fedavg-fmnist.yaml \
+run dp-fedavg-k100 110 dp-fedavg-fmnist
+run dp-fedavg-k100-nonprivate 70 dp-fedavg-fmnist \
     --set privacy.noise_multiplier=0 --set privacy.guard=accountant \
     --set privacy.epsilon=.inf
-run dp-fedavg-k1000 60 presets/dp-fedavg-fmnist-k1000.yaml
+run dp-fedavg-k1000 60 dp-fedavg-fmnist-k1000
+run dp-fedavg-k10000 110 dp-fedavg-fmnist-k10000
 
 echo "=== summary"
 python - "$OUT" <<'PY'

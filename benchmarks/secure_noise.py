@@ -45,18 +45,18 @@ import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.experiments import runner
 from dpfl.experiments.config import load_config
+from dpfl.experiments.presets import PRESET_DIR
 from dpfl.sim import privatize
 from dpfl.sim import secure_noise as sn
 from dpfl.sim.loop import Trainer
 
-PRESETS = Path(__file__).resolve().parents[1] / "presets"
+PRESETS = PRESET_DIR
 #: 100 clients of 600 procedural 28×28 images (no data set is read).
 IMAGES = (
     "data={name: synthetic-images, num_clients: 100, partition: null, "

@@ -145,7 +145,7 @@ def test_plain_progress_lines_every_n_rounds_with_accuracy_and_epsilon():
         "blobs: round 6/6",
     ]
     for line in lines:
-        assert "acc 0." in line and "loss " in line
+        assert "acc 0." in line and "  test loss " in line
         assert "eps " in line and "/50 at delta 0.001" in line
 
 

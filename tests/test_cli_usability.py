@@ -18,10 +18,11 @@ import dpfl
 from dpfl.cli.main import build_parser, main
 from dpfl.experiments import runner
 from dpfl.experiments.config import load_config
+from dpfl.experiments.presets import PRESET_DIR
 from dpfl.papers import audits
 from dpfl.papers.base import DEFAULT_DELTA
 
-PRESET = Path(__file__).resolve().parent.parent / "presets" / "dp-fedavg-digits.yaml"
+PRESET = PRESET_DIR / "dp-fedavg-digits.yaml"
 
 
 def _parsers(
@@ -313,7 +314,7 @@ def test_a_new_command_is_one_module(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(dpfl.cli, "__path__", [*dpfl.cli.__path__, str(tmp_path)])
     try:
         names = [m.__name__.rpartition(".")[2] for m in command_modules()]
-        assert names == ["account", "audit", "data", "hello", "train"]
+        assert names == ["account", "audit", "data", "hello", "presets", "train"]
         assert "hello" in build_parser().format_help()
         assert main(["hello", "--name", "dpfl"]) == 0
         assert capsys.readouterr().out == "hello dpfl\n"

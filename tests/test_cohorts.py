@@ -12,7 +12,6 @@ of a public-label mixture is the mixture of the labels' divergences).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,8 +23,7 @@ from scipy import stats
 from dpfl.accounting import Accountant, CohortRecordPoisson, Gaussian, describe
 from dpfl.accounting.events import event_from_dict, event_to_dict
 from dpfl.errors import InvalidParameterError
-
-ROOT = Path(__file__).resolve().parents[1]
+from dpfl.experiments.presets import PRESET_DIR
 
 M, K, Q, D, SIGMA = 10, 100, 0.5, 5, 1.0
 EVENT = CohortRecordPoisson(M, K, Q, D, Gaussian(SIGMA))
@@ -118,7 +116,7 @@ def test_dsgd_rp_with_a_cohort_runs_the_preset_and_charges_the_event(tmp_path):
     with pytest.raises(InvalidParameterError, match="availability 'all'"):
         DsgdRpParams(cohort_size=5, availability="bernoulli", availability_rate=0.5)
     config = load_config(
-        ROOT / "presets" / "digits-dsgd-rp-cohort.yaml",
+        PRESET_DIR / "digits-dsgd-rp-cohort.yaml",
         [
             f"output_dir={tmp_path}",
             "rounds=2",

@@ -17,8 +17,9 @@ from dpfl.experiments.config import (
     config_from_dict,
     load_config,
 )
+from dpfl.experiments.presets import PRESET_DIR
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "presets" / "digits-dsgd-rp.yaml"
+EXAMPLE = PRESET_DIR / "digits-dsgd-rp.yaml"
 
 
 def _error(data, overrides=()):

@@ -118,6 +118,10 @@ def test_documented_command_parses(source, argv):
     for word in argv:  # a config named on the command line exists
         if word.endswith(".yaml"):
             assert (ROOT / word).is_file(), f"{source}: {word} does not exist"
+    if argv[0] in ("train", "sweep"):  # a file, or a preset that ships
+        from dpfl.experiments.presets import resolve_config
+
+        assert (ROOT / resolve_config(argv[1])).is_file(), (source, argv[1])
 
 
 # Files of the project's private workspace, which a clone does not have.

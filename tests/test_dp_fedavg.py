@@ -20,6 +20,7 @@ from dpfl.accounting.guards import MomentsAccountantGuard
 from dpfl.accounting.ledger import Budget, PrivacyLedger
 from dpfl.data import FederatedDataset, federate, load_digits
 from dpfl.errors import BudgetExceededError, InvalidParameterError
+from dpfl.experiments.presets import PRESET_DIR
 from dpfl.sim.algorithms import build_algorithm
 from dpfl.sim.algorithms.base import DataStats, Task
 from dpfl.sim.algorithms.dp_fedavg import (
@@ -133,7 +134,7 @@ def test_params_are_frozen_plain_data_and_the_presets_build() -> None:
         p.clip = 2.0  # type: ignore[misc]
     assert not hasattr(p, "noise_multiplier")
     for name in ("dp-fedavg-digits", "dp-fedavg-mnist"):
-        tree = yaml.safe_load((ROOT / "presets" / f"{name}.yaml").read_text())
+        tree = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text())
         params = DpFedAvgParams(**tree["algorithm"]["params"])
         stats = DataStats(100, (600,) * 100)
         sigma = float(tree["privacy"]["noise_multiplier"])
@@ -613,7 +614,7 @@ def test_invalid_parameters_name_themselves(digits_iid: FederatedDataset) -> Non
 
 @pytest.mark.slow  # 11 rounds of 50 CNN clients: 40 s to 4 min on 2 shared cores
 def test_cnn_preset_trains_its_eleven_rounds_at_reduced_width(tmp_path) -> None:
-    # presets/dp-fedavg-fmnist.yaml as it is (K = 100, m = 50, E, B, eta,
+    # preset dp-fedavg-fmnist as it is (K = 100, m = 50, E, B, eta,
     # median clipping, sigma = 1.1933, the paper's stop rule at eps = 8),
     # with McMahan et al.'s CNN at reduced width (8 and 16 channels, 64 hidden
     # units) and 120 records a client, so that a CPU runs it. Every round's
@@ -633,7 +634,7 @@ def test_cnn_preset_trains_its_eleven_rounds_at_reduced_width(tmp_path) -> None:
     from dpfl.experiments.runner import read_metrics, run
 
     config = load_config(
-        ROOT / "presets" / "dp-fedavg-fmnist.yaml",
+        PRESET_DIR / "dp-fedavg-fmnist.yaml",
         [
             f"output_dir={tmp_path}",
             "device=cpu",

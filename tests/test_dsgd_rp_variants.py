@@ -4,7 +4,6 @@ participants-only untrusted server (Hasircioglu & Gündüz, arXiv 2205.01556,
 """
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from dpfl.accounting import events as ev
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data import FederatedDataset, get_dataset
 from dpfl.errors import InvalidParameterError
+from dpfl.experiments.presets import PRESET_DIR
 from dpfl.models import build_model
 from dpfl.sim.algorithms import build_algorithm, make_params
 from dpfl.sim.algorithms.base import DataStats
@@ -354,7 +354,7 @@ def test_participants_only_is_priced_by_wcs_and_charged():
 
 
 # ----------------------------------------------------------------- presets, end to end
-PRESETS = Path(__file__).resolve().parents[1] / "presets"
+PRESETS = PRESET_DIR
 
 
 def _run_preset(name, tmp_path, *extra):

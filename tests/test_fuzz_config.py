@@ -28,9 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpfl._validate import MAX_ROUNDS, parse_number
+from dpfl.experiments.presets import PRESET_DIR
 from test_fuzz_cli import _inside, check_outcome, run_cli
 
-PRESETS = sorted((Path(__file__).parent.parent / "presets").glob("*.yaml"))
+PRESETS = sorted(PRESET_DIR.glob("*.yaml"))
 
 #: A run small enough to train one round in about a second.
 TINY: dict[str, Any] = {

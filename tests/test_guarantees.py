@@ -25,9 +25,10 @@ from dpfl.accounting.calibrate import calibrate_noise_multiplier
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.cli.main import main
 from dpfl.errors import DpflError, InvalidParameterError
+from dpfl.experiments.presets import PRESET_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = ROOT / "presets"
+PRESETS = PRESET_DIR
 
 
 def run_json(capsys, *argv):
@@ -201,7 +202,7 @@ def test_locks_run_keeps_every_clients_server_view_within_the_budget(tmp_path):
 # -- item 4: invalid analyses are refused, or labelled with the proven one -------
 def test_runs_refuse_unproven_analyses_and_label_them_when_opted_in(tmp_path, capsys):
     pytest.importorskip("torch")
-    cfg = str(ROOT / "presets" / "digits-dsgd-rp.yaml")
+    cfg = str(PRESET_DIR / "digits-dsgd-rp.yaml")
     common = [
         "--no-progress",
         "--set",

@@ -3,7 +3,6 @@
 import dataclasses
 import decimal
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from dpfl.accounting import reports as acc_reports
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data import FederatedDataset, get_dataset
 from dpfl.errors import InvalidParameterError
+from dpfl.experiments.presets import PRESET_DIR
 from dpfl.models import LogisticRegression, build_model
 from dpfl.sim.algorithms import build_algorithm
 from dpfl.sim.algorithms.base import DataStats, Task
@@ -24,7 +24,7 @@ from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import client_streams
 from dpfl.sim.sampling import TwoStageSampler
 
-PRESET = Path(__file__).resolve().parents[1] / "presets" / "locks-digits.yaml"
+PRESET = PRESET_DIR / "locks-digits.yaml"
 
 SETTINGS = dict(
     first_stage_probability=0.3,

@@ -13,19 +13,18 @@ expected client's Gaussian releases exactly in Gaussian DP (Dong, Roth & Su
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dpfl.accounting.gaussian import gdp_epsilon
 from dpfl.experiments.config import load_config
+from dpfl.experiments.presets import PRESET_DIR
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
-LOCKS = ROOT / "presets" / "locks-fmnist.yaml"
-UNIFORM = ROOT / "presets" / "locks-fmnist-uniform.yaml"
+LOCKS = PRESET_DIR / "locks-fmnist.yaml"
+UNIFORM = PRESET_DIR / "locks-fmnist-uniform.yaml"
 
 
 def _expected(config, seed):

@@ -2,7 +2,6 @@
 
 import dataclasses
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data import get_dataset
 from dpfl.errors import InvalidParameterError, NonFiniteUpdateError
+from dpfl.experiments.presets import PRESET_DIR
 from dpfl.models import build_model
 from dpfl.sim.algorithms import make_params
 from dpfl.sim.algorithms.base import DataStats, Task
@@ -28,7 +28,7 @@ from dpfl.sim.sampling import CheckInSampler
 
 KEY = bytes(range(32))  # one secure-noise key: the same run twice
 
-PRESETS = Path(__file__).resolve().parents[1] / "presets"
+PRESETS = PRESET_DIR
 
 
 def _tabular(num_clients=20, dim=14, records=40):

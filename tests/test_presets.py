@@ -12,17 +12,20 @@ from pathlib import Path
 
 import pytest
 
+import dpfl
 from dpfl.experiments.config import load_config
-from dpfl.experiments.presets import list_presets
+from dpfl.experiments.presets import PRESET_DIR, list_presets
 
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = sorted((ROOT / "presets").glob("*.yaml"))
+PRESETS = sorted(PRESET_DIR.glob("*.yaml"))
 
 
-def test_presets_live_in_one_folder():
+def test_presets_live_in_one_folder_inside_the_package():
     assert not list((ROOT / "configs").glob("*.yaml"))
+    assert not (ROOT / "presets").exists()  # moved into the package (wheel data)
+    assert PRESET_DIR.parent == Path(dpfl.__file__).parent
     assert {p.stem for p in PRESETS} <= set(list_presets())
     assert "digits-dsgd-rp" in {p.stem for p in PRESETS}
 
@@ -53,7 +56,7 @@ def test_image_presets_build_their_model_at_the_datas_shape(name, shape, classes
 
     from dpfl.models import build_model
 
-    config = load_config(ROOT / "presets" / f"{name}.yaml", [])
+    config = load_config(PRESET_DIR / f"{name}.yaml", [])
     model = build_model(
         config.model.name,
         input_shape=shape,
@@ -98,7 +101,7 @@ def _train(path: Path, tmp_path: Path, *extra: str):
     "name", ["ms-pafl-tabular", "ms-pafl-tabular-dp-fedavg", "locks-digits"]
 )
 def test_small_presets_run(name, tmp_path):
-    result = _train(ROOT / "presets" / f"{name}.yaml", tmp_path)
+    result = _train(PRESET_DIR / f"{name}.yaml", tmp_path)
     assert result.rounds_completed == 2
     assert 0.0 <= result.metrics["test_accuracy"] <= 1.0
 
@@ -136,12 +139,12 @@ def test_ms_pafl_adult_runs_on_files_in_adults_format(tmp_path, monkeypatch):
     (folder / "adult.data").write_text(rows(300, False))
     (folder / "adult.test").write_text("|1x3 Cross validator\n" + rows(20, True))
     monkeypatch.setenv("DPFL_DATA", str(tmp_path / "data"))
-    result = _train(ROOT / "presets" / "ms-pafl-adult.yaml", tmp_path / "runs")
+    result = _train(PRESET_DIR / "ms-pafl-adult.yaml", tmp_path / "runs")
     assert result.rounds_completed == 2
     # the paper's d = 14 attributes, one weight each (no bias), one logit
     from dpfl.data import get_dataset
 
-    config = load_config(ROOT / "presets" / "ms-pafl-adult.yaml", [])
+    config = load_config(PRESET_DIR / "ms-pafl-adult.yaml", [])
     data = get_dataset("adult", num_clients=100, **config.data.options)
     assert tuple(data.input_shape) == (14,)
     assert 0.0 <= result.metrics["test_accuracy"] <= 1.0

@@ -1,7 +1,6 @@
 """PriFedSync: ledger events, paper report, helper models, noise convention, Adam."""
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data import get_dataset
 from dpfl.errors import InvalidParameterError
+from dpfl.experiments.presets import PRESET_DIR
 from dpfl.models import build_model
 from dpfl.sim.algorithms import build_algorithm, make_params
 from dpfl.sim.algorithms.base import DataStats, Task
@@ -25,7 +25,7 @@ from dpfl.sim.randomness import client_streams
 from dpfl.sim.sampling import SyncSampler
 
 DELTA = 1e-5
-PRESETS = Path(__file__).resolve().parents[1] / "presets"
+PRESETS = PRESET_DIR
 
 
 def _digits(num_clients=20, shards_per_client=2):

@@ -12,9 +12,10 @@ import pytest
 from dpfl.cli.main import main
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.experiments.config import ConfigError
+from dpfl.experiments.presets import PRESET_DIR
 from dpfl.experiments.sweep import parse_seeds, run_sweep, split_overrides
 
-PRESET = Path(__file__).resolve().parent.parent / "presets" / "dp-fedavg-digits.yaml"
+PRESET = PRESET_DIR / "dp-fedavg-digits.yaml"
 
 #: The preset shrunk to a few seconds a run: 3 rounds, evaluated at 2 and 3.
 TINY = [

@@ -1,6 +1,6 @@
 """How big DP-FedAvg's noise is next to the CNN's weights, per local setting.
 
-For ``presets/dp-fedavg-fmnist.yaml`` (McMahan et al.'s CNN, Fashion-MNIST in
+For preset ``dp-fedavg-fmnist`` (McMahan et al.'s CNN, Fashion-MNIST in
 two-label shards, K = 100, m = 50, σ = 1.1933, median clipping) and each
 local learning rate given, the script
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -234,18 +235,22 @@ class PrivateTrainer:
 
 
 def _check_model_and_data(
-    model: nn.Module, data: FederatedDataset, device: str
+    model: nn.Module,
+    data: FederatedDataset,
+    device: str,
+    loss_fn: Callable[[Any, Any], Any] | None = None,
 ) -> None:
-    """One forward pass on two training records, so a mismatch is named early.
+    """One forward pass (and loss) on two training records, so a mismatch is named.
 
-    Runs before the noise calibration: a model that cannot train on the data
-    is refused at once.
+    Runs before the noise calibration: a model that cannot train on the data,
+    or a loss that cannot compare its output with the data's labels (an MSE
+    loss given class labels), is refused at once, in one line.
     """
     import numpy as np
     import torch
 
     rows = np.asarray(data.client_indices[int(data.client_sizes().argmax())][:2])
-    features, _ = data.take(rows.astype(np.int64))
+    features, labels = data.take(rows.astype(np.int64))
     x = torch.as_tensor(np.ascontiguousarray(features)).to(device)
     model.to(device)
     training = model.training
@@ -269,6 +274,27 @@ def _check_model_and_data(
             f"model must output [batch, num_classes] scores for the data's "
             f"{classes} classes; got output of shape {shape} for a batch of 2"
         )
+    if loss_fn is None:
+        return
+    y = torch.as_tensor(np.ascontiguousarray(labels)).to(device)
+    try:
+        with warnings.catch_warnings():  # torch warns of a broadcast, then fails
+            warnings.simplefilter("ignore", UserWarning)
+            loss = loss_fn(model(x), y)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise ValueError("it must return one number (the batch's mean)")
+            loss.backward()  # a wrong target dtype fails only here
+    except (RuntimeError, ValueError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise InvalidParameterError(
+            f"loss_fn must take the model's output (shape {tuple(out.shape)}) and "
+            f"the data's labels (shape {tuple(y.shape)}, dtype {y.dtype}: class "
+            "indices) and return the batch's mean loss; on 2 records it failed: "
+            f"{type(exc).__name__}: {first}. A regression loss such as MSE needs "
+            "one-hot or real targets: use cross-entropy for class labels"
+        ) from None
+    finally:
+        model.zero_grad(set_to_none=True)
 
 
 def make_private(
@@ -442,7 +468,7 @@ def make_private(
                 "1/n for n privacy units); got None"
             )
         delta = check_delta("delta", delta)
-    _check_model_and_data(model, data, device)
+    _check_model_and_data(model, data, device, loss_fn)
     stats = DataStats.of(data)
     plan = plan_privacy(
         cls,

@@ -8,5 +8,6 @@ one new module);
 :mod:`dpfl.cli.audit` register the papers' schemes and audits
 (:mod:`dpfl.papers`); :mod:`dpfl.cli.train` holds ``train``, ``sweep``,
 ``reproduce``, ``resume``, ``plot`` and ``demo``; :mod:`dpfl.cli.data`
-holds ``data``.
+holds ``data``; :mod:`dpfl.cli.presets` holds ``presets`` (the shipped
+configurations).
 """

@@ -221,6 +221,8 @@ FLAG_DOMAINS: dict[str, Domain] = {
     "angle": Domain(float, 0.0, 180.0, why=" degrees"),
     "rounds": _ROUNDS,
     "local_steps": _ROUNDS,
+    "steps": _ROUNDS,
+    "epochs": _POSITIVE,
     "rounds_joined": _ints(0, MAX_ROUNDS),
     "norm_rounds": _ints(0, MAX_ROUNDS),
     "update_rounds": _ints(0, MAX_ROUNDS),

@@ -223,7 +223,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dpfl: error: {message}", file=sys.stderr)
         return EXIT_MISSING_EXTRA
     except KeyboardInterrupt:
-        print("dpfl: interrupted", file=sys.stderr)
+        # Ctrl-C outside the rounds (while the run starts or, after its last
+        # round, while it writes its files): name the run and how to go on
+        run: Any = getattr(args, "run_dir_hint", None)
+        if run is None and args.command == "resume":
+            run = args.run_dir
+        hint = (
+            ""
+            if run is None
+            else (
+                f"; if {run} holds a checkpoint, continue or finish the run with: "
+                f"dpfl resume {run}"
+            )
+        )
+        print(f"dpfl: interrupted{hint}", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

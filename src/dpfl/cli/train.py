@@ -120,6 +120,7 @@ def _finish(result: Any) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from dpfl.experiments.config import load_config
+    from dpfl.experiments.presets import resolve_config
     from dpfl.experiments.runner import run
     from dpfl.sim.callbacks import AccuracyFigure
 
@@ -128,7 +129,8 @@ def _train(args: argparse.Namespace) -> int:
     overrides = list(args.set or [])
     if args.out is not None:
         overrides.append(f"output_dir={json.dumps(str(args.out))}")
-    config = load_config(args.config, overrides)
+    config = load_config(resolve_config(args.config), overrides)
+    args.run_dir_hint = config.run_dir  # for Ctrl-C outside the rounds (main)
     if args.check:
         # every check `train` makes before its first round, nothing written
         from dpfl.experiments import rundir
@@ -188,30 +190,51 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from dpfl.experiments.demo import demo
+    from dpfl.experiments.demo import demo, pm
 
     _logging()
-    res = demo(args.out, rounds=args.rounds, progress=not args.no_progress)
-    print(f"{'run':<11} {'sigma':>8} {'epsilon':>8} {'accuracy':>9} {'late acc':>9}")
+    res = demo(
+        args.out,
+        rounds=args.rounds,
+        progress=not args.no_progress,
+        seeds=args.seeds,
+        reproducible=args.reproducible,
+    )
+    n = len(res.seeds)
+    what = "mean ± sd over" if n > 1 else "one"
+    print(f"test accuracy, {what} {n} seed{'s' if n > 1 else ''}:")
+    print(f"{'run':<11} {'sigma':>8} {'epsilon':>8} {'accuracy':>15} {'late acc':>15}")
+    acc_sd, late_sd = res.accuracy_sd, res.late_accuracy_sd
     for name, sigma in res.noise_multipliers.items():
         eps = res.epsilon[name]
         print(
             f"{name:<11} {sigma:>8.4f} {'n/a' if eps is None else f'{eps:.3f}':>8} "
-            f"{res.accuracy[name]:>9.3f} {res.late_accuracy[name]:>9.3f}"
+            f"{pm(res.accuracy[name], acc_sd[name], n):>15} "
+            f"{pm(res.late_accuracy[name], late_sd[name], n):>15}"
         )
     print(
         "The default (sound) beats OLS at the same budget: "
-        f"{'yes' if res.default_beats_ols else 'NO'}"
+        f"{'yes' if res.default_beats_ols else 'NO'} (on average; in "
+        f"{res.beats_ols_seeds} of {n} seeds)"
     )
+    if res.reproducible:
+        print(
+            "reproducible noise (derived from the seeds): NOT private against "
+            "anyone who knows them"
+        )
     print(f"report: {res.out_dir / 'report.md'} ({res.seconds:.0f} s)")
     return 0
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from dpfl.papers import REPRODUCTIONS, reproduce
+    from dpfl.papers import REPRODUCTIONS, check_reproduction, reproduce
 
-    _logging()
     papers = sorted(REPRODUCTIONS) if args.paper == "all" else [args.paper]
+    if args.check:
+        for paper in papers:
+            print(f"{paper}: {check_reproduction(paper, args.scale)}")
+        return 0
+    _logging()
     for paper in papers:
         path = reproduce(
             paper,
@@ -226,11 +249,12 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from dpfl.experiments.presets import resolve_config
     from dpfl.experiments.sweep import parse_seeds, run_sweep
 
     _logging()
     result = run_sweep(
-        args.config,
+        resolve_config(args.config),
         parse_seeds(args.seeds),
         overrides=args.set or [],
         out=args.out,
@@ -271,7 +295,10 @@ def add_subcommands(
         "being the config's output_dir (runs, relative to the current directory) "
         "or --out. Ctrl-C finishes the round, saves a checkpoint and exits 130.",
     )
-    p.add_argument("config", help="the run's YAML configuration")
+    p.add_argument(
+        "config",
+        help="the run's YAML configuration, or a preset's name (dpfl presets list)",
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -304,7 +331,11 @@ def add_subcommands(
         "(seed bands). The grid is the cartesian product of the list-valued --set "
         "items, e.g. --set privacy.epsilon=[2,8] --set algorithm.params.clip=[0.5,1].",
     )
-    p.add_argument("config", help="the base run's YAML configuration")
+    p.add_argument(
+        "config",
+        help="the base run's YAML configuration, or a preset's name "
+        "(dpfl presets list)",
+    )
     p.add_argument(
         "--seeds",
         default="0-2",
@@ -373,6 +404,12 @@ def add_subcommands(
     p.add_argument(
         "--no-experiment", action="store_true", help="tables and figures only"
     )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="find the preset and validate every variant's configuration at "
+        "--scale, then exit; nothing is run or written",
+    )
     p.set_defaults(handler=_reproduce)
 
     p = subparsers.add_parser(
@@ -410,8 +447,8 @@ def add_subcommands(
         help="one budget, noise calibrated by three analyses, on embedded digits",
         description="Train DP-DSGD with random participation on the embedded "
         "digits with noise calibrated by the sound (default), WCS and OLS "
-        "analyses (all proven) to one budget, and without noise; writes "
-        "OUT/report.md.",
+        "analyses (all proven) to one budget, and without noise, each over "
+        "--seeds seeds; writes OUT/report.md (mean ± sd) and OUT/accuracy.png.",
     )
     p.add_argument(
         "--out",
@@ -420,5 +457,20 @@ def add_subcommands(
     )
     p.add_argument("--rounds", type=int, help="number of rounds (default 100)")
     narrow(p, "rounds", high=10_000, why="")  # four runs of --rounds rounds each
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        help="seeds per analysis (0, 1, ...); the report and figure give the "
+        "mean ± sd over them",
+    )
+    narrow(p, "seeds", high=20, why=" (each seed is four runs)")
+    p.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="derive the noise from the seeds (privacy.secure_noise: false) so "
+        "that the same command gives the same numbers; NOT private against "
+        "anyone who knows the seeds",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=_demo)

@@ -216,7 +216,7 @@ def expected_cohort(params: Any, num_clients: int) -> float:
     """
     if getattr(params, "server", "trusted") != "trusted":
         return float(num_clients)
-    if getattr(params, "cohort_size", None) is not None:
+    if getattr(params, "cohort_size", None) is not None:  # dsgd-rp: None, Poisson
         return float(min(int(params.cohort_size), num_clients))
     for name in (
         "participation_probability",

@@ -28,6 +28,14 @@ qualitative ordering, with its unsound Theorem 4.1 replaced by a proven
 analysis. Why these numbers: with p = 0.2 the client-level
 sampling is worth a large factor in σ; p·q·n ≈ 130 records per round keep
 the noise on the averaged gradient small enough to learn.
+
+Every run is repeated over several seeds (3 by default; each seed draws its
+own partition, initial model, sampling and noise), and the report and the
+figure give the mean ± sd over them: with secure noise (the default) no two
+runs are alike, so one seed's accuracy is not a result. ``reproducible=True``
+(``dpfl demo --reproducible``) derives the noise from the seed instead, so
+the same command gives the same numbers: for checking and comparing, not
+private against anyone who knows the seed.
 """
 
 from __future__ import annotations
@@ -86,23 +94,31 @@ _LABELS = {
 
 @dataclasses.dataclass(frozen=True)
 class DemoResult:
-    """The demo's outcome.
+    """The demo's outcome, over its seeds.
 
     Attributes
     ----------
     out_dir : Path
         Folder with ``report.md``, ``accuracy.png`` and ``runs/``.
     noise_multipliers : dict of str to float
-        σ per run (0 for the non-private run).
+        σ per analysis (0 for the non-private run; one σ for every seed).
     accuracy : dict of str to float
-        Final test accuracy per run.
+        Final test accuracy per analysis, mean over the seeds.
     late_accuracy : dict of str to float
         Mean test accuracy over the evaluations of the last 30% of rounds
-        (less noisy than the final value).
+        (less noisy than the final value), mean over the seeds.
     epsilon : dict of str to float or None
-        ε spent per run (upper bound at the budget's δ; ``None``: no noise).
+        ε spent per analysis, the largest over the seeds (upper bound at the
+        budget's δ; ``None``: no noise).
     seconds : float
         Wall time of the whole demo.
+    seeds : tuple of int
+        The seeds each analysis ran with.
+    per_seed : dict of str to list of (float, float)
+        Per analysis, each seed's (final accuracy, late accuracy).
+    reproducible : bool
+        Whether the noise was derived from the seed (not private against
+        whoever knows it) rather than drawn secretly.
     """
 
     out_dir: Path
@@ -111,11 +127,53 @@ class DemoResult:
     late_accuracy: dict[str, float]
     epsilon: dict[str, float | None]
     seconds: float
+    seeds: tuple[int, ...] = (0,)
+    per_seed: dict[str, list[tuple[float, float]]] = dataclasses.field(
+        default_factory=dict
+    )
+    reproducible: bool = False
+
+    @property
+    def accuracy_sd(self) -> dict[str, float]:
+        """Sample standard deviation over the seeds of the final accuracy."""
+        return {k: _sd([f for f, _ in v]) for k, v in self.per_seed.items()}
+
+    @property
+    def late_accuracy_sd(self) -> dict[str, float]:
+        """Sample standard deviation over the seeds of the late accuracy."""
+        return {k: _sd([la for _, la in v]) for k, v in self.per_seed.items()}
 
     @property
     def default_beats_ols(self) -> bool:
-        """Whether the default (sound) run ends more accurate than the OLS run."""
+        """Whether the default (sound) ends more accurate than OLS, on average.
+
+        Compared on the mean over the seeds of the late accuracy;
+        :attr:`beats_ols_seeds` says in how many seeds it does.
+        """
         return self.late_accuracy["sound"] > self.late_accuracy["ols"]
+
+    @property
+    def beats_ols_seeds(self) -> int:
+        """In how many seeds the default's late accuracy exceeds OLS's."""
+        pairs = zip(self.per_seed.get("sound", []), self.per_seed.get("ols", []))
+        return sum(1 for (_, a), (_, b) in pairs if a > b)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _sd(xs: list[float]) -> float:
+    """Sample standard deviation (0 for one value)."""
+    if len(xs) < 2:
+        return 0.0
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def pm(mean: float, sd: float, n: int) -> str:
+    """``mean ± sd`` to 3 decimals (the mean alone for one seed)."""
+    return f"{mean:.3f}" if n < 2 else f"{mean:.3f} ± {sd:.3f}"
 
 
 def demo_config(
@@ -141,15 +199,25 @@ def demo_config(
     return config_from_dict(tree)
 
 
-def _variant(base: RunConfig, name: str) -> RunConfig:
+def _variant(
+    base: RunConfig,
+    name: str,
+    seed: int,
+    *,
+    sigma: float | None = None,
+    reproducible: bool = False,
+) -> RunConfig:
     tree = base.to_dict()
-    tree["name"] = name
+    tree["name"] = f"{name}-seed{seed}"
+    tree["seed"] = seed
+    if reproducible:  # noise derived from the seed: replicable, not for release
+        tree["privacy"]["secure_noise"] = False
     if name == "nonprivate":  # declared non-private: no noise and no budget
         tree["privacy"]["noise_multiplier"] = 0.0
         tree["privacy"]["epsilon"] = math.inf
     else:
         tree["privacy"]["analysis"] = name
-        tree["privacy"]["noise_multiplier"] = None
+        tree["privacy"]["noise_multiplier"] = sigma  # None: calibrated
     return config_from_dict(tree)
 
 
@@ -158,8 +226,10 @@ def demo(
     *,
     rounds: int | None = None,
     progress: bool = True,
+    seeds: int = 3,
+    reproducible: bool = False,
 ) -> DemoResult:
-    """Train the demo's task four times and write ``out_dir/report.md``.
+    """Train the demo's task four ways over ``seeds`` seeds; write ``report.md``.
 
     Parameters
     ----------
@@ -171,11 +241,18 @@ def demo(
         T (default 100). Fewer rounds are quicker; the budget is unchanged.
     progress : bool
         Show progress bars.
+    seeds : int
+        Seeds per analysis (0, 1, ...; default 3): the report gives the mean
+        ± sd over them.
+    reproducible : bool
+        Derive the noise from the seed (``privacy.secure_noise: false``), so
+        that the same call gives the same numbers. Not private against
+        anyone who knows the seed; the report says so.
 
     Returns
     -------
     DemoResult
-        σ, accuracy and ε per run.
+        σ, accuracy (mean and per seed) and ε per analysis.
 
     Raises
     ------
@@ -185,55 +262,113 @@ def demo(
     """
     start = time.perf_counter()
     out = Path(out_dir)
+    n_seeds = check_count("seeds", seeds, minimum=1)
+    if n_seeds > MAX_SEEDS:
+        raise InvalidParameterError(f"seeds must be <= {MAX_SEEDS}; got {seeds}")
     base = demo_config(out, rounds=rounds)
     names = [*_ANALYSES, "nonprivate"]
     _claim(out)
     sigmas: dict[str, float] = {}
-    acc: dict[str, float] = {}
-    late: dict[str, float] = {}
+    per_seed: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     eps: dict[str, float | None] = {}
     timings: dict[str, float] = {}
+    run_dirs: dict[str, list[Path]] = {n: [] for n in names}
     for name in names:
-        cfg = _variant(base, name)
-        if (cfg.run_dir / CONFIG).exists():
-            shutil.rmtree(cfg.run_dir)  # an earlier demo's run (_claim checked)
         t0 = time.perf_counter()
-        outcome = run(cfg, progress=progress)
+        for seed in range(n_seeds):
+            # σ is calibrated once per analysis (it does not depend on the seed)
+            cfg = _variant(
+                base, name, seed, sigma=sigmas.get(name), reproducible=reproducible
+            )
+            if (cfg.run_dir / CONFIG).exists():
+                shutil.rmtree(cfg.run_dir)  # an earlier demo's run (_claim checked)
+            outcome = run(cfg, progress=progress)
+            sigmas[name] = float(outcome.config.privacy.noise_multiplier or 0.0)
+            final = float(outcome.metrics.get("test_accuracy", float("nan")))
+            per_seed[name].append((final, _late_accuracy(cfg.run_dir, cfg.rounds)))
+            run_dirs[name].append(cfg.run_dir)
+            if outcome.epsilon is not None:
+                eps[name] = max(outcome.epsilon, eps.get(name) or 0.0)
+            else:
+                eps.setdefault(name, None)
         timings[name] = time.perf_counter() - t0
-        sigmas[name] = float(outcome.config.privacy.noise_multiplier or 0.0)
-        acc[name] = float(outcome.metrics.get("test_accuracy", float("nan")))
-        late[name] = _late_accuracy(cfg.run_dir, cfg.rounds)
-        eps[name] = outcome.epsilon
+        finals = [f for f, _ in per_seed[name]]
         log.info(
-            "%-10s sigma=%.4f  accuracy=%.3f  epsilon=%s  (%.0f s)",
+            "%-10s sigma=%.4f  accuracy=%s over %d seed(s)  epsilon=%s  (%.0f s)",
             name,
             sigmas[name],
-            acc[name],
+            pm(_mean(finals), _sd(finals), n_seeds),
+            n_seeds,
             "n/a" if eps[name] is None else f"{eps[name]:.3f}",
             timings[name],
         )
-    from dpfl.plotting import plot_runs
-
-    figure = plot_runs(
-        [base.run_dir.parent / n for n in names],
-        out / "accuracy.png",
-        labels=[_LABELS[n] for n in names],
-        title=(
-            f"digits, DP-DSGD with random participation, one budget "
-            f"(ε = {base.privacy.epsilon:g}, δ = {base.privacy.delta:g})"
-        ),
-    )
-    seconds = time.perf_counter() - start
     result = DemoResult(
         out_dir=out,
         noise_multipliers=sigmas,
-        accuracy=acc,
-        late_accuracy=late,
+        accuracy={n: _mean([f for f, _ in v]) for n, v in per_seed.items()},
+        late_accuracy={n: _mean([la for _, la in v]) for n, v in per_seed.items()},
         epsilon=eps,
-        seconds=seconds,
+        seconds=0.0,
+        seeds=tuple(range(n_seeds)),
+        per_seed=per_seed,
+        reproducible=reproducible,
     )
+    figure = _figure(out / "accuracy.png", base, result, run_dirs)
+    result = dataclasses.replace(result, seconds=time.perf_counter() - start)
     _write_report(out / "report.md", base, result, timings, figure.name)
     return result
+
+
+#: The most seeds per analysis (each is four runs of the task).
+MAX_SEEDS = 20
+
+
+def _figure(
+    path: Path, base: RunConfig, res: DemoResult, run_dirs: dict[str, list[Path]]
+) -> Path:
+    """Accuracy against rounds (mean, ±1 sd band) and late accuracy per analysis."""
+    from dpfl.plotting import plot_sweep
+
+    curves: dict[str, tuple[list[float], list[float], list[float], int]] = {}
+    for name, dirs in run_dirs.items():
+        series = [
+            {
+                int(r["round"]): float(r["test_accuracy"])
+                for r in read_metrics(d)
+                if r.get("test_accuracy") is not None
+            }
+            for d in dirs
+        ]
+        common = sorted(set.intersection(*(set(c) for c in series)))
+        values = [[c[t] for c in series] for t in common]
+        curves[_LABELS[name]] = (
+            [float(t) for t in common],
+            [_mean(v) for v in values],
+            [_sd(v) for v in values],
+            len(series),
+        )
+    names = list(run_dirs)
+    acc_sd = res.accuracy_sd
+    finals = {
+        "": (
+            [n for n in names],
+            [res.accuracy[n] for n in names],
+            [acc_sd[n] for n in names],
+        )
+    }
+    mode = "reproducible noise" if res.reproducible else "secure noise"
+    written = plot_sweep(
+        path,
+        curves=curves,
+        finals=finals,
+        x_label="analysis",
+        title=(
+            f"digits, DP-DSGD with random participation, one budget (ε = "
+            f"{base.privacy.epsilon:g}, δ = {base.privacy.delta:g}); "
+            f"{len(res.seeds)} seeds, {mode}"
+        ),
+    )
+    return next(p for p in written if p.suffix == ".png")
 
 
 #: The file that marks a folder as the demo's own (written first, kept).
@@ -260,11 +395,7 @@ def _claim(out: Path) -> None:
         runs = out / "runs"
         others = [p.name for p in out.iterdir() if p.name not in _OWN]
         if runs.is_dir():
-            others += [
-                f"runs/{p.name}"
-                for p in runs.iterdir()
-                if p.name not in (*_ANALYSES, "nonprivate")
-            ]
+            others += [f"runs/{p.name}" for p in runs.iterdir() if not _own_run(p.name)]
         if not ours or others:
             what = (
                 f"holds {shown(', '.join(sorted(others)[:3]), 120)}"
@@ -278,6 +409,13 @@ def _claim(out: Path) -> None:
             )
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("made by dpfl demo; its runs here are replaced\n")
+
+
+def _own_run(name: str) -> bool:
+    """Whether ``name`` is a run folder the demo writes (``sound-seed0`` ...)."""
+    stem, _, seed = name.rpartition("-seed")
+    own = (*_ANALYSES, "nonprivate")
+    return name in own or (stem in own and seed.isdigit())
 
 
 def _late_accuracy(run_dir: Path, rounds: int) -> float:
@@ -297,6 +435,21 @@ def _write_report(
     figure: str,
 ) -> None:
     a, p, d = base.algorithm.params, base.privacy, base.data
+    n = len(res.seeds)
+    seeds = f"seeds {res.seeds[0]}–{res.seeds[-1]}" if n > 1 else f"seed {res.seeds[0]}"
+    noise = (
+        "**Reproducible noise** (`privacy.secure_noise: false`, `dpfl demo "
+        "--reproducible`): every run's noise derives from its seed, so this "
+        "report can be replicated exactly, and the runs are NOT private "
+        "against anyone who knows the seed (which is in `config.yaml`)."
+        if res.reproducible
+        else "Secure noise (the default): each run's noise is drawn from a "
+        "secret key, so no two runs are alike, even at one seed; the numbers "
+        "below vary from one demo to the next within about their sd. For "
+        "replicable numbers, `dpfl demo --reproducible` (not private against "
+        "whoever knows the seed)."
+    )
+    acc_sd, late_sd = res.accuracy_sd, res.late_accuracy_sd
     lines = [
         "# dpfl demo: one budget, three analyses",
         "",
@@ -304,7 +457,11 @@ def _write_report(
         f"{d.records_per_client} records (equal size), MLP, DP-DSGD with random "
         f"participation: p = {a.participation_probability}, q = "
         f"{a.record_probability}, clip C = {a.clip}, step {a.learning_rate}, "
-        f"momentum {a.momentum}, T = {base.rounds} rounds, seed {base.seed}.",
+        f"momentum {a.momentum}, T = {base.rounds} rounds; each analysis run "
+        f"with {n} {seeds} (each seed its own partition, initial model, "
+        "sampling and noise).",
+        "",
+        noise,
         "",
         f"Budget for the whole run: **(ε = {p.epsilon:g}, δ = {p.delta:g})**, "
         "record level, add/remove, adversary = whoever sees the noisy "
@@ -313,8 +470,10 @@ def _write_report(
         "distributions, composed) meets the budget; the run's ledger guard "
         "uses the same analysis.",
         "",
-        "| run | analysis | σ (noise / clip) | ε spent (upper) | final accuracy "
-        "| mean accuracy, last 30% | time (s) |",
+        f"Accuracies are the mean ± sd over the {n} seeds.",
+        "",
+        "| run | analysis | σ (noise / clip) | ε spent (upper, largest) | final "
+        "accuracy | mean accuracy, last 30% | time (s, all seeds) |",
         "|---|---|---|---|---|---|---|",
     ]
     for name in (*_ANALYSES, "nonprivate"):
@@ -322,7 +481,8 @@ def _write_report(
         lines.append(
             f"| {name} | {_LABELS[name]} | {res.noise_multipliers[name]:.4f} | "
             f"{'— (no privacy)' if e is None else f'{e:.3f}'} | "
-            f"{res.accuracy[name]:.3f} | {res.late_accuracy[name]:.3f} | "
+            f"{pm(res.accuracy[name], acc_sd[name], n)} | "
+            f"{pm(res.late_accuracy[name], late_sd[name], n)} | "
             f"{timings[name]:.0f} |"
         )
     verdict = "holds" if res.default_beats_ols else "does NOT hold"
@@ -330,13 +490,14 @@ def _write_report(
     ratio_wcs = res.noise_multipliers["wcs"] / res.noise_multipliers["sound"]
     lines += [
         "",
-        f"![accuracy against rounds and against ε]({figure})",
+        f"![accuracy against rounds (mean, ±1 sd band) and late accuracy per "
+        f"analysis]({figure})",
         "",
-        "In the right panel each run's ε is measured by its own analysis.",
-        "",
-        f"**The default (sound) beats OLS at the same budget: {verdict}** (mean "
-        f"accuracy over the last 30% of rounds {res.late_accuracy['sound']:.3f} "
-        f"against {res.late_accuracy['ols']:.3f}). OLS ignores that a client "
+        f"**The default (sound) beats OLS at the same budget: {verdict}** on "
+        f"average (mean accuracy over the last 30% of rounds "
+        f"{pm(res.late_accuracy['sound'], late_sd['sound'], n)} against "
+        f"{pm(res.late_accuracy['ols'], late_sd['ols'], n)}), and in "
+        f"{res.beats_ols_seeds} of {n} seeds. OLS ignores that a client "
         f"takes part only w.p. p = {a.participation_probability}, so it needs "
         f"{ratio:.2f}× the noise of the default for the same guarantee; WCS, "
         "which assumes the adversary sees who took part, needs "

@@ -15,8 +15,9 @@ entry here.
 Modules: :mod:`~dpfl.papers.dsgd_rp` (random participation),
 :mod:`~dpfl.papers.prifedsync` (federated f-DP), :mod:`~dpfl.papers.dp_fedavg`
 (client-level DP-FedAvg), :mod:`~dpfl.papers.ms_pafl`,
-:mod:`~dpfl.papers.locks` and :mod:`~dpfl.papers.gaussian` (one Gaussian
-mechanism); :mod:`~dpfl.papers.report` (the output and the account/calibrate
+:mod:`~dpfl.papers.locks`, :mod:`~dpfl.papers.gaussian` (one Gaussian
+mechanism) and :mod:`~dpfl.papers.dp_sgd` (record-level DP-SGD);
+:mod:`~dpfl.papers.report` (the output and the account/calibrate
 drivers) and :mod:`~dpfl.papers.audits` (the audit drivers) serve them all.
 """
 
@@ -27,10 +28,26 @@ from typing import Any
 
 from dpfl.errors import DpflError
 from dpfl.experiments.reproduce import Reproduction, write_report
-from dpfl.papers import dp_fedavg, dsgd_rp, gaussian, locks, ms_pafl, prifedsync
+from dpfl.papers import (
+    dp_fedavg,
+    dp_sgd,
+    dsgd_rp,
+    gaussian,
+    locks,
+    ms_pafl,
+    prifedsync,
+)
 from dpfl.papers.base import Audit, Paper
 
-__all__ = ["PAPERS", "REPRODUCTIONS", "Audit", "Paper", "audits", "reproduce"]
+__all__ = [
+    "PAPERS",
+    "REPRODUCTIONS",
+    "Audit",
+    "Paper",
+    "audits",
+    "check_reproduction",
+    "reproduce",
+]
 
 #: Every paper, in the order ``dpfl account --help`` lists them.
 PAPERS: tuple[Paper, ...] = (
@@ -40,6 +57,7 @@ PAPERS: tuple[Paper, ...] = (
     ms_pafl.PAPER,
     locks.PAPER,
     gaussian.PAPER,
+    dp_sgd.PAPER,
 )
 
 #: The papers ``dpfl reproduce`` knows, by name (read from :data:`PAPERS`).
@@ -51,6 +69,17 @@ REPRODUCTIONS: dict[str, Reproduction] = {
 def audits() -> tuple[Audit, ...]:
     """Every ``dpfl audit`` command, paper by paper."""
     return tuple(a for p in PAPERS for a in p.audits)
+
+
+def _reproduction(paper: str) -> Reproduction:
+    """The reproduction named ``paper`` (its key or an alias)."""
+    for spec in REPRODUCTIONS.values():
+        if paper == spec.key or paper in spec.aliases:
+            return spec
+    raise DpflError(
+        f"unknown paper {paper!r}; choose from {', '.join(sorted(REPRODUCTIONS))} "
+        "or all"
+    )
 
 
 def reproduce(paper: str, **options: Any) -> Path:
@@ -75,10 +104,44 @@ def reproduce(paper: str, **options: Any) -> Path:
     DpflError
         If the paper is unknown.
     """
-    for spec in REPRODUCTIONS.values():
-        if paper == spec.key or paper in spec.aliases:
-            return write_report(spec, **options)
-    raise DpflError(
-        f"unknown paper {paper!r}; choose from {', '.join(sorted(REPRODUCTIONS))} "
-        "or all"
+    return write_report(_reproduction(paper), **options)
+
+
+def check_reproduction(paper: str, scale: str) -> str:
+    """Check ``paper``'s experiment at ``scale`` without running it.
+
+    Every variant's configuration (its preset with the scale's and the
+    variant's overrides) is read and validated, as ``dpfl train --check``
+    reads one: keys, types, ranges and the privacy settings. Nothing is
+    written and no data is read.
+
+    Parameters
+    ----------
+    paper : str
+        As for :func:`reproduce`.
+    scale : str
+        One of :data:`dpfl.experiments.reproduce.SCALES`.
+
+    Returns
+    -------
+    str
+        One line: the preset, the variants and the seeds.
+
+    Raises
+    ------
+    DpflError
+        If the paper is unknown, its preset missing, or a variant invalid.
+    """
+    from dpfl.experiments.config import load_config
+    from dpfl.experiments.presets import find_preset
+
+    spec = _reproduction(paper)
+    exp = spec.experiment(scale)
+    preset = find_preset(exp.preset)
+    for _, overrides in exp.variants:
+        load_config(preset, [*exp.overrides, *overrides])
+    labels = ", ".join(label for label, _ in exp.variants)
+    return (
+        f"valid: preset {exp.preset} ({preset}), {len(exp.variants)} variants "
+        f"({labels}) x {exp.seeds} seeds at scale {scale}"
     )

@@ -260,7 +260,7 @@ def _locks_figures() -> list[Figure]:
 
 
 def _locks_experiment(scale: str) -> Experiment:
-    # as presets/locks-fmnist-uniform.yaml: norms that carry nothing, every
+    # as preset locks-fmnist-uniform: norms that carry nothing, every
     # one the floor, so with m2 = K (100 clients in both presets) p2 = 1
     uniform = (
         "algorithm.params.second_stage_size=100",

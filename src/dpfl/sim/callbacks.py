@@ -7,15 +7,18 @@ to its callbacks. Everything else a run does is one of them:
 ==========================  ===================================================
 :class:`MetricsFile`        one JSON line per round (``metrics.jsonl``)
 :class:`Checkpoint`         the trainer's state every N rounds and at the end
-:class:`ProgressBar`        a tqdm bar: round, loss, accuracy, ε spent / budget
+:class:`ProgressBar`        a tqdm bar: round, test loss, accuracy, ε spent / budget
 :class:`ProgressLog`        the same as a plain line every N rounds (no terminal)
+:class:`ClippingWarning`    a warning when most updates are clipped, round after round
 :class:`AccuracyFigure`     ``accuracy.png`` of a run folder at the end
 :class:`TensorBoard`        every number of every record as a TensorBoard scalar
 ==========================  ===================================================
 
-:func:`progress` picks the bar when its stream is a terminal and the plain
-line otherwise (a log file, CI, ``nohup``), so a long run shows progress
-wherever its output goes.
+:func:`progress` picks the bar when its stream is a terminal, a notebook
+widget under Jupyter, and the plain line otherwise (a log file, CI,
+``nohup``), so a long run shows progress wherever its output goes.
+:meth:`~dpfl.sim.loop.Trainer.fit` adds a :class:`ClippingWarning` unless
+its callbacks hold one (pass your own to change its thresholds).
 
 A callback subclasses :class:`Callback` and overrides any of its three hooks.
 Each gets the :class:`FitState` (the trainer, the target, the latest
@@ -59,6 +62,7 @@ __all__ = [
     "AccuracyFigure",
     "Callback",
     "Checkpoint",
+    "ClippingWarning",
     "FitResult",
     "FitState",
     "MetricsFile",
@@ -194,6 +198,25 @@ class FitResult:
     delta: float | None
     metrics: dict[str, float]
     history: list[dict[str, Any]]
+
+    def __repr__(self) -> str:
+        """One line: the outcome and the last evaluation, not the history.
+
+        Examples
+        --------
+        >>> r = FitResult(2, "completed", 1.0, 1e-5, {"test_accuracy": 0.5},
+        ...     [{"round": 1}, {"round": 2}])
+        >>> repr(r).endswith("metrics={'test_accuracy': 0.5}, history=[2 records])")
+        True
+        """
+        eps = "None" if self.epsilon is None else f"{self.epsilon:.4g}"
+        delta = "None" if self.delta is None else f"{self.delta:g}"
+        metrics = {k: round(v, 4) for k, v in self.metrics.items()}
+        return (
+            f"FitResult(rounds_completed={self.rounds_completed}, "
+            f"stopped={self.stopped!r}, epsilon={eps}, delta={delta}, "
+            f"metrics={metrics}, history=[{len(self.history)} records])"
+        )
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """Rounds and values of ``key`` over the records that hold it.
@@ -498,7 +521,7 @@ def _fields(state: FitState) -> dict[str, str]:
     out: dict[str, str] = {}
     ev = state.evaluation
     if "test_loss" in ev:
-        out["loss"] = f"{ev['test_loss']:.3f}"
+        out["test loss"] = f"{ev['test_loss']:.3f}"
     if "test_accuracy" in ev:
         out["acc"] = f"{ev['test_accuracy']:.3f}"
     if not state.private:
@@ -570,9 +593,12 @@ class ProgressLog(Callback):
     For output that is not a terminal (a log file, CI, ``nohup``), where a
     bar's carriage returns never reach the log: e.g. ::
 
-        digits: round 20/100 (12.3 s)  loss 0.512  acc 0.846  eps 1.21/4 at delta 1e-05
+        digits: round 20/100 (12.3 s)  test loss 0.512  acc 0.846  eps 1.21/4 at
+        delta 1e-05
 
-    Accuracy, loss and ε are those of the latest evaluation.
+    (one line).
+
+    Accuracy, test loss and ε are those of the latest evaluation.
 
     Parameters
     ----------
@@ -653,11 +679,93 @@ def progress(
     Callback
         The progress callback.
     """
+    if file is None and in_notebook():
+        return ProgressBar(desc)  # tqdm.auto draws a widget in a notebook
     stream = file if file is not None else sys.stderr
     isatty = getattr(stream, "isatty", None)
     if callable(isatty) and isatty():
         return ProgressBar(desc, file=file)
     return ProgressLog(every, desc=desc, file=file)
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (IPython's kernel app is running)."""
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None)
+    shell = get() if callable(get) else None
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+class ClippingWarning(Callback):
+    """Warn once when most updates are clipped for several rounds in a row.
+
+    Reads each round record's ``clipped_fraction`` (the share of clipped
+    updates or records, which DP-DSGD, DP-FedAvg and MS-PAFL report). When
+    it exceeds ``fraction`` in ``rounds`` consecutive rounds, one warning
+    goes to the ``dpfl.sim`` logger: a clip bound that cuts nearly every
+    update throws away the updates' scale (the noise, set by the clip, then
+    weighs more against them), and a larger bound often trains better at the
+    same privacy.
+
+    Parameters
+    ----------
+    fraction : float or None
+        The clipped share, in (0, 1], above which a round counts (default
+        0.8); ``None`` turns the warning off.
+    rounds : int
+        Consecutive such rounds before the warning (default 5).
+
+    Examples
+    --------
+    >>> ClippingWarning(fraction=0.9, rounds=10).rounds
+    10
+    """
+
+    def __init__(self, fraction: float | None = 0.8, rounds: int = 5) -> None:
+        if fraction is not None and not (
+            isinstance(fraction, int | float) and 0.0 < fraction <= 1.0
+        ):
+            raise InvalidParameterError(
+                f"fraction must be a number in (0, 1] or None; got {fraction!r}"
+            )
+        self.fraction = None if fraction is None else float(fraction)
+        self.rounds = check_count("rounds", rounds, minimum=1)
+        self._streak = 0
+        self._warned = False
+
+    def on_fit_begin(self, state: FitState) -> None:
+        """Start counting afresh."""
+        self._streak = 0
+        self._warned = False
+
+    def on_round_end(self, state: FitState, record: dict[str, Any]) -> None:
+        """Count the round if most of it was clipped; warn at the streak's end."""
+        share = record.get("clipped_fraction")
+        if self.fraction is None or self._warned or share is None:
+            return
+        self._streak = self._streak + 1 if share > self.fraction else 0
+        if self._streak < self.rounds:
+            return
+        self._warned = True
+        clip = getattr(getattr(state.trainer.algorithm, "params", None), "clip", None)
+        bound = (
+            f"the clip bound ({clip:g})"
+            if isinstance(clip, int | float)
+            else ("the clip bound")
+        )
+        log.warning(
+            "%s: more than %.0f%% of updates were clipped in each of the last %d "
+            "rounds (%.0f%% in round %d): %s is probably small for these updates; "
+            "a larger one (or adaptive clipping) usually trains better at the same "
+            "privacy. Change this check with ClippingWarning(fraction=..., "
+            "rounds=...) among the callbacks (fraction=None: off).",
+            state.name or "training",
+            100 * self.fraction,
+            self.rounds,
+            100 * share,
+            record["round"],
+            bound,
+        )
 
 
 # -- tracking ---------------------------------------------------------------------

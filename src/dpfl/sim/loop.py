@@ -72,7 +72,13 @@ from dpfl.errors import (
 )
 from dpfl.sim import secure_noise as _keys
 from dpfl.sim.algorithms.base import Cohort, FederatedAlgorithm, Messages
-from dpfl.sim.callbacks import Callback, FitResult, FitState, check_callbacks
+from dpfl.sim.callbacks import (
+    Callback,
+    ClippingWarning,
+    FitResult,
+    FitState,
+    check_callbacks,
+)
 from dpfl.sim.executors import Executor, executor
 from dpfl.sim.randomness import CohortStreams, Streams, server_streams
 
@@ -519,6 +525,8 @@ class Trainer:
         rounds = check_count("rounds", rounds, minimum=1)
         eval_every = check_count("eval_every", eval_every, minimum=1)
         items = check_callbacks(callbacks)
+        if not any(isinstance(c, ClippingWarning) for c in items):
+            items.append(ClippingWarning())  # the default; pass one to change it
         run_round = self.step if step is None else step
         log = logger if logger is not None else _log
         ledger = self.ledger

@@ -412,8 +412,12 @@ def algorithm_class(name: str) -> type[FederatedAlgorithm]:
 
     cls = ALGORITHMS.get(_key(name))
     if cls is None:
+        from difflib import get_close_matches
+
+        close = get_close_matches(str(name), sorted(ALGORITHMS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
         raise InvalidParameterError(
-            f"algorithm must be one of {sorted(ALGORITHMS)}; got {name!r}"
+            f"algorithm must be one of {sorted(ALGORITHMS)}; got {name!r}{hint}"
         )
     return cls
 
