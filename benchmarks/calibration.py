@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from dpfl.experiments import load_config
-from dpfl.experiments.runner import _build_dataset, _resolve
+from dpfl.experiments.build import build_dataset
+from dpfl.experiments.privacy import resolve_privacy
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = [
@@ -40,9 +41,9 @@ def main() -> None:
     print(f"{'preset':<36} {'analysis':<9} {'rounds':>6} {'sigma':>8} {'seconds':>8}")
     for name in args.presets:
         cfg = load_config(ROOT / name, ["privacy.noise_multiplier=null"])
-        dataset = _build_dataset(cfg)
+        dataset = build_dataset(cfg)
         t0 = time.perf_counter()
-        resolved, _ = _resolve(cfg, dataset)
+        resolved = resolve_privacy(cfg, dataset)
         seconds = time.perf_counter() - t0
         print(
             f"{name:<36} {resolved.privacy.analysis:<9} {cfg.rounds:>6} "

@@ -379,7 +379,7 @@ def test_changed_data_with_run_json_recomputed_is_refused(tmp_path: Path) -> Non
     # The fingerprint of the changed data computed by dpfl's own code, written
     # into run.json with its checksum recomputed: the run's identity is then
     # another, and the ledger (whose chain starts from it) is refused.
-    from dpfl.experiments.runner import prepare
+    from dpfl.experiments.build import prepare
 
     csv = tmp_path / "data.csv"
     clients = [i % 10 for i in range(120)]

@@ -132,7 +132,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.check:
         # every check `train` makes before its first round, nothing written
         from dpfl.experiments import rundir
-        from dpfl.experiments.runner import prepare
+        from dpfl.experiments.build import prepare
 
         rundir.check_new_folder(config.run_dir)
         prepared = prepare(config)

@@ -66,7 +66,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any, cast
 
 try:
@@ -95,8 +94,10 @@ import yaml
 
 from dpfl._files import atomic_write
 from dpfl.errors import DpflError, InvalidParameterError
-from dpfl.experiments import rundir, runner
+from dpfl.experiments import build, rundir, runfolder
 from dpfl.experiments.config import RunConfig, config_from_dict
+from dpfl.experiments.privacy import build_ledger, resolve_privacy
+from dpfl.experiments.runner import fit_run
 from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages, Task
 from dpfl.sim.algorithms.base import Message as DpflMessage
 from dpfl.sim.callbacks import Callback, FitState
@@ -156,9 +157,9 @@ def build_trainer(
 ) -> tuple[RunConfig, Trainer]:
     """The trainer ``dpfl train`` builds for ``config`` (resolved: σ set).
 
-    Uses the runner's own builders (data set, σ calibration and checks,
-    algorithm, ledger), so the Flower server holds exactly the simulator's
-    sampler, privatizer and ledger.
+    Assembled as ``dpfl train`` assembles it (:mod:`dpfl.experiments.build`:
+    data set, σ calibration and checks, algorithm, ledger), so the Flower
+    server holds exactly the simulator's sampler, privatizer and ledger.
 
     Parameters
     ----------
@@ -197,29 +198,17 @@ def build_trainer(
             "noise_key is for a trainer without a run folder (ledger_path=False): "
             "a run folder's run makes its own key; got a key with ledger_path=True"
         )
-    # the checks and builders of `dpfl train` (dpfl.experiments.runner.prepare)
-    prepared = runner.prepare(config)
-    config, algorithm = prepared.config, prepared.algorithm
-    noise: dict[str, Any]
+    # the checks and builders of `dpfl train` (dpfl.experiments.build)
+    prepared = build.prepare(config)
+    config = prepared.config
     if ledger_path:
         # a new run: its own key, identity, ledger, config.yaml and run.json
-        _, ledger, noise = runner._start(config, config.run_dir, prepared.dataset)
+        started = runfolder.start_run(config, config.run_dir, prepared.dataset)
+        ledger, noise = started.ledger, started.noise
     else:
-        ledger = runner._ledger(config, Path("."))
-        ledger.path = None
-        noise = (
-            {"secure_noise": False}
-            if not config.privacy.secure_noise
-            else {}
-            if noise_key is None
-            else {"noise_key": noise_key}
-        )
-    trainer = Trainer(
-        algorithm,
-        ledger=ledger,
-        seed=config.seed,
-        execution=config.execution,
-        **noise,
+        ledger, noise = build_ledger(config), build.RunNoise.of(config, noise_key)
+    trainer = build.build_trainer(
+        config, prepared.algorithm, ledger, noise, execution=config.execution
     )
     return config, trainer
 
@@ -797,7 +786,7 @@ class DpflStrategy(Strategy):
 
         # The runner's round loop and run-folder callbacks (metrics.jsonl,
         # checkpoint, guarantee.json), with Flower delivering the tasks.
-        run = runner._loop(
+        run = fit_run(
             dataclasses.replace(self.config, rounds=rounds),
             self.run_dir,
             trainer,
@@ -933,7 +922,7 @@ def _replica(config: RunConfig) -> FederatedAlgorithm:
     key = _client_fingerprint(config)
     if key not in _REPLICAS:
         _REPLICAS.clear()
-        _REPLICAS[key] = runner._build_algorithm(config, runner._build_dataset(config))
+        _REPLICAS[key] = build.build_algorithm(config, build.build_dataset(config))
     return _REPLICAS[key]
 
 
@@ -1043,7 +1032,7 @@ def client_app(config_fn: ConfigFn | None = None) -> ClientApp:
             return None
         if "key" not in pinned:
             config = config_fn(context)
-            resolved = runner._resolve(config, runner._build_dataset(config))
+            resolved = resolve_privacy(config, build.build_dataset(config))
             pinned["key"] = _client_fingerprint(resolved)
         return pinned["key"]
 
