@@ -30,7 +30,8 @@ from dpfl.accounting.ledger import PrivacyLedger  # noqa: E402
 from dpfl.errors import DpflError  # noqa: E402
 from dpfl.experiments import config_from_dict, resume, run, rundir  # noqa: E402
 from dpfl.sim import secure_noise  # noqa: E402
-from dpfl.sim.callbacks import _TRAILER, load_checkpoint  # noqa: E402
+from dpfl.sim.callbacks import load_checkpoint  # noqa: E402
+from dpfl.sim.callbacks.checkpoint import _TRAILER  # noqa: E402
 from dpfl.sim.loop import Trainer  # noqa: E402
 from tiny_runs import tiny_config  # noqa: E402
 

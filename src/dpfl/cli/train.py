@@ -120,8 +120,8 @@ def _finish(result: Any) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from dpfl.experiments.config import load_config
+    from dpfl.experiments.figures import AccuracyFigure
     from dpfl.experiments.runner import run
-    from dpfl.sim.callbacks import AccuracyFigure
 
     if not args.check:  # --check prints its verdict only, one line
         _logging()
@@ -155,8 +155,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
+    from dpfl.experiments.figures import AccuracyFigure
     from dpfl.experiments.runner import resume
-    from dpfl.sim.callbacks import AccuracyFigure
 
     _logging()
     result = resume(

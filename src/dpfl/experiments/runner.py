@@ -219,7 +219,7 @@ def run(
         More callbacks of the round loop (:mod:`dpfl.sim.callbacks`), called
         after the run's own (metrics file, checkpoint, guarantee, progress),
         e.g. :class:`~dpfl.sim.callbacks.TensorBoard` or
-        :class:`~dpfl.sim.callbacks.AccuracyFigure`.
+        :class:`~dpfl.experiments.figures.AccuracyFigure`.
 
     Returns
     -------
