@@ -13,10 +13,10 @@ from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.experiments.config import (
     ConfigError,
     RunConfig,
-    apply_overrides,
     config_from_dict,
     load_config,
 )
+from dpfl.experiments.config_yaml import apply_overrides
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "presets" / "digits-dsgd-rp.yaml"
 

@@ -40,14 +40,12 @@ from typing import Any
 
 from dpfl._validate import MAX_SEED, parse_number, shown
 from dpfl.errors import DpflError, InvalidParameterError
-from dpfl.experiments.config import (
-    ConfigError,
-    RunConfig,
-    _set_dotted,
+from dpfl.experiments.config import ConfigError, RunConfig, config_from_dict
+from dpfl.experiments.config_yaml import (
     apply_overrides,
-    config_from_dict,
     parse_override,
     read_config_file,
+    set_dotted,
 )
 
 __all__ = [
@@ -393,7 +391,7 @@ def run_sweep(
         for seed in seeds:
             tree = apply_overrides(base, [])
             for key, value in point.items():
-                _set_dotted(tree, key, value)
+                set_dotted(tree, key, value)
             tree["seed"] = seed
             tree["name"] = f"{_slug(point)}-s{seed}"
             tree["output_dir"] = str(out_dir / "runs")
