@@ -18,8 +18,9 @@ import sys
 import time
 
 from dpfl.experiments import load_config
+from dpfl.experiments.build import build_dataset
 from dpfl.experiments.presets import resolve_config
-from dpfl.experiments.runner import _build_dataset, _resolve
+from dpfl.experiments.privacy import resolve_privacy
 
 PRESETS = [
     "digits-dsgd-rp",
@@ -39,9 +40,9 @@ def main() -> None:
     print(f"{'preset':<36} {'analysis':<9} {'rounds':>6} {'sigma':>8} {'seconds':>8}")
     for name in args.presets:
         cfg = load_config(resolve_config(name), ["privacy.noise_multiplier=null"])
-        dataset = _build_dataset(cfg)
+        dataset = build_dataset(cfg)
         t0 = time.perf_counter()
-        resolved, _ = _resolve(cfg, dataset)
+        resolved = resolve_privacy(cfg, dataset)
         seconds = time.perf_counter() - t0
         print(
             f"{name:<36} {resolved.privacy.analysis:<9} {cfg.rounds:>6} "

@@ -49,9 +49,10 @@ import time
 import torch
 
 from dpfl.accounting.ledger import PrivacyLedger
-from dpfl.experiments import runner
+from dpfl.experiments import build
 from dpfl.experiments.config import load_config
 from dpfl.experiments.presets import PRESET_DIR
+from dpfl.experiments.privacy import resolve_privacy
 from dpfl.sim import privatize
 from dpfl.sim import secure_noise as sn
 from dpfl.sim.loop import Trainer
@@ -213,9 +214,9 @@ def trainer(
     if steps is not None and hasattr(config.algorithm.params, "local_steps"):
         extra.append(f"algorithm.params.local_steps={steps}")
         config = load_config(PRESETS / preset, extra)
-    dataset = runner._build_dataset(config)
-    config = runner._resolve(config, dataset)
-    algorithm = runner._build_algorithm(config, dataset)
+    dataset = build.build_dataset(config)
+    config = resolve_privacy(config, dataset)
+    algorithm = build.build_algorithm(config, dataset)
     return Trainer(
         algorithm,
         ledger=PrivacyLedger(None),

@@ -99,7 +99,8 @@ def test_readme_train_your_own_model_runs_in_ten_lines(capsys):
 # -- same event and analysis as the config runner ----------------------------------
 def test_make_private_and_the_runner_calibrate_the_same_sigma(tmp_path):
     from dpfl.experiments import config_from_dict
-    from dpfl.experiments.runner import _build_dataset, _resolve
+    from dpfl.experiments.build import build_dataset
+    from dpfl.experiments.privacy import resolve_privacy
 
     config = config_from_dict(
         {
@@ -115,8 +116,8 @@ def test_make_private_and_the_runner_calibrate_the_same_sigma(tmp_path):
             "privacy": {"epsilon": 3.0, "delta": 1e-3},
         }
     )
-    dataset = _build_dataset(config)
-    resolved = _resolve(config, dataset)
+    dataset = build_dataset(config)
+    resolved = resolve_privacy(config, dataset)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
     trainer = dpfl.make_private(
         model,

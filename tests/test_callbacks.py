@@ -18,6 +18,7 @@ from dpfl.accounting.ledger import Budget, PrivacyLedger  # noqa: E402
 from dpfl.data import federate  # noqa: E402
 from dpfl.errors import DpflError, InvalidParameterError  # noqa: E402
 from dpfl.experiments import config_from_dict, run  # noqa: E402
+from dpfl.experiments.figures import AccuracyFigure  # noqa: E402
 from dpfl.experiments.runner import read_metrics  # noqa: E402
 from dpfl.sim.algorithms import build_algorithm  # noqa: E402
 from dpfl.sim.callbacks import (  # noqa: E402
@@ -193,7 +194,7 @@ def test_runner_without_a_terminal_prints_plain_progress(tmp_path, capsys):
 
 def test_runner_passes_user_callbacks_the_records_it_writes(tmp_path):
     rec = Recorder()
-    res = run(tiny(tmp_path), progress=False, callbacks=[rec, cbs.AccuracyFigure()])
+    res = run(tiny(tmp_path), progress=False, callbacks=[rec, AccuracyFigure()])
     sent = [c[1] for c in rec.calls if c[0] == "round"]
     assert sent == read_metrics(res.run_dir)
     assert (res.run_dir / "accuracy.png").stat().st_size > 0

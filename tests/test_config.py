@@ -13,10 +13,10 @@ from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.experiments.config import (
     ConfigError,
     RunConfig,
-    apply_overrides,
     config_from_dict,
     load_config,
 )
+from dpfl.experiments.config_yaml import apply_overrides
 from dpfl.experiments.presets import PRESET_DIR
 
 EXAMPLE = PRESET_DIR / "digits-dsgd-rp.yaml"

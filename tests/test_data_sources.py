@@ -25,8 +25,8 @@ from dpfl.data import (
     natural,
 )
 from dpfl.errors import DpflError, InvalidParameterError
+from dpfl.experiments.build import build_dataset as _build_dataset
 from dpfl.experiments.config import ConfigError, config_from_dict
-from dpfl.experiments.runner import _build_dataset
 from test_data import write_idx
 
 

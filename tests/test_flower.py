@@ -648,7 +648,7 @@ def test_superlink_three_supernodes_and_flwr_run_equal_the_simulator(tmp_path):
             assert summary["stopped"] == "completed" and summary["abandoned"] == []
             assert sorted(summary["partitions"]) == ["0", "1", "2"]
             # the simulator (dpfl train) with the example app's configuration
-            config = runner.config_from_dict(
+            config = config_from_dict(
                 {**_app_config(algorithm, 2), "output_dir": str(tmp_path / "sim")}
             )
             sim = simulate(run_dir, config)
@@ -797,7 +797,7 @@ def test_a_supernode_killed_mid_round_abandons_the_round(tmp_path):
         assert [e["round"] for e in entries] == [
             t for t in range(3) if t not in summary["abandoned"]
         ]
-        config = runner.config_from_dict(
+        config = config_from_dict(
             {**_app_config("dp-fedavg", 3), "output_dir": str(tmp_path / "replay")}
         )
         replay = _replay(config, set(summary["abandoned"]), 3, _key(run_dir))

@@ -3,7 +3,7 @@
 Held-out cases that once hung, raised a traceback or were accepted silently
 (each is named below with what it did), and the parity of ``dpfl train
 --check`` with ``dpfl train``: both run one validation path
-(:func:`dpfl.experiments.runner.prepare`), so ``--check`` refuses exactly what
+(:func:`dpfl.experiments.build.prepare`), so ``--check`` refuses exactly what
 ``train`` refuses before its first round, with the same line.
 
 Commands run in this process through :func:`test_fuzz_cli.run_cli` (exit
@@ -305,15 +305,15 @@ def test_a_round_that_cannot_be_priced_in_time_is_refused(
     # here the pricing is made slow (10 s) and the limit short (0.2 s): what is
     # tested is that a round not priced in time is refused, naming the keys.
     import dpfl._deadline
-    from dpfl.experiments import runner
+    from dpfl.experiments import privacy
 
-    price = runner._price_one_round
+    price = privacy.price_one_round
 
     def slow_price(*args: Any, **kwargs: Any) -> Any:
         time.sleep(10)
         return price(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "_price_one_round", slow_price)
+    monkeypatch.setattr(privacy, "price_one_round", slow_price)
     monkeypatch.setattr(dpfl._deadline, "ANSWER_SECONDS", 0.2)
     start = time.monotonic()
     change = {

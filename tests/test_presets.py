@@ -75,7 +75,7 @@ def test_every_preset_passes_trains_checks(path):
     # A preset whose data set is not on this machine stops at the data, saying
     # how to get it: all its other checks need the data.
     from dpfl.data.loaders import DatasetNotFoundError
-    from dpfl.experiments.runner import prepare
+    from dpfl.experiments.build import prepare
 
     config = load_config(path, [])
     try:

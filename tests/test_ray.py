@@ -37,7 +37,7 @@ from dpfl.errors import DpflError, InvalidParameterError  # noqa: E402
 from dpfl.experiments import config_from_dict, resume, run  # noqa: E402
 from dpfl.integrations.ray import (  # noqa: E402
     RayExecutor,
-    _Worker,
+    RayWorker,
     import_ray,
     start_local,
 )
@@ -173,7 +173,7 @@ def _slow_executor(*, suicide=False, **options):
     this test module.
     """
 
-    class SlowWorker(_Worker):
+    class SlowWorker(RayWorker):
         def client_steps(self, key, blueprint, weights, tasks, streams):
             if suicide and streams.round_index == 1:
                 os.kill(os.getpid(), signal.SIGKILL)

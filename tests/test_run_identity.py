@@ -30,7 +30,8 @@ from dpfl.accounting.ledger import PrivacyLedger  # noqa: E402
 from dpfl.errors import DpflError  # noqa: E402
 from dpfl.experiments import config_from_dict, resume, run, rundir  # noqa: E402
 from dpfl.sim import secure_noise  # noqa: E402
-from dpfl.sim.callbacks import _TRAILER, load_checkpoint  # noqa: E402
+from dpfl.sim.callbacks import load_checkpoint  # noqa: E402
+from dpfl.sim.callbacks.checkpoint import _TRAILER  # noqa: E402
 from dpfl.sim.loop import Trainer  # noqa: E402
 from tiny_runs import tiny_config  # noqa: E402
 
@@ -379,7 +380,7 @@ def test_changed_data_with_run_json_recomputed_is_refused(tmp_path: Path) -> Non
     # The fingerprint of the changed data computed by dpfl's own code, written
     # into run.json with its checksum recomputed: the run's identity is then
     # another, and the ledger (whose chain starts from it) is refused.
-    from dpfl.experiments.runner import prepare
+    from dpfl.experiments.build import prepare
 
     csv = tmp_path / "data.csv"
     clients = [i % 10 for i in range(120)]

@@ -421,10 +421,11 @@ def tiny(tmp_path, name, *, secure, sigma=1.0, rounds=2):
 
 def build(config):
     """The algorithm ``dpfl train`` builds for ``config`` (initial weights)."""
-    from dpfl.experiments import runner
+    from dpfl.experiments import build
+    from dpfl.experiments.privacy import resolve_privacy
 
-    dataset = runner._build_dataset(config)
-    return runner._build_algorithm(runner._resolve(config, dataset), dataset)
+    dataset = build.build_dataset(config)
+    return build.build_algorithm(resolve_privacy(config, dataset), dataset)
 
 
 def released(run_dir):

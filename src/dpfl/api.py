@@ -10,7 +10,8 @@ and a target (ε, δ) over a number of rounds, it
 2. takes the accounting event the algorithm's rounds realise, resolves the
    scheme's default analysis (its tightest proven one), and calibrates the
    noise multiplier σ so that the rounds fit the budget, with the same
-   function as ``dpfl train`` (:func:`dpfl.sim.plan.plan_privacy`);
+   function as ``dpfl train`` (:func:`dpfl.sim.plan.plan_privacy`), through
+   the one assembler of runs (:func:`dpfl.experiments.build.assemble`);
 3. returns a :class:`PrivateTrainer` holding σ, the event, the analysis and
    the guarantee's terms, whose :meth:`~PrivateTrainer.fit` trains under a
    :class:`~dpfl.accounting.ledger.PrivacyLedger` that refuses any round that
@@ -28,13 +29,10 @@ See the README section "Train your own model" (run by the tests)::
 from __future__ import annotations
 
 import logging
-import math
-import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dpfl._validate import check_count, check_delta, check_positive
-from dpfl.errors import InvalidParameterError
+from dpfl._validate import check_count
 
 if TYPE_CHECKING:
     from torch import nn
@@ -234,69 +232,6 @@ class PrivateTrainer:
         )
 
 
-def _check_model_and_data(
-    model: nn.Module,
-    data: FederatedDataset,
-    device: str,
-    loss_fn: Callable[[Any, Any], Any] | None = None,
-) -> None:
-    """One forward pass (and loss) on two training records, so a mismatch is named.
-
-    Runs before the noise calibration: a model that cannot train on the data,
-    or a loss that cannot compare its output with the data's labels (an MSE
-    loss given class labels), is refused at once, in one line.
-    """
-    import numpy as np
-    import torch
-
-    rows = np.asarray(data.client_indices[int(data.client_sizes().argmax())][:2])
-    features, labels = data.take(rows.astype(np.int64))
-    x = torch.as_tensor(np.ascontiguousarray(features)).to(device)
-    model.to(device)
-    training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = model(x)
-    except (RuntimeError, ValueError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise InvalidParameterError(
-            f"model must accept the data's records (shape {tuple(x.shape[1:])}, "
-            f"dtype {x.dtype}); a forward pass on 2 of them failed: "
-            f"{type(exc).__name__}: {first}"
-        ) from None
-    finally:
-        model.train(training)
-    classes = int(data.num_classes)
-    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[1] < classes:
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out)
-        raise InvalidParameterError(
-            f"model must output [batch, num_classes] scores for the data's "
-            f"{classes} classes; got output of shape {shape} for a batch of 2"
-        )
-    if loss_fn is None:
-        return
-    y = torch.as_tensor(np.ascontiguousarray(labels)).to(device)
-    try:
-        with warnings.catch_warnings():  # torch warns of a broadcast, then fails
-            warnings.simplefilter("ignore", UserWarning)
-            loss = loss_fn(model(x), y)
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise ValueError("it must return one number (the batch's mean)")
-            loss.backward()  # a wrong target dtype fails only here
-    except (RuntimeError, ValueError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise InvalidParameterError(
-            f"loss_fn must take the model's output (shape {tuple(out.shape)}) and "
-            f"the data's labels (shape {tuple(y.shape)}, dtype {y.dtype}: class "
-            "indices) and return the batch's mean loss; on 2 records it failed: "
-            f"{type(exc).__name__}: {first}. A regression loss such as MSE needs "
-            "one-hot or real targets: use cross-entropy for class labels"
-        ) from None
-    finally:
-        model.zero_grad(set_to_none=True)
-
-
 def make_private(
     model: nn.Module,
     data: FederatedDataset,
@@ -408,110 +343,43 @@ def make_private(
         If no noise multiplier meets the target (the message says what
         would).
     """
-    import torch
-    import torch.nn.functional as F
-
-    from dpfl.accounting.ledger import Budget, PrivacyLedger
-    from dpfl.data.dataset import FederatedDataset
-    from dpfl.sim.algorithms import algorithm_class, make_params
-    from dpfl.sim.algorithms.base import DataStats
-    from dpfl.sim.algorithms.fedavg import FedAvg
+    from dpfl.experiments.build import assemble
     from dpfl.sim.callbacks import check_callbacks
-    from dpfl.sim.loop import Trainer
-    from dpfl.sim.plan import plan_privacy
 
-    if not isinstance(model, torch.nn.Module):
-        raise InvalidParameterError(
-            f"model must be a torch.nn.Module; got {type(model).__name__}"
-        )
-    if not isinstance(data, FederatedDataset):
-        raise InvalidParameterError(
-            "data must be a dpfl.data.FederatedDataset (build one from arrays "
-            "with dpfl.data.federate(features, labels, partition=..., "
-            f"num_clients=...)); got {type(data).__name__}"
-        )
-    cls = algorithm_class(algorithm)
     rounds = check_count("rounds", rounds, minimum=1)
-    seed = check_count("seed", seed, minimum=0)
     extra = check_callbacks(callbacks)
     every = (
         max(1, round(rounds / 10))
         if eval_every is None
         else check_count("eval_every", eval_every, minimum=1)
     )
-    if issubclass(cls, FedAvg):
-        if epsilon is not None or noise_multiplier:
-            raise InvalidParameterError(
-                f"algorithm {cls.name!r} adds no noise, so it cannot meet a privacy "
-                f"budget; got epsilon={epsilon!r}, noise_multiplier="
-                f"{noise_multiplier!r}; use a private algorithm (e.g. 'dp-fedavg') "
-                "or pass epsilon=None for the non-private baseline"
-            )
-        noise_multiplier = 0.0
-    if epsilon is not None:
-        epsilon = check_positive("epsilon", epsilon)
-        if noise_multiplier == 0:
-            raise InvalidParameterError(
-                f"noise_multiplier 0 adds no noise, so it cannot meet "
-                f"epsilon={epsilon!r}; leave noise_multiplier None to calibrate it"
-            )
-    elif noise_multiplier is None:
-        raise InvalidParameterError(
-            "epsilon (a budget to calibrate the noise to) or noise_multiplier "
-            "must be given; got epsilon=None, noise_multiplier=None"
-        )
-    private = noise_multiplier != 0
-    if private or delta is not None:
-        if delta is None:
-            raise InvalidParameterError(
-                "delta must be given for a private run (a value in (0, 1), below "
-                "1/n for n privacy units); got None"
-            )
-        delta = check_delta("delta", delta)
-    _check_model_and_data(model, data, device, loss_fn)
-    stats = DataStats.of(data)
-    plan = plan_privacy(
-        cls,
-        make_params(cls.name, params),
-        stats,
-        epsilon=math.inf if epsilon is None else epsilon,
-        delta=delta if delta is not None else 0.5,
+    built = assemble(
+        model,
+        data,
+        algorithm,
+        params,
+        epsilon=epsilon,
+        delta=delta,
         rounds=rounds,
         noise_multiplier=noise_multiplier,
         analysis=analysis,
         allow_unproven=allow_unproven,
         allow_large_delta=allow_large_delta,
-        logger=log,
-    )
-    alg = cls(
-        plan.params,
-        model=model,
-        dataset=data,
-        noise_multiplier=plan.noise_multiplier,
-        device=device,
-        loss_fn=F.cross_entropy if loss_fn is None else loss_fn,
-    )
-    budget = (
-        Budget(epsilon, delta)
-        if epsilon is not None and delta is not None and plan.event is not None
-        else None
-    )
-    ledger = PrivacyLedger(budget, analysis=plan.analysis)
-    trainer = Trainer(
-        alg,
-        ledger=ledger,
         seed=seed,
-        execution=execution,
         secure_noise=secure_noise,
         noise_key=noise_key,
+        execution=execution,
+        device=device,
+        loss_fn=loss_fn,
+        logger=log,
     )
     return PrivateTrainer(
-        algorithm=alg,
-        trainer=trainer,
-        event=plan.event,
-        analysis=plan.analysis,
-        epsilon=epsilon if plan.event is not None else None,
-        delta=delta if plan.event is not None else None,
+        algorithm=built.algorithm,
+        trainer=built.trainer,
+        event=built.plan.event,
+        analysis=built.plan.analysis,
+        epsilon=built.epsilon,
+        delta=built.delta,
         rounds=rounds,
         eval_every=every,
         callbacks=extra,

@@ -120,9 +120,9 @@ def _finish(result: Any) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from dpfl.experiments.config import load_config
+    from dpfl.experiments.figures import AccuracyFigure
     from dpfl.experiments.presets import resolve_config
     from dpfl.experiments.runner import run
-    from dpfl.sim.callbacks import AccuracyFigure
 
     if not args.check:  # --check prints its verdict only, one line
         _logging()
@@ -134,7 +134,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.check:
         # every check `train` makes before its first round, nothing written
         from dpfl.experiments import rundir
-        from dpfl.experiments.runner import prepare
+        from dpfl.experiments.build import prepare
 
         rundir.check_new_folder(config.run_dir)
         prepared = prepare(config)
@@ -157,8 +157,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
+    from dpfl.experiments.figures import AccuracyFigure
     from dpfl.experiments.runner import resume
-    from dpfl.sim.callbacks import AccuracyFigure
 
     _logging()
     result = resume(

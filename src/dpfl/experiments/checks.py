@@ -1,6 +1,6 @@
 """What a run checks before any work: its files, its sizes, its time per round.
 
-:func:`dpfl.experiments.runner.prepare` (what ``dpfl train`` and ``dpfl train
+:func:`dpfl.experiments.build.prepare` (what ``dpfl train`` and ``dpfl train
 --check`` both run before a first round) calls these, in this order:
 
 :func:`check_paths`
@@ -216,8 +216,9 @@ def expected_cohort(params: Any, num_clients: int) -> float:
     """
     if getattr(params, "server", "trusted") != "trusted":
         return float(num_clients)
-    if getattr(params, "cohort_size", None) is not None:  # dsgd-rp: None, Poisson
-        return float(min(int(params.cohort_size), num_clients))
+    cohort = getattr(params, "cohort_size", None)
+    if cohort is not None:  # DSGD-RP's is optional (None: Poisson clients)
+        return float(min(int(cohort), num_clients))
     for name in (
         "participation_probability",
         "checkin_probability",

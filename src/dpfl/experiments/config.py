@@ -26,36 +26,36 @@ Examples
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import difflib
 import math
-import os
-import re
-import stat
-import types
-import typing
-from collections import abc
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dpfl._validate import (
-    FLOAT_PATTERN,
-    INT_PATTERN,
     MAX_EPSILON,
     MAX_ROUNDS,
     MAX_SEED,
     MIN_DELTA,
     NOISE_RANGE,
-    parse_number,
     shown,
 )
 from dpfl.accounting.guards import GUARDS as LEDGER_GUARDS
 from dpfl.accounting.schemes import all_analyses
 from dpfl.errors import InvalidParameterError
+from dpfl.experiments.config_schema import (
+    ConfigError,
+    at_least,
+    between,
+    build_section,
+    check_numbers,
+    check_options,
+    field,
+    finite_nonnegative,
+    finite_positive,
+    one_of,
+)
+from dpfl.experiments.config_yaml import apply_overrides, read_config_file
 from dpfl.sim.executors import EXECUTION_NAMES
 
 __all__ = [
@@ -66,45 +66,15 @@ __all__ = [
     "PrivacyConfig",
     "RayConfig",
     "RunConfig",
-    "apply_overrides",
     "config_from_dict",
     "load_config",
-    "load_yaml",
-    "read_config_file",
 ]
 
 GUARDS = tuple(LEDGER_GUARDS)
 _DEVICES = ("cpu", "cuda", "auto")
 
 
-class ConfigError(InvalidParameterError):
-    """A configuration key is unknown, has the wrong type, or is out of range."""
-
-
-# -- range checks (attached to fields as metadata) ------------------------------
-def _positive(v: Any) -> str | None:
-    return None if v is None or v > 0 else "must be > 0"
-
-
-def _at_least(m: int) -> Any:
-    def check(v: Any) -> str | None:
-        return None if v is None or v >= m else f"must be >= {m}"
-
-    return check
-
-
-def _nonnegative(v: Any) -> str | None:
-    return None if v is None or v >= 0 else "must be >= 0"
-
-
-def _finite_positive(v: Any) -> str | None:
-    return None if v is None or 0 < v < math.inf else "must be > 0 and finite"
-
-
-def _finite_nonnegative(v: Any) -> str | None:
-    return None if v is None or 0 <= v < math.inf else "must be >= 0 and finite"
-
-
+# -- range checks of this tree's own keys ----------------------------------------
 def _address(v: Any) -> str | None:
     if v is None or v == "auto" or v.startswith("ray://"):
         return None
@@ -139,24 +109,6 @@ def _delta(v: Any) -> str | None:
     )
 
 
-def _one_of(choices: Sequence[str | None]) -> Any:
-    def check(v: Any) -> str | None:
-        return None if v in choices else f"must be one of {list(choices)}"
-
-    return check
-
-
-def _between(low: int, high: int, why: str = "") -> Any:
-    def check(v: Any) -> str | None:
-        return (
-            None
-            if v is None or low <= v <= high
-            else f"must be in [{low}, {high}]{why}"
-        )
-
-    return check
-
-
 #: The longest run name (a folder name; most file systems allow 255 bytes).
 MAX_NAME_LENGTH = 200
 
@@ -183,13 +135,6 @@ def _directory(v: Any) -> str | None:
     if not v or not v.strip() or not v.isprintable():
         return "must be a non-empty, printable path"
     return None
-
-
-def _field(default: Any = dataclasses.MISSING, check: Any = None, **kw: Any) -> Any:
-    meta = {"check": check} if check is not None else {}
-    if "default_factory" in kw:
-        return dataclasses.field(default_factory=kw["default_factory"], metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
 
 
 # -- the tree -------------------------------------------------------------------
@@ -233,10 +178,10 @@ class DataConfig:
 
     name: str = "digits"
     path: str | None = None
-    num_clients: int | None = _field(100, _at_least(1))
+    num_clients: int | None = field(100, at_least(1))
     partition: str | None = "equal-size"
-    records_per_client: int | None = _field(None, _at_least(1))
-    options: dict[str, Any] = _field(default_factory=dict)
+    records_per_client: int | None = field(None, at_least(1))
+    options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.name in FILE_DATASETS and not self.path:
@@ -274,7 +219,7 @@ class DataConfig:
                 for k, v in given.items()
                 if k in ("num_clients", "seed") or getattr(self, k) is not None
             }
-            checked = _check_options("data.options", self.options, schema, given)
+            checked = check_options("data.options", self.options, schema, given)
             object.__setattr__(self, "options", checked)
             missing = [
                 k
@@ -289,54 +234,19 @@ class DataConfig:
                 )
 
 
-def _check_options(
-    prefix: str,
-    options: Mapping[str, Any],
-    schema: Mapping[str, tuple[Any, bool]],
-    given: Mapping[str, str],
-) -> dict[str, Any]:
-    """Check free-form ``options`` against the keywords of what receives them.
-
-    Each option must be a keyword of the data loader or model (``schema``:
-    name to type hint and whether it is required), of its type: a boolean is
-    ``true`` or ``false`` (never a string such as ``"yes"``), a number follows
-    the one rule of numbers; an option that a section key already sets
-    (``given``: option to that key) is refused, as a key given twice.
-    Numbers come back as the type their keyword takes.
-    """
-    out: dict[str, Any] = {}
-    for key, value in options.items():
-        dotted = f"{prefix}.{key}"
-        if key in given:
-            raise ConfigError(
-                f"{dotted} is set by {given[key]}: a key given in two places is "
-                f"refused; keep one; got {shown(value)}"
-            )
-        if key not in schema:
-            raise _unknown(
-                prefix + ".", key, sorted(k for k in schema if k not in given)
-            )
-        checked = _coerce(dotted, value, schema[key][0])
-        plain = isinstance(checked, int | float) and not isinstance(checked, bool)
-        out[key] = checked if plain else value
-        if plain and isinstance(checked, float) and math.isnan(checked):
-            raise ConfigError(f"{dotted} must not be NaN; got {shown(value)}")
-    return out
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The model: a name of :func:`dpfl.models.build_model` and its keywords."""
 
     name: str = "mlp"
-    options: dict[str, Any] = _field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from dpfl.models.registry import model_options
 
         schema = model_options(self.name)
         if schema is not None:  # an unknown name: build_model lists the names
-            checked = _check_options("model.options", self.options, schema, {})
+            checked = check_options("model.options", self.options, schema, {})
             object.__setattr__(self, "options", checked)
 
 
@@ -395,7 +305,7 @@ def _build_algorithm_config(data: Mapping[str, Any], prefix: str) -> AlgorithmCo
             f"{shown(params['noise_multiplier'])}"
         )
     return AlgorithmConfig(
-        name=cls.name, params=_build(cls.Params, params, prefix + "params.")
+        name=cls.name, params=build_section(cls.Params, params, prefix + "params.")
     )
 
 
@@ -449,11 +359,11 @@ class PrivacyConfig:
         regenerate and subtract; labelled so in the report, not for release.
     """
 
-    epsilon: float = _field(4.0, _epsilon)
-    delta: float = _field(1e-5, _delta)
-    analysis: str | None = _field(None, _one_of((None, *all_analyses())))
-    noise_multiplier: float | None = _field(None, _noise)
-    guard: str = _field("accountant", _one_of(GUARDS))
+    epsilon: float = field(4.0, _epsilon)
+    delta: float = field(1e-5, _delta)
+    analysis: str | None = field(None, one_of((None, *all_analyses())))
+    noise_multiplier: float | None = field(None, _noise)
+    guard: str = field("accountant", one_of(GUARDS))
     allow_unproven: bool = False
     allow_large_delta: bool = False
     secure_noise: bool = True
@@ -483,10 +393,10 @@ class RayConfig:
         GPUs each worker reserves; above 0 the workers compute on CUDA.
     """
 
-    address: str | None = _field(None, _address)
-    num_workers: int = _field(1, _at_least(1))
-    num_cpus_per_worker: float = _field(1.0, _finite_positive)
-    num_gpus_per_worker: float = _field(0.0, _finite_nonnegative)
+    address: str | None = field(None, _address)
+    num_workers: int = field(1, at_least(1))
+    num_cpus_per_worker: float = field(1.0, finite_positive)
+    num_gpus_per_worker: float = field(0.0, finite_nonnegative)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -523,25 +433,26 @@ class RunConfig:
         Clients per chunk of a batched computation (bounds memory).
     """
 
-    name: str = _field("run", _name)
-    seed: int = _field(0, _between(0, MAX_SEED))
-    rounds: int = _field(
+    name: str = field("run", _name)
+    seed: int = field(0, between(0, MAX_SEED))
+    rounds: int = field(
         100,
-        _between(1, MAX_ROUNDS, " (the range the accounting answers in bounded time)"),
+        between(1, MAX_ROUNDS, " (the range the accounting answers in bounded time)"),
     )
-    data: DataConfig = _field(default_factory=DataConfig)
-    model: ModelConfig = _field(default_factory=ModelConfig)
-    algorithm: AlgorithmConfig = _field(
-        default_factory=lambda: _build_algorithm_config({}, "algorithm.")
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(
+        default_factory=lambda: _build_algorithm_config({}, "algorithm."),
+        build=lambda value, prefix: _build_algorithm_config(value or {}, prefix),
     )
-    privacy: PrivacyConfig = _field(default_factory=PrivacyConfig)
-    eval_every: int = _field(10, _at_least(1))
-    checkpoint_every: int = _field(50, _at_least(1))
-    output_dir: str = _field("runs", _directory)
-    device: str = _field("cpu", _one_of(_DEVICES))
-    execution: str = _field("batched", _one_of(EXECUTION_NAMES))
-    ray: RayConfig = _field(default_factory=RayConfig)
-    max_clients: int | None = _field(None, _at_least(1))
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    eval_every: int = field(10, at_least(1))
+    checkpoint_every: int = field(50, at_least(1))
+    output_dir: str = field("runs", _directory)
+    device: str = field("cpu", one_of(_DEVICES))
+    execution: str = field("batched", one_of(EXECUTION_NAMES))
+    ray: RayConfig = field(default_factory=RayConfig)
+    max_clients: int | None = field(None, at_least(1))
 
     def __post_init__(self) -> None:
         priv = self.privacy
@@ -604,363 +515,6 @@ def _plain(changes: Mapping[str, Any]) -> dict[str, Any]:
     return {k: plain(v) for k, v in changes.items()}
 
 
-# -- building and validating -----------------------------------------------------
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _type_name(tp: Any) -> str:
-    if tp is type(None):
-        return "null"
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is dict:
-        return "mapping"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Return ``value`` as type ``tp`` or raise a ConfigError naming ``key``."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for a in args:
-            if a is type(None):
-                continue
-            with contextlib.suppress(ConfigError):
-                return _coerce(key, value, a)
-        raise ConfigError(
-            f"{key} must be {_type_name(tp)}; got {shown(value)} "
-            f"({type(value).__name__})"
-        )
-    if tp is Any:
-        return value
-    if origin in (list, tuple, abc.Sequence) or tp in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key} must be a list; got {shown(value)}")
-        args = typing.get_args(tp)
-        item = args[0] if args else Any
-        return [_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
-    if origin is typing.Literal:
-        if value not in typing.get_args(tp):
-            raise ConfigError(
-                f"{key} must be one of {list(typing.get_args(tp))}; got {shown(value)}"
-            )
-        return value
-    if origin is dict or tp is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key} must be a mapping; got {shown(value)}")
-        return {str(k): v for k, v in value.items()}
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if not isinstance(value, Mapping):
-            raise ConfigError(
-                f"{key} must be a mapping (a section); got {shown(value)}"
-            )
-        return _build(tp, value, key + ".")
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false; got {shown(value)}")
-        return value
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key} must be an integer; got {shown(value)}")
-        if isinstance(value, str):
-            value = _spelled(key, value, integer=True)
-        if isinstance(value, int):
-            if not INT_RANGE[0] <= value <= INT_RANGE[1]:
-                raise ConfigError(f"{key} must be a 64-bit integer; got {shown(value)}")
-            return value
-        if isinstance(value, float) and value.is_integer():
-            if not INT_RANGE[0] <= value <= INT_RANGE[1]:
-                raise ConfigError(f"{key} must be a 64-bit integer; got {shown(value)}")
-            return int(value)
-        raise ConfigError(
-            f"{key} must be an integer; got {shown(value)} ({type(value).__name__})"
-        )
-    if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key} must be a number; got {shown(value)}")
-        if isinstance(value, str):
-            value = _spelled(key, value, integer=False)
-        if not isinstance(value, int | float):
-            raise ConfigError(
-                f"{key} must be a number; got {shown(value)} ({type(value).__name__})"
-            )
-        if isinstance(value, int) and abs(value) > 1e300:  # float() would overflow
-            raise ConfigError(f"{key} must be a number below 1e300; got {shown(value)}")
-        if math.isnan(value):
-            raise ConfigError(f"{key} must not be NaN; got {shown(value)}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(
-                f"{key} must be a string; got {shown(value)} ({type(value).__name__})"
-            )
-        return value
-    return value  # pragma: no cover - every field type is handled above
-
-
-def _spelled(key: str, text: str, *, integer: bool) -> int | float:
-    """A number written as a string, read by the one rule of dpfl's numbers.
-
-    (:func:`dpfl._validate.parse_number`: ASCII digits, sign, point and
-    exponent; no ``_``, spaces or other scripts' digits.)
-    """
-    try:
-        return parse_number(text, integer=integer)
-    except ValueError:
-        what = "an integer" if integer else "a number"
-        raise ConfigError(
-            f"{key} must be {what} written in ASCII digits (e.g. "
-            f"{'100 or 1e3' if integer else '0.5 or 1e-5'}; no '_', spaces or "
-            f"other digits); got {shown(text)} (str)"
-        ) from None
-
-
-def _unknown(prefix: str, key: str, known: Sequence[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
-    hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
-    return ConfigError(
-        f"unknown configuration key {shown(prefix + key)}{hint} "
-        f"(known keys{' of ' + prefix.rstrip('.') if prefix else ''}: "
-        f"{', '.join(known)})"
-    )
-
-
-def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = _hints(cls)
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if not isinstance(key, str) or key not in fields:
-            raise _unknown(prefix, str(key), list(fields))
-        dotted = prefix + key
-        if hints[key] is AlgorithmConfig:
-            kwargs[key] = _build_algorithm_config(value or {}, dotted + ".")
-            continue
-        v = _coerce(dotted, value, hints[key])
-        check = fields[key].metadata.get("check")
-        if check is not None:
-            problem = check(v)
-            if problem:
-                raise ConfigError(f"{dotted} {problem}; got {shown(value)}")
-        kwargs[key] = v
-    try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except InvalidParameterError as exc:
-        # A section's own validation (e.g. an algorithm's Params): name the key.
-        raise ConfigError(f"{prefix}{exc}") from None
-
-
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = tree
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        elif not isinstance(child, dict):
-            raise ConfigError(
-                f"cannot set {shown(dotted)}: {'.'.join(parts[: i + 1])} is "
-                f"{shown(child)}, not a section"
-            )
-        node = child
-    node[parts[-1]] = value
-
-
-def apply_overrides(
-    tree: Mapping[str, Any], overrides: Sequence[str]
-) -> dict[str, Any]:
-    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a plain tree.
-
-    Parameters
-    ----------
-    tree : mapping
-        Configuration as plain data (not modified).
-    overrides : sequence of str
-        Items ``"dotted.key=value"``.
-
-    Returns
-    -------
-    dict
-        A deep copy of ``tree`` with the overrides applied.
-
-    Raises
-    ------
-    ConfigError
-        If an item has no ``=``, an empty key, or a value that is not YAML.
-    """
-    out = _deep_copy(tree)
-    for item in overrides:
-        _set_dotted(out, *parse_override(item))
-    return out
-
-
-#: The largest run configuration file read (presets are a few kilobytes).
-MAX_CONFIG_BYTES = 1 << 20
-
-
-class _RunConfigLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing aliases and repeated keys; strict scalars.
-
-    An alias (``*name``) lets a few hundred bytes stand for a structure of
-    billions of nodes (the "billion laughs"), which any later walk or message
-    would expand; a repeated key silently drops the first value.
-
-    Scalars are read as YAML 1.2's core schema reads them, not 1.1's: a
-    boolean is ``true`` or ``false`` only (``yes``, ``no``, ``on``, ``off``
-    stay strings, which a boolean key refuses), and a number is spelled by
-    the one rule of :func:`dpfl._validate.parse_number` (ASCII digits; ``1e-5``
-    is a number, ``1_000``, ``0x10`` and ``1:30`` are strings, which a
-    number key refuses).
-    """
-
-    def construct_yaml_int(self, node: Any) -> int:  # type: ignore[override]
-        return int(self.construct_scalar(node))
-
-    def construct_yaml_float(self, node: Any) -> float:  # type: ignore[override]
-        text = str(self.construct_scalar(node))
-        try:
-            return float(parse_number(text))
-        except ValueError:
-            raise ConfigError(
-                f"{shown(text)} (line {node.start_mark.line + 1}) is a number a "
-                "double cannot hold (it overflows to infinity or underflows to "
-                "0); write .inf for infinity"
-            ) from None
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise ConfigError(
-                f"YAML aliases are refused in a run configuration: write the "
-                f"value out instead of *{shown(event.anchor, 40)} (line "
-                f"{event.start_mark.line + 1})"
-            )
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            with contextlib.suppress(TypeError):  # an unhashable key: refused later
-                if key in seen:
-                    raise ConfigError(
-                        f"key {shown(key, 60)} appears twice in one mapping (line "
-                        f"{key_node.start_mark.line + 1}); keep one"
-                    )
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-_YAML_BOOL, _YAML_INT, _YAML_FLOAT = (
-    f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float")
-)
-_RunConfigLoader.yaml_implicit_resolvers = {
-    first: [
-        (tag, rx)
-        for tag, rx in rules
-        if tag not in (_YAML_BOOL, _YAML_INT, _YAML_FLOAT)
-    ]
-    for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_RunConfigLoader.add_implicit_resolver(
-    _YAML_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-_RunConfigLoader.add_implicit_resolver(
-    _YAML_INT, re.compile(f"^{INT_PATTERN}$"), list("-+0123456789")
-)
-_RunConfigLoader.add_implicit_resolver(
-    _YAML_FLOAT,
-    # YAML's own spellings of infinity and NaN only: a bare ``inf`` stays a
-    # string (a run may be named so), which a number key reads as infinity
-    re.compile(rf"^(?:{FLOAT_PATTERN}|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+0123456789."),
-)
-_RunConfigLoader.add_constructor(_YAML_INT, _RunConfigLoader.construct_yaml_int)
-_RunConfigLoader.add_constructor(_YAML_FLOAT, _RunConfigLoader.construct_yaml_float)
-
-
-def load_yaml(
-    text: str, where: str = "the configuration", kind: str = "valid YAML"
-) -> Any:
-    """Parse YAML as a run configuration: safely, without aliases or repeats.
-
-    Parameters
-    ----------
-    text : str
-        YAML text.
-    where : str
-        Names the text in error messages (a file, ``--set key``).
-    kind : str
-        What the text is not, when it does not parse (``"<where> is not
-        <kind>: <why>"``).
-
-    Returns
-    -------
-    Any
-        The plain data (mappings, lists, scalars).
-
-    Raises
-    ------
-    ConfigError
-        On text that is not YAML, holds an alias or a repeated key, or nests
-        too deeply; the message is one line.
-    """
-    try:
-        return yaml.load(text, Loader=_RunConfigLoader)  # noqa: S506 (safe loader)
-    except yaml.YAMLError as exc:
-        problem = " ".join(str(exc).split())
-        if len(problem) > 200:
-            problem = problem[:200] + "..."
-        raise ConfigError(f"{where} is not {kind}: {problem}") from None
-    except RecursionError:
-        raise ConfigError(f"{where} nests too deeply to be a configuration") from None
-    except ConfigError:  # an alias or a repeated key
-        raise
-    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
-        raise ConfigError(
-            f"{where} holds a value YAML cannot read: {shown(str(exc), 120)}"
-        ) from None
-
-
-def parse_override(item: str) -> tuple[str, Any]:
-    """Split one ``--set key.sub=value`` item into its key and YAML value.
-
-    Parameters
-    ----------
-    item : str
-        ``key.sub=value``; an empty value is ``None``.
-
-    Returns
-    -------
-    tuple of (str, Any)
-        The dotted key and the parsed value.
-
-    Raises
-    ------
-    ConfigError
-        If the item has no ``=``, an empty key or key part, or a value that
-        is not YAML.
-    """
-    key, sep, raw = item.partition("=")
-    key = key.strip()
-    if not sep or not key or any(not p for p in key.split(".")):
-        raise ConfigError(f"--set expects key.sub=value; got {shown(item)}")
-    where = f"--set {key}: value {shown(raw)}"
-    value = load_yaml(raw, where, "YAML") if raw.strip() else None
-    return key, value
-
-
-def _deep_copy(tree: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in tree.items()}
-
-
 def config_from_dict(
     data: Mapping[str, Any] | None, overrides: Sequence[str] = ()
 ) -> RunConfig:
@@ -989,30 +543,8 @@ def config_from_dict(
     if not isinstance(data, Mapping):
         raise ConfigError(f"a configuration must be a mapping; got {shown(data)}")
     tree = apply_overrides(data, overrides)
-    _check_numbers(tree, "")
-    return _build(RunConfig, tree)
-
-
-#: The integers a configuration may hold anywhere (free-form ``options``
-#: included): 64-bit, what numpy and torch take. NaN is refused anywhere too.
-INT_RANGE = (-(2**63), 2**63 - 1)
-
-
-def _check_numbers(node: Any, key: str) -> None:
-    """Refuse NaN or an integer outside 64 bits anywhere, naming the key."""
-    if isinstance(node, Mapping):
-        for k, v in node.items():
-            _check_numbers(v, f"{key}.{k}" if key else str(k))
-    elif isinstance(node, list | tuple):
-        for i, v in enumerate(node):
-            _check_numbers(v, f"{key}[{i}]")
-    elif isinstance(node, int) and not INT_RANGE[0] <= node <= INT_RANGE[1]:
-        raise ConfigError(
-            f"{key[:60]} must be a 64-bit integer (at most {INT_RANGE[1]} in size); "
-            f"got {shown(node)}"
-        )
-    elif isinstance(node, float) and math.isnan(node):
-        raise ConfigError(f"{key[:60]} must not be NaN; got nan")
+    check_numbers(tree, "")
+    return build_section(RunConfig, tree)
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
@@ -1036,61 +568,3 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
         If the file is missing or not YAML, or on an invalid key or value.
     """
     return config_from_dict(read_config_file(path), overrides)
-
-
-def read_config_file(path: str | Path) -> Any:
-    """Read a YAML run configuration file as plain data (not yet validated).
-
-    The file is read safely (:func:`load_yaml`: no aliases, no repeated
-    keys), must be UTF-8 and at most :data:`MAX_CONFIG_BYTES` long.
-
-    Parameters
-    ----------
-    path : str or Path
-        The YAML file.
-
-    Returns
-    -------
-    Any
-        The parsed data (a mapping for a configuration).
-
-    Raises
-    ------
-    ConfigError
-        If the file is missing, unreadable, too large, not UTF-8 or not YAML.
-    """
-    p = Path(path)
-    where = shown(str(p))
-    try:
-        # non-blocking: opening a FIFO must not wait for a writer
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        raise ConfigError(f"configuration file not found: {where}") from None
-    except (OSError, ValueError) as exc:  # no permission, a NUL in the name
-        reason = getattr(exc, "strerror", None) or type(exc).__name__
-        raise ConfigError(f"cannot read configuration file {where}: {reason}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ConfigError(
-            f"configuration file {where} is not a regular file (a folder, FIFO, "
-            "socket or device); give the YAML file itself"
-        )
-    with os.fdopen(fd, "rb") as fh:
-        try:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot read configuration file {where}: {exc.strerror}"
-            ) from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(
-            f"configuration file {where} is larger than {MAX_CONFIG_BYTES} bytes; "
-            "a run configuration is a few kilobytes"
-        )
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"configuration file {where} is not UTF-8 text (byte {exc.start})"
-        ) from None
-    return load_yaml(text, where)

@@ -51,7 +51,8 @@ from typing import Any
 from dpfl._validate import check_count, shown
 from dpfl.errors import InvalidParameterError
 from dpfl.experiments.config import RunConfig, config_from_dict
-from dpfl.experiments.runner import CONFIG, read_metrics, run
+from dpfl.experiments.rundir import CONFIG
+from dpfl.experiments.runner import read_metrics, run
 
 __all__ = ["DEMO_CONFIG", "DemoResult", "demo", "demo_config"]
 

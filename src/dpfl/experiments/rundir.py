@@ -70,10 +70,15 @@ from dpfl._files import atomic_write, digest
 from dpfl.errors import DpflError
 
 __all__ = [
+    "CHECKPOINT",
+    "CONFIG",
     "FROZEN_KEYS",
+    "GUARANTEE",
     "KEY_FILE",
+    "LEDGER",
     "LOCK",
     "MANIFEST",
+    "METRICS",
     "RUN_FILES",
     "RunFolderBusyError",
     "RunLock",
@@ -89,6 +94,7 @@ __all__ = [
     "read_run_key",
     "recorded_stream",
     "run_lock",
+    "write_config",
     "write_manifest",
 ]
 
@@ -96,10 +102,20 @@ LOCK = ".lock"
 MANIFEST = "run.json"
 #: The run's secret key file (:data:`dpfl.sim.secure_noise.KEY_FILE`).
 KEY_FILE = "secret.key"
+#: The resolved configuration (σ as calibrated).
+CONFIG = "config.yaml"
+#: One JSON line per completed round.
+METRICS = "metrics.jsonl"
+#: The privacy ledger (and its journal, ``ledger.json.journal``).
+LEDGER = "ledger.json"
+#: The trainer's state.
+CHECKPOINT = "checkpoint.pt"
+#: What the run's privacy amounts to, written when the run ends.
+GUARANTEE = "guarantee.json"
 _MANIFEST_FORMAT = 2
 #: The files whose presence means a folder holds (or held) a run: a new run
 #: refuses such a folder.
-RUN_FILES = ("ledger.json", "checkpoint.pt", MANIFEST, KEY_FILE)
+RUN_FILES = (LEDGER, CHECKPOINT, MANIFEST, KEY_FILE)
 
 #: Top-level config keys fixed when a run starts. The others (``name``,
 #: ``output_dir``, ``execution``, ``ray``, ``device``, ``max_clients``,
@@ -109,11 +125,11 @@ FROZEN_KEYS = ("data", "model", "algorithm", "privacy", "seed", "rounds")
 
 #: Files of a run folder written through a temporary file and a rename.
 _ATOMIC = (
-    "config.yaml",
-    "metrics.jsonl",
-    "ledger.json",
-    "checkpoint.pt",
-    "guarantee.json",
+    CONFIG,
+    METRICS,
+    LEDGER,
+    CHECKPOINT,
+    GUARANTEE,
     KEY_FILE,  # linked, never renamed over
     MANIFEST,
 )
@@ -215,6 +231,17 @@ def clean_orphans(run_dir: str | Path) -> list[Path]:
             item.unlink(missing_ok=True)
             removed.append(item)
     return sorted(removed)
+
+
+def write_config(run_dir: str | Path, tree: dict[str, Any]) -> None:
+    """Write a run's resolved configuration (plain data) to ``config.yaml``.
+
+    Atomically (a temporary file and a rename), in the key order given.
+    """
+    import yaml
+
+    text = yaml.safe_dump(tree, sort_keys=False)
+    atomic_write(Path(run_dir) / CONFIG, lambda fh: fh.write(text), binary=False)
 
 
 def frozen(tree: dict[str, Any]) -> dict[str, Any]:

@@ -25,12 +25,10 @@ Importing this module does not import torch: worker processes do.
 from __future__ import annotations
 
 import concurrent.futures
-import csv
 import dataclasses
 import importlib.util
 import itertools
 import json
-import math
 import multiprocessing
 import os
 import time
@@ -40,14 +38,20 @@ from typing import Any
 
 from dpfl._validate import MAX_SEED, parse_number, shown
 from dpfl.errors import DpflError, InvalidParameterError
-from dpfl.experiments.config import (
-    ConfigError,
-    RunConfig,
-    _set_dotted,
+from dpfl.experiments.config import ConfigError, RunConfig, config_from_dict
+from dpfl.experiments.config_yaml import (
     apply_overrides,
-    config_from_dict,
     parse_override,
     read_config_file,
+    set_dotted,
+)
+from dpfl.experiments.sweep_report import (
+    METRICS,
+    draw_figures,
+    point_label,
+    point_slug,
+    summary_row,
+    write_tables,
 )
 
 __all__ = [
@@ -63,12 +67,6 @@ BACKENDS = ("process", "ray")
 
 #: The most seeds a sweep runs (each seed is one run per grid point).
 MAX_SEEDS = 1_000
-
-#: Metrics a sweep can summarise (the runner's evaluation columns).
-_METRICS = {
-    "test_accuracy": "test accuracy",
-    "test_loss": "test loss",
-}
 
 
 # -- the grid -----------------------------------------------------------------
@@ -166,39 +164,6 @@ def split_overrides(items: Sequence[str]) -> tuple[list[str], dict[str, list[Any
 def _points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     keys = list(grid)
     return [dict(zip(keys, combo)) for combo in itertools.product(*grid.values())]
-
-
-def _short(key: str) -> str:
-    return key.rsplit(".", 1)[-1]
-
-
-#: Symbols for the privacy keys in labels (folder names keep the words).
-_SYMBOLS = {
-    "privacy.epsilon": "ε",
-    "privacy.delta": "δ",
-    "privacy.noise_multiplier": "σ",
-}
-
-
-def _label(point: Mapping[str, Any]) -> str:
-    """``ε=2, clip=0.5`` (a symbol or the last part of each key); ``all`` if empty."""
-    if not point:
-        return "all"
-    return ", ".join(
-        f"{_SYMBOLS.get(k, _short(k))}={_value_text(v)}" for k, v in point.items()
-    )
-
-
-def _value_text(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
-def _slug(point: Mapping[str, Any]) -> str:
-    """A folder-safe name for a grid point: ``epsilon-2_clip-0.5``."""
-    if not point:
-        return "run"
-    text = "_".join(f"{_short(k)}-{_value_text(v)}" for k, v in point.items())
-    return "".join(c if c.isalnum() or c in "-_.+" else "-" for c in text)
 
 
 def _base_tree(config: str | Path | RunConfig | Mapping[str, Any]) -> dict[str, Any]:
@@ -364,9 +329,9 @@ def run_sweep(
         raise InvalidParameterError(
             f"backend must be one of {list(BACKENDS)}; got {backend!r}"
         )
-    if metric not in _METRICS:
+    if metric not in METRICS:
         raise InvalidParameterError(
-            f"metric must be one of {list(_METRICS)}; got {metric!r}"
+            f"metric must be one of {list(METRICS)}; got {metric!r}"
         )
     fixed, swept = split_overrides(overrides)
     full_grid: dict[str, list[Any]] = {k: list(v) for k, v in (grid or {}).items()}
@@ -393,14 +358,14 @@ def run_sweep(
         for seed in seeds:
             tree = apply_overrides(base, [])
             for key, value in point.items():
-                _set_dotted(tree, key, value)
+                set_dotted(tree, key, value)
             tree["seed"] = seed
-            tree["name"] = f"{_slug(point)}-s{seed}"
+            tree["name"] = f"{point_slug(point)}-s{seed}"
             tree["output_dir"] = str(out_dir / "runs")
             try:
                 cfg = config_from_dict(tree)
             except ConfigError as exc:
-                raise ConfigError(f"grid point {_label(point)}: {exc}") from None
+                raise ConfigError(f"grid point {point_label(point)}: {exc}") from None
             for name in ("checkpoint.pt", "ledger.json"):
                 if (cfg.run_dir / name).exists():
                     raise DpflError(
@@ -426,7 +391,7 @@ def run_sweep(
         outcomes[(i, seed)] = outcome
         if progress is not None:
             progress(
-                f"[{done}/{len(tasks)}] {_label(points[i])} seed={seed}: "
+                f"[{done}/{len(tasks)}] {point_label(points[i])} seed={seed}: "
                 f"{_outcome_text(outcome, metric)} ({outcome['seconds']:.0f} s)"
             )
 
@@ -443,13 +408,15 @@ def run_sweep(
         outcome = dict(outcomes[(i, seed)])
         if "run_dir" in outcome:
             outcome["run_dir"] = os.path.relpath(outcome["run_dir"], out_dir)
-        runs.append({"point": _label(points[i]), "seed": seed, **outcome})
+        runs.append({"point": point_label(points[i]), "seed": seed, **outcome})
     rows = [
-        _row(point, [outcomes[(i, s)] for s in seeds], full_grid, base_config, metric)
+        summary_row(
+            point, [outcomes[(i, s)] for s in seeds], full_grid, base_config, metric
+        )
         for i, point in enumerate(points)
     ]
-    table_csv, table_md = _write_tables(out_dir, rows, full_grid, seeds, metric)
-    figures = _figures(
+    table_csv, table_md = write_tables(out_dir, rows, full_grid, seeds, metric)
+    figures = draw_figures(
         out_dir, points, seeds, outcomes, rows, full_grid, metric, base_config
     )
     (out_dir / "sweep.json").write_text(
@@ -542,7 +509,7 @@ def _outcome_text(outcome: Mapping[str, Any], metric: str) -> str:
     if "error" in outcome:
         return f"FAILED: {outcome['error']}"
     value = outcome["metrics"].get(metric)
-    parts = [f"{_METRICS[metric]} {value:.4g}" if value is not None else "no eval"]
+    parts = [f"{METRICS[metric]} {value:.4g}" if value is not None else "no eval"]
     if outcome["epsilon"] is not None:
         parts.append(f"epsilon {outcome['epsilon']:.4g} at delta {outcome['delta']:g}")
     else:
@@ -550,232 +517,3 @@ def _outcome_text(outcome: Mapping[str, Any], metric: str) -> str:
     if outcome["stopped"] != "completed":
         parts.append(f"stopped ({outcome['stopped']}) after {outcome['rounds']} rounds")
     return ", ".join(parts)
-
-
-# -- the table --------------------------------------------------------------------
-def _mean_sd(values: Sequence[float]) -> tuple[float | None, float | None]:
-    vals = [float(v) for v in values if v is not None and math.isfinite(v)]
-    if not vals:
-        return None, None
-    mean = sum(vals) / len(vals)
-    if len(vals) < 2:
-        return mean, None
-    var = sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)
-    return mean, math.sqrt(var)
-
-
-def _one(values: Sequence[Any]) -> Any:
-    """The common value, or ``"mixed"`` when the runs disagree."""
-    distinct = list(dict.fromkeys(str(v) for v in values))
-    if not distinct:
-        return None
-    if len(distinct) > 1:
-        return "mixed"
-    return values[0]
-
-
-def _row(
-    point: Mapping[str, Any],
-    outcomes: Sequence[Mapping[str, Any]],
-    grid: Mapping[str, Any],
-    base: RunConfig,
-    metric: str,
-) -> dict[str, Any]:
-    ok = [o for o in outcomes if "error" not in o]
-    m_mean, m_sd = _mean_sd([o["metrics"].get(metric) for o in ok])
-    private = [o for o in ok if o["private"]]
-    e_mean, e_sd = _mean_sd([o["epsilon"] for o in private])
-    budget = point.get("privacy.epsilon", base.privacy.epsilon)
-    sigmas = [o["noise_multiplier"] for o in ok]
-    s_mean, _ = _mean_sd(sigmas)
-    row: dict[str, Any] = {"point": _label(point)}
-    row.update({k: point[k] for k in grid})
-    row.update(
-        {
-            "seeds": len(ok),
-            f"{metric}_mean": m_mean,
-            f"{metric}_sd": m_sd,
-            "epsilon_mean": e_mean,
-            "epsilon_sd": e_sd,
-            "epsilon_budget": budget,
-            "delta": _one([o["delta"] for o in ok]),
-            "unit": _one([o["unit"] for o in private]) if private else None,
-            "analysis": _one([o["analysis"] for o in private]) if private else None,
-            "status": _one([o["status"] for o in private])
-            if private
-            else "not private",
-            "noise_multiplier": _one(sigmas) if _one(sigmas) != "mixed" else s_mean,
-            "rounds": _one([o["rounds"] for o in ok]),
-            "failed": len(outcomes) - len(ok),
-        }
-    )
-    return row
-
-
-def _num(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, float):
-        return f"{v:.{digits}g}"
-    return str(v)
-
-
-def _pm(mean: Any, sd: Any, digits: int = 4) -> str:
-    if mean is None:
-        return "n/a"
-    if sd is None:
-        return f"{mean:.{digits}g}"
-    return f"{mean:.{digits}g} ± {sd:.2g}"
-
-
-def _write_tables(
-    out_dir: Path,
-    rows: list[dict[str, Any]],
-    grid: Mapping[str, Any],
-    seeds: Sequence[int],
-    metric: str,
-) -> tuple[Path, Path]:
-    csv_path = out_dir / "table.csv"
-    cols = list(rows[0]) if rows else []
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=cols)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: "" if v is None else v for k, v in row.items()})
-    name = _METRICS[metric]
-    head = [
-        "point",
-        f"final {name} (mean ± sd)",
-        "n seeds",
-        "ε spent (mean ± sd)",
-        "ε budget",
-        "δ",
-        "unit",
-        "analysis (status)",
-        "noise multiplier σ",
-        "rounds",
-    ]
-    lines = [
-        f"# Sweep: {len(rows)} grid point(s) × seeds {list(seeds)}",
-        "",
-        f"Final {name}: its value at each run's last evaluation; mean and sample "
-        "standard deviation over the seeds that finished. ε spent: the upper "
-        "bound for the worst-off privacy unit at δ under the analysis shown.",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join("---" for _ in head) + "|",
-    ]
-    for r in rows:
-        analysis = f"{r['analysis']} ({r['status']})" if r["analysis"] else r["status"]
-        seeds_cell = str(r["seeds"]) + (
-            f" ({r['failed']} failed)" if r["failed"] else ""
-        )
-        cells = [
-            r["point"],
-            _pm(r[f"{metric}_mean"], r[f"{metric}_sd"]),
-            seeds_cell,
-            _pm(r["epsilon_mean"], r["epsilon_sd"]) if r["analysis"] else "n/a",
-            _num(r["epsilon_budget"]),
-            _num(r["delta"]),
-            _num(r["unit"]),
-            analysis,
-            _num(r["noise_multiplier"]),
-            _num(r["rounds"]),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "Runs: `runs/POINT-sSEED/` beside this file; figure: `sweep.png` "
-        "(`sweep.pdf`, `sweep.svg`).",
-        "",
-    ]
-    md_path = out_dir / "table.md"
-    md_path.write_text("\n".join(lines))
-    return csv_path, md_path
-
-
-# -- the figure ---------------------------------------------------------------------
-def _curve(run_dir: Path, metric: str) -> dict[int, float]:
-    from dpfl.experiments.runner import read_metrics
-
-    return {
-        int(r["round"]): float(r[metric])
-        for r in read_metrics(run_dir)
-        if r.get(metric) is not None
-    }
-
-
-def _figures(
-    out_dir: Path,
-    points: list[dict[str, Any]],
-    seeds: Sequence[int],
-    outcomes: Mapping[tuple[int, int], Mapping[str, Any]],
-    rows: list[dict[str, Any]],
-    grid: Mapping[str, Sequence[Any]],
-    metric: str,
-    base: RunConfig,
-) -> list[Path]:
-    from dpfl.plotting import PERSONALISED, axis_label, plot_sweep
-
-    curves: dict[str, tuple[list[float], list[float], list[float], int]] = {}
-    for i, point in enumerate(points):
-        per_seed = [
-            _curve(Path(o["run_dir"]), metric)
-            for s in seeds
-            if "error" not in (o := outcomes[(i, s)])
-        ]
-        per_seed = [c for c in per_seed if c]
-        if not per_seed:
-            continue
-        common = sorted(set.intersection(*(set(c) for c in per_seed)))
-        means, sds = [], []
-        for rnd in common:
-            m, sd = _mean_sd([c[rnd] for c in per_seed])
-            means.append(float(m if m is not None else math.nan))
-            sds.append(float(sd or 0.0))
-        curves[_label(point)] = ([float(r) for r in common], means, sds, len(per_seed))
-    if not curves:
-        return []
-    terms = next((r for r in rows if r["analysis"]), None)
-    terms_text = (
-        f"δ = {terms['delta']:g}, {terms['unit']}-level, {terms['analysis']} analysis"
-        if terms and isinstance(terms["delta"], float)
-        else None
-    )
-    x_key = next(
-        (
-            k
-            for k, vs in grid.items()
-            if all(isinstance(v, int | float) and not isinstance(v, bool) for v in vs)
-        ),
-        None,
-    )
-    finals: dict[str, tuple[list[Any], list[float], list[float]]] = {}
-    if len(points) > 1:
-        for row, point in zip(rows, points):
-            mean = row[f"{metric}_mean"]
-            if mean is None:
-                continue
-            rest = {k: v for k, v in point.items() if k != x_key}
-            series = _label(rest) if x_key and rest else ""
-            x = point[x_key] if x_key else row["point"]
-            xs, ms, ss = finals.setdefault(series, ([], [], []))
-            xs.append(x)
-            ms.append(mean)
-            ss.append(row[f"{metric}_sd"] or 0.0)
-    x_label = axis_label(x_key, terms_text) if x_key else "grid point"
-    n = len(seeds)
-    name = _METRICS[metric]
-    if base.algorithm.name in PERSONALISED:  # the clients' own models
-        name = f"personalised {name}"
-    title = f"{base.name}: {name}, mean ± sd over {n} seed{'s' if n > 1 else ''}"
-    if terms_text:
-        title += f"  ({terms_text})"
-    return plot_sweep(
-        out_dir / "sweep.png",
-        curves=curves,
-        finals=finals,
-        x_label=x_label,
-        metric_label=name,
-        title=title,
-    )

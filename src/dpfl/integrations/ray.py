@@ -44,7 +44,6 @@ import dataclasses
 import logging
 import math
 import os
-import resource
 import time
 import uuid
 import warnings
@@ -54,6 +53,13 @@ from typing import TYPE_CHECKING, Any
 
 from dpfl._validate import check_count, check_nonnegative, check_positive
 from dpfl.errors import DpflError, InvalidParameterError
+from dpfl.integrations.ray_worker import (
+    RayWorker,
+    WireArray,
+    actor_class,
+    unwire_messages,
+    wire_task,
+)
 from dpfl.sim.executors import shares
 
 if TYPE_CHECKING:
@@ -255,161 +261,6 @@ class RayWorkerInfo:
     peak_rss_bytes: int
 
 
-# -- what crosses the wire ---------------------------------------------------------
-class _Array:
-    """A tensor as it travels: its values as a numpy array.
-
-    Ray ships numpy arrays (anywhere in an object) out of band, straight
-    into and out of the object store; a pickled torch tensor goes through
-    torch's own serialisation, 5-8 times slower here, and a pickled *view*
-    ships its whole storage (a client's row of a server table would ship the
-    table). A dtype numpy lacks (bfloat16) travels as a compact tensor.
-    """
-
-    __slots__ = ("data",)
-
-    def __init__(self, t: torch.Tensor) -> None:
-        t = t.detach().cpu()
-        try:
-            self.data: Any = t.numpy()  # a view: ray.put copies only its bytes
-        except TypeError:
-            if t.untyped_storage().nbytes() != t.numel() * t.element_size():
-                t = t.clone()
-            self.data = t
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_Array._of, (self.data,))
-
-    @staticmethod
-    def _of(data: Any) -> _Array:
-        out = _Array.__new__(_Array)
-        out.data = data
-        return out
-
-    def tensor(self, device: str) -> torch.Tensor:
-        """A writable tensor on ``device`` (what Ray hands out is read-only)."""
-        import numpy as np
-        import torch
-
-        data = self.data
-        if isinstance(data, np.ndarray):
-            return torch.tensor(data, device=device)  # a copy
-        return data.to(device)
-
-
-def _wire_task(task: Task) -> Task:
-    """``task`` with its tensors (state, options) as :class:`_Array`."""
-    import torch
-
-    if not task.state and not any(
-        isinstance(v, torch.Tensor) for v in task.options.values()
-    ):
-        return task
-    return dataclasses.replace(
-        task,
-        state={k: _Array(v) for k, v in task.state.items()},  # type: ignore[misc]
-        options={
-            k: _Array(v) if isinstance(v, torch.Tensor) else v
-            for k, v in task.options.items()
-        },
-    )
-
-
-def _unwire_task(task: Task, device: str) -> Task:
-    if not task.state and not any(isinstance(v, _Array) for v in task.options.values()):
-        return task
-    return dataclasses.replace(
-        task,
-        state={k: v.tensor(device) for k, v in task.state.items()},  # type: ignore[attr-defined]
-        options={
-            k: v.tensor(device) if isinstance(v, _Array) else v
-            for k, v in task.options.items()
-        },
-    )
-
-
-def _wire_messages(messages: Messages) -> dict[str, Any]:
-    return {
-        "vectors": _Array(messages.vectors),
-        "scalars": {k: _Array(v) for k, v in messages.scalars.items()},
-        "states": {k: _Array(v) for k, v in messages.states.items()},
-        "summed": messages.summed,
-    }
-
-
-def _unwire_messages(wire: Mapping[str, Any], device: str) -> Messages:
-    from dpfl.sim.algorithms.base import Messages
-
-    return Messages(
-        wire["vectors"].tensor(device),
-        {k: v.tensor(device) for k, v in wire["scalars"].items()},
-        summed=wire["summed"],
-        states={k: v.tensor(device) for k, v in wire["states"].items()},
-    )
-
-
-# -- the worker ----------------------------------------------------------------------
-class _Worker:
-    """A Ray actor holding one replica of the algorithm it serves.
-
-    The replica is built from the blueprint the first time a call names it
-    (and again after a restart, or when the driver moves to another
-    algorithm): the constructor takes nothing Ray would have to keep for a
-    restart.
-    """
-
-    def __init__(self, device: str, threads: int) -> None:
-        import torch
-
-        torch.set_num_threads(threads)
-        self._device = device
-        self._key: str | None = None
-        self._replica: Any = None
-
-    def info(self) -> dict[str, Any]:
-        import ray
-
-        return {
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "node_ip": ray.util.get_node_ip_address(),
-            "pid": os.getpid(),
-            "device": self._device,
-            # ru_maxrss is in KiB on Linux
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        }
-
-    def client_steps(
-        self,
-        key: str,
-        blueprint: list[Any],
-        weights: _Array,
-        tasks: list[Task],
-        streams: Any,
-    ) -> dict[str, Any]:
-        """The messages of one share (tensors as :class:`_Array`)."""
-        if self._key != key:
-            import ray
-
-            self._replica = None  # free the previous one first
-            self._replica = ray.get(blueprint[0]).build(self._device)
-            self._key = key
-        tasks = [_unwire_task(t, self._device) for t in tasks]
-        # The keys of the share's streams (in secure mode the clients' derived
-        # keys, never the run's), with generators on this device.
-        mine = streams.on_device(self._device)
-        out = self._replica.client_steps(weights.tensor(self._device), tasks, mine)
-        return _wire_messages(out)
-
-
-_ACTOR_CLASSES: dict[type, Any] = {}
-
-
-def _actor_class(ray: Any, cls: type) -> Any:
-    if cls not in _ACTOR_CLASSES:
-        _ACTOR_CLASSES[cls] = ray.remote(cls)
-    return _ACTOR_CLASSES[cls]
-
-
 # -- the executor ------------------------------------------------------------------
 class RayExecutor:
     """Client steps on Ray actors; the server step stays with the driver.
@@ -458,7 +309,7 @@ class RayExecutor:
 
     name = "ray"
     #: The actors' class (a subclass may instrument ``client_steps``).
-    worker_class: type = _Worker
+    worker_class: type = RayWorker
 
     def __init__(
         self,
@@ -572,7 +423,7 @@ class RayExecutor:
 
     def _new_actor(self, ray: Any) -> Any:
         return (
-            _actor_class(ray, self.worker_class)
+            actor_class(ray, self.worker_class)
             .options(
                 num_cpus=self.num_cpus_per_worker,
                 num_gpus=self.num_gpus_per_worker,
@@ -731,15 +582,15 @@ class RayExecutor:
         self.start(algorithm)
         ray = import_ray()
         clock = {"start": time.perf_counter()}
-        weights_ref = ray.put(_Array(weights))
+        weights_ref = ray.put(WireArray(weights))
         clock["put"] = time.perf_counter()
         jobs = [
-            (a, b, [_wire_task(t) for t in tasks[a:b]], streams.part(a, b))  # type: ignore[attr-defined]
+            (a, b, [wire_task(t) for t in tasks[a:b]], streams.part(a, b))  # type: ignore[attr-defined]
             for a, b in shares(len(tasks), len(self._actors))
         ]
         parts = self._gather(ray, jobs, weights_ref, streams.round_index, clock)  # type: ignore[attr-defined]
         device = algorithm.device
-        out = Messages.concat([_unwire_messages(p, device) for p in parts])
+        out = Messages.concat([unwire_messages(p, device) for p in parts])
         clock["join"] = time.perf_counter()
         stamps = list(clock.items())
         self.last_timings = {k: t - stamps[i][1] for i, (k, t) in enumerate(stamps[1:])}

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dpfl.errors import InvalidParameterError
 
@@ -144,20 +144,36 @@ EXTERNAL_EXECUTORS: dict[str, str] = {
 EXECUTION_NAMES: tuple[str, ...] = (*EXECUTORS, *EXTERNAL_EXECUTORS)
 
 
-def executor(name: str) -> Executor:
+def executor(name: str, **options: Any) -> Executor:
     """A new executor by name (``"loop"``, ``"batched"`` or ``"ray"``).
 
-    ``"ray"`` gives a :class:`~dpfl.integrations.ray.RayExecutor` with its
-    defaults (a local instance, one worker); build one yourself for other
-    settings, and close it when done.
+    The one way an executor is found by name: an integration's executor
+    (:data:`EXTERNAL_EXECUTORS`) is imported only here, when asked for, so
+    nothing that names it imports the integration.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`EXECUTION_NAMES`.
+    **options
+        The executor's own settings, passed to its constructor (e.g.
+        ``"ray"``: ``address``, ``num_workers``, ``num_cpus_per_worker``,
+        ``num_gpus_per_worker``: :class:`~dpfl.integrations.ray.RayExecutor`);
+        without them, its defaults (for ``"ray"``: a local instance, one
+        worker). Close a distributed executor when done.
 
     Raises
     ------
     dpfl.errors.InvalidParameterError
-        If ``name`` is not one of :data:`EXECUTION_NAMES`.
+        If ``name`` is not one of :data:`EXECUTION_NAMES`, or options are
+        given to an executor that takes none.
     """
     cls = EXECUTORS.get(name)
     if cls is not None:
+        if options:
+            raise InvalidParameterError(
+                f"execution {name!r} takes no options; got {sorted(options)}"
+            )
         return cls()
     path = EXTERNAL_EXECUTORS.get(name)
     if path is None:
@@ -165,5 +181,5 @@ def executor(name: str) -> Executor:
             f"execution must be one of {sorted(EXECUTION_NAMES)}; got {name!r}"
         )
     module, _, attr = path.partition(":")
-    made: Executor = getattr(importlib.import_module(module), attr)()
+    made: Executor = getattr(importlib.import_module(module), attr)(**options)
     return made

@@ -429,7 +429,7 @@ class DpFedAvgParams(AlgorithmParams):
                 f"noise_multiplier; got count_noise_multiplier={sb!r}, "
                 f"noise_multiplier={noise_multiplier!r} (cohort {cohort_size})"
             )
-        return rest**-0.5
+        return float(rest**-0.5)
 
 
 # --------------------------------------------------------------- the algorithm

@@ -586,7 +586,8 @@ class Locks(FederatedAlgorithm):
         g = weights.detach().unsqueeze(0) - self.flatten(stacked, lead=1)
         check_finite({"update": g}, "LOCKS client updates")
         norms = g.norm(dim=1, keepdim=True)
-        return g * (p.clip / norms.clamp_min(1e-30)).clamp(max=1.0)
+        clipped: torch.Tensor = g * (p.clip / norms.clamp_min(1e-30)).clamp(max=1.0)
+        return clipped
 
     def release(
         self,

@@ -235,7 +235,8 @@ class MsPaflParams(AlgorithmParams):
 def _clip_rows(v: torch.Tensor, clip: float) -> torch.Tensor:
     """Scale each row of ``v`` to norm at most ``clip``."""
     norms = v.norm(dim=-1, keepdim=True)
-    return v * (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
+    clipped: torch.Tensor = v * (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
+    return clipped
 
 
 @register

@@ -1,117 +1,65 @@
-"""dpfl in a Flower federation: the simulator's sampler, noise and ledger, deployed.
+"""The ServerApp side: :class:`DpflStrategy` drives a dpfl trainer round by round.
 
-What was simulated is what is deployed. The ServerApp side drives the same
-:class:`~dpfl.sim.loop.Trainer` that ``dpfl train`` drives, built by the same
-builders from the same :class:`~dpfl.experiments.config.RunConfig`; the
-ClientApp side runs the same :meth:`FederatedAlgorithm.client_step` with the
-same per-client generators (:mod:`dpfl.sim.randomness`; with secure noise the
-server sends each node the derived keys of its tasks' clients for the round,
-never the run's key). A
-Flower run therefore charges the ledger ``dpfl train`` charges, entry by
-entry, and ends with its model up to float32 summation order.
-
-Who runs what
--------------
-Server (:class:`DpflStrategy`, in the ServerApp)
-    per round: :meth:`Trainer.begin_round` (the budget guard, *before* anything
-    is sent; then the server's sampler picks the cohort with the round's server
-    generators), one train message per node hosting a task, the replies
-    stacked in task order (:meth:`Messages.stack`), :meth:`Trainer.finish_round`
-    (aggregation, dpfl's privatizer, the server update, the ledger charge);
-    then the ledger and a checkpoint are written to the run folder.
-Clients (:func:`client_app`, in each SuperNode's ClientApp)
-    per task: the algorithm's ``client_step(weights, task,
-    client_streams(seed, round, client))`` on a replica built from the run
-    configuration the server sends: record-level per-sample clipping for
-    DP-DSGD and PriFedSync, client-side noise for LOCKS and MS-PAFL and
-    PriFedSync, the clipped local update for DP-FedAvg.
-
-Node and client mapping
------------------------
-Each SuperNode declares ``partition-id`` and ``num-partitions`` in its node
-configuration (``flower-supernode --node-config "partition-id=0
-num-partitions=3"``; the simulation engine sets them itself). Node ``j`` hosts
-the dpfl clients ``k`` with ``k % num_partitions == j``. At start the
-strategy sends every connected node a ``query`` message; each replies with its
-two values, and the strategy waits until every partition has a node. A node
-refuses a task for a client it does not host.
-
-Faults
-------
-A round whose replies are incomplete (a node did not reply within
-``round_timeout``, or replied with an error, or a partition has no live node)
-is abandoned *before the server step* (:meth:`Trainer.abandon_round`): the
-server releases nothing and the model is unchanged. It is charged nothing
-when the server privatizes (central noise: the messages it received are not
-releases) and its checked event, marked ``{"abandoned": true}``, when each
-client message is itself a release (client-side noise: LOCKS, MS-PAFL,
-PriFedSync), so a release is never left uncharged. The federation then goes
-on with its next round.
-
-Not supported: DP-DSGD with ``server: untrusted``. In the simulator its server
-draws every message's noise at once (:class:`dpfl.sim.privatize.NoiseOnlyMessages`);
-deployed, each client would draw its own noise and non-participants would send
-noise only. That client step does not exist yet, so the strategy refuses the
-configuration rather than run a deployment whose server holds the noise.
+The trainer is assembled as ``dpfl train`` assembles it
+(:func:`build_trainer`, through :mod:`dpfl.experiments.build`); the round
+loop and the run folder's files are the runner's
+(:func:`dpfl.experiments.runner.fit_run`), with Flower delivering the tasks.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-try:
-    from flwr.app import (
-        ArrayRecord,
-        ConfigRecord,
-        Context,
-        Error,
-        Message,
-        MessageType,
-        MetricRecord,
-        RecordDict,
-    )
-    from flwr.clientapp import ClientApp
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.serverapp.strategy import Result, Strategy
-except ImportError as exc:  # pragma: no cover - exercised without flwr only
-    raise ImportError(
-        "dpfl.integrations.flower needs Flower; install it with "
-        "pip install 'dpfl[flower]'"
-    ) from exc
-
 import numpy as np
-import torch
-import yaml
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Result, Strategy
 
 from dpfl._files import atomic_write
 from dpfl.errors import DpflError, InvalidParameterError
-from dpfl.experiments import rundir, runner
-from dpfl.experiments.config import RunConfig, config_from_dict
-from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages, Task
+from dpfl.experiments import build, rundir, runfolder
+from dpfl.experiments.config import RunConfig
+from dpfl.experiments.privacy import build_ledger
+from dpfl.experiments.runner import fit_run
+from dpfl.integrations.flower.wire import (
+    NUM_PARTITIONS,
+    PARTITION_ID,
+    ConfigFn,
+    array_of,
+    config_text,
+    decode_messages,
+    encode_tasks,
+    fingerprint,
+    named_arrays,
+    reachable,
+    superlink_address,
+    tensor_array,
+)
 from dpfl.sim.algorithms.base import Message as DpflMessage
+from dpfl.sim.algorithms.base import Messages
 from dpfl.sim.callbacks import Callback, FitState
 from dpfl.sim.loop import RoundPlan, RoundReport, Trainer
-from dpfl.sim.randomness import Streams, client_streams
-from dpfl.sim.secure_noise import STREAM_VERSION
 
 __all__ = [
     "EXIT_SUPERLINK_LOST",
+    "SUMMARY",
     "DpflStrategy",
     "build_trainer",
-    "client_app",
-    "client_step_message",
-    "hosts",
-    "partition_reply",
     "server_app",
 ]
 
@@ -119,36 +67,9 @@ log = logging.getLogger("dpfl.flower")
 
 #: What the run folder gets besides the runner's files: how the run went.
 SUMMARY = "flower.json"
-PARTITION_ID = "partition-id"
-NUM_PARTITIONS = "num-partitions"
-#: The ClientApp's error code when it refuses a task (Flower's own codes are < 100).
-REFUSED = 100
 #: The ServerApp's exit status when its SuperLink is gone (BSD's EX_TEMPFAIL:
 #: try again later, e.g. with ``dpfl resume``).
 EXIT_SUPERLINK_LOST = 75
-
-ConfigFn = Callable[[Context], RunConfig]
-
-
-def hosts(client: int, partition_id: int, num_partitions: int) -> bool:
-    """Whether the node of partition ``partition_id`` hosts dpfl client ``client``."""
-    return int(client) % int(num_partitions) == int(partition_id)
-
-
-def _config_text(config: RunConfig) -> str:
-    return yaml.safe_dump(config.to_dict(), sort_keys=True)
-
-
-def _client_fingerprint(config: RunConfig) -> str:
-    """What a client step depends on: seed, data, model, algorithm, σ."""
-    tree = config.to_dict()
-    keep = {k: tree[k] for k in ("seed", "data", "model", "algorithm")}
-    keep["noise_multiplier"] = tree["privacy"]["noise_multiplier"]
-    return _fingerprint(json.dumps(keep, sort_keys=True, default=str))
-
-
-def _fingerprint(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def build_trainer(
@@ -156,9 +77,9 @@ def build_trainer(
 ) -> tuple[RunConfig, Trainer]:
     """The trainer ``dpfl train`` builds for ``config`` (resolved: σ set).
 
-    Uses the runner's own builders (data set, σ calibration and checks,
-    algorithm, ledger), so the Flower server holds exactly the simulator's
-    sampler, privatizer and ledger.
+    Assembled as ``dpfl train`` assembles it (:mod:`dpfl.experiments.build`:
+    data set, σ calibration and checks, algorithm, ledger), so the Flower
+    server holds exactly the simulator's sampler, privatizer and ledger.
 
     Parameters
     ----------
@@ -197,137 +118,19 @@ def build_trainer(
             "noise_key is for a trainer without a run folder (ledger_path=False): "
             "a run folder's run makes its own key; got a key with ledger_path=True"
         )
-    # the checks and builders of `dpfl train` (dpfl.experiments.runner.prepare)
-    prepared = runner.prepare(config)
-    config, algorithm = prepared.config, prepared.algorithm
-    noise: dict[str, Any]
+    # the checks and builders of `dpfl train` (dpfl.experiments.build)
+    prepared = build.prepare(config)
+    config = prepared.config
     if ledger_path:
         # a new run: its own key, identity, ledger, config.yaml and run.json
-        _, ledger, noise = runner._start(config, config.run_dir, prepared.dataset)
+        started = runfolder.start_run(config, config.run_dir, prepared.dataset)
+        ledger, noise = started.ledger, started.noise
     else:
-        ledger = runner._ledger(config, Path("."))
-        ledger.path = None
-        noise = (
-            {"secure_noise": False}
-            if not config.privacy.secure_noise
-            else {}
-            if noise_key is None
-            else {"noise_key": noise_key}
-        )
-    trainer = Trainer(
-        algorithm,
-        ledger=ledger,
-        seed=config.seed,
-        execution=config.execution,
-        **noise,
+        ledger, noise = build_ledger(config), build.RunNoise.of(config, noise_key)
+    trainer = build.build_trainer(
+        config, prepared.algorithm, ledger, noise, execution=config.execution
     )
     return config, trainer
-
-
-# -- the wire format ----------------------------------------------------------------
-def _tensor_array(t: torch.Tensor) -> Any:
-    return t.detach().cpu().contiguous().numpy()
-
-
-def _encode_tasks(
-    weights: torch.Tensor,
-    round_index: int,
-    seed: int,
-    config_text: str,
-    positions: list[int],
-    tasks: list[Task],
-    keys: list[bytes] | None = None,
-    stream_version: str = STREAM_VERSION,
-) -> RecordDict:
-    arrays: dict[str, Any] = {}
-    for j, task in zip(positions, tasks):
-        if task.rows is not None:
-            arrays[f"{j}/rows"] = np.asarray(task.rows, dtype=np.int64)
-        for name, value in task.state.items():
-            arrays[f"{j}/state/{name}"] = _tensor_array(value)
-    meta = {
-        "round": round_index,
-        "seed": seed,
-        "positions": positions,
-        "clients": [int(t.client) for t in tasks],
-        "options": [
-            json.loads(json.dumps(dict(t.options), default=float)) for t in tasks
-        ],
-        "state": [sorted(t.state) for t in tasks],
-        # secure noise: each task's client's derived key of this round only
-        "keys": None if keys is None else [k.hex() for k in keys],
-        "stream": stream_version,  # the run's secure noise stream
-    }
-    return RecordDict(
-        {
-            "weights": ArrayRecord(_arrays({"weights": _tensor_array(weights)})),
-            "tasks": ArrayRecord(_arrays(arrays)),
-            "dpfl": ConfigRecord({"meta": json.dumps(meta), "config": config_text}),
-        }
-    )
-
-
-def _arrays(named: Mapping[str, Any]) -> Any:
-    from flwr.app import Array
-
-    return {k: Array(v) for k, v in named.items()}
-
-
-def _np(record: Any, key: str) -> np.ndarray:
-    """The NumPy array stored under ``key`` of an ArrayRecord."""
-    return np.asarray(record[key].numpy())
-
-
-def _decode_tasks(
-    content: RecordDict,
-) -> tuple[torch.Tensor, dict[str, Any], list[Task]]:
-    meta = json.loads(str(content["dpfl"]["meta"]))
-    arrays = content["tasks"]
-    weights = torch.from_numpy(_np(content["weights"], "weights").copy())
-    tasks = []
-    for j, client, options, names in zip(
-        meta["positions"], meta["clients"], meta["options"], meta["state"]
-    ):
-        key = f"{j}/rows"
-        rows = _np(arrays, key) if key in arrays else None
-        state = {
-            n: torch.from_numpy(_np(arrays, f"{j}/state/{n}").copy()) for n in names
-        }
-        tasks.append(Task(int(client), rows, options, state))
-    return weights, meta, tasks
-
-
-def _encode_messages(positions: list[int], messages: list[DpflMessage]) -> RecordDict:
-    arrays: dict[str, Any] = {}
-    for j, m in zip(positions, messages):
-        arrays[f"{j}/vector"] = _tensor_array(m.vector)
-        for name, value in m.state.items():
-            arrays[f"{j}/state/{name}"] = _tensor_array(value)
-    meta = {
-        "positions": positions,
-        "scalars": [{k: float(v) for k, v in m.scalars.items()} for m in messages],
-        "state": [sorted(m.state) for m in messages],
-    }
-    return RecordDict(
-        {
-            "messages": ArrayRecord(_arrays(arrays)),
-            "dpfl": ConfigRecord({"meta": json.dumps(meta)}),
-            "metrics": MetricRecord({"num-tasks": len(messages)}),
-        }
-    )
-
-
-def _decode_messages(content: RecordDict) -> dict[int, DpflMessage]:
-    meta = json.loads(str(content["dpfl"]["meta"]))
-    arrays = content["messages"]
-    out = {}
-    for j, scalars, names in zip(meta["positions"], meta["scalars"], meta["state"]):
-        out[int(j)] = DpflMessage(
-            torch.from_numpy(_np(arrays, f"{j}/vector").copy()),
-            {k: float(v) for k, v in scalars.items()},
-            {n: torch.from_numpy(_np(arrays, f"{j}/state/{n}").copy()) for n in names},
-        )
-    return out
 
 
 # -- the server -------------------------------------------------------------------
@@ -418,7 +221,7 @@ class DpflStrategy(Strategy):
         except BaseException:
             self._lock.release()
             raise
-        self.config_text = _config_text(self.config)
+        self.config_text = config_text(self.config)
         self.run_dir = run_dir
         self.round_timeout = float(round_timeout)
         self.discovery_timeout = float(discovery_timeout)
@@ -553,7 +356,7 @@ class DpflStrategy(Strategy):
         out = []
         for partition, positions in sorted(by_partition.items()):
             node = self.nodes[partition]
-            content = _encode_tasks(
+            content = encode_tasks(
                 trainer.algorithm.weights,
                 plan.round,
                 trainer.seed,
@@ -624,7 +427,7 @@ class DpflStrategy(Strategy):
                 )
                 failed.append(node)
                 continue
-            got.update(_decode_messages(reply.content))
+            got.update(decode_messages(reply.content))
         failed += [n for n in self._sent if n not in answered]
         tasks = plan.cohort.tasks
         if failed or set(got) != set(range(len(tasks))):
@@ -673,8 +476,8 @@ class DpflStrategy(Strategy):
         )
 
     def _arrays(self) -> ArrayRecord:
-        weights = _tensor_array(self.trainer.algorithm.weights)
-        return ArrayRecord(_arrays({"weights": weights}))
+        weights = tensor_array(self.trainer.algorithm.weights)
+        return ArrayRecord(named_arrays({"weights": weights}))
 
     # -- the loop -------------------------------------------------------------------
     def start(  # type: ignore[override]
@@ -751,7 +554,7 @@ class DpflStrategy(Strategy):
     ) -> Result:
         self._local.acquire()
         self._holding = True
-        address = _superlink_address(grid)
+        address = superlink_address(grid)
         if address is not None:
             watch = threading.Thread(
                 target=self._watch,
@@ -762,8 +565,8 @@ class DpflStrategy(Strategy):
             watch.start()
         trainer = self.trainer
         if initial_arrays is not None:
-            given = _np(initial_arrays, "weights")
-            if not np.array_equal(given, _tensor_array(trainer.algorithm.weights)):
+            given = array_of(initial_arrays, "weights")
+            if not np.array_equal(given, tensor_array(trainer.algorithm.weights)):
                 raise DpflError("initial_arrays are not the configuration's model")
         rounds = self.config.rounds if num_rounds is None else int(num_rounds)
         if timeout is not None:
@@ -797,7 +600,7 @@ class DpflStrategy(Strategy):
 
         # The runner's round loop and run-folder callbacks (metrics.jsonl,
         # checkpoint, guarantee.json), with Flower delivering the tasks.
-        run = runner._loop(
+        run = fit_run(
             dataclasses.replace(self.config, rounds=rounds),
             self.run_dir,
             trainer,
@@ -816,7 +619,7 @@ class DpflStrategy(Strategy):
         """Leave the process once the SuperLink has been unreachable too long."""
         lost: float | None = None
         while not self._done.wait(1.0):
-            if _reachable(address):
+            if reachable(address):
                 lost = None
                 continue
             now = time.monotonic()
@@ -850,7 +653,7 @@ class DpflStrategy(Strategy):
             "charged_rounds": self.trainer.ledger.rounds,
             "abandoned": self.abandoned,
             "partitions": {str(p): n for p, n in sorted(self.nodes.items())},
-            "config_fingerprint": _fingerprint(self.config_text),
+            "config_fingerprint": fingerprint(self.config_text),
         }
         text = json.dumps(summary, indent=1)
         atomic_write(self.run_dir / SUMMARY, lambda fh: fh.write(text), binary=False)
@@ -893,164 +696,5 @@ def server_app(
             superlink_timeout=superlink_timeout,
         )
         strategy.start(grid)
-
-    return app
-
-
-def _superlink_address(grid: Any) -> tuple[str, int] | None:
-    """The SuperLink address a deployment's grid talks to (None: in process).
-
-    Flower's network grid keeps the address of the SuperLink's API it
-    connects to as ``host:port``; in-process grids (the simulation engine's,
-    a test's) have none.
-    """
-    addr = getattr(grid, "_addr", None)
-    if not isinstance(addr, str):
-        return None
-    host, _, port = addr.rpartition(":")
-    if not (port.isascii() and port.isdigit()):
-        return None
-    host = host.strip("[]") or "127.0.0.1"
-    return ("127.0.0.1" if host in ("0.0.0.0", "::") else host), int(port)
-
-
-def _reachable(address: tuple[str, int]) -> bool:
-    """Whether something accepts a TCP connection at ``address``."""
-    try:
-        with socket.create_connection(address, timeout=2.0):
-            return True
-    except OSError:
-        return False
-
-
-# -- the clients ------------------------------------------------------------------
-#: One replica per process, keyed by the fingerprint of what client steps read.
-_REPLICAS: dict[str, FederatedAlgorithm] = {}
-
-
-def _replica(config: RunConfig) -> FederatedAlgorithm:
-    """The algorithm built once per process from the server's resolved config."""
-    key = _client_fingerprint(config)
-    if key not in _REPLICAS:
-        _REPLICAS.clear()
-        _REPLICAS[key] = runner._build_algorithm(config, runner._build_dataset(config))
-    return _REPLICAS[key]
-
-
-def client_step_message(
-    message: Message, context: Context, *, pinned: str | None = None
-) -> Message:
-    """Run the tasks of a train message on this node; reply with their messages.
-
-    Parameters
-    ----------
-    message : Message
-        From :class:`DpflStrategy`.
-    context : Context
-        The node's context (``partition-id``, ``num-partitions``).
-    pinned : str or None
-        The fingerprint of what client steps read (seed, data, model,
-        algorithm, σ) that this node accepts (``None``: whatever the server
-        sends).
-
-    Returns
-    -------
-    Message
-        The reply (or an error reply naming why a task was refused).
-    """
-    pid = int(context.node_config.get(PARTITION_ID, 0))
-    num = int(context.node_config.get(NUM_PARTITIONS, 1))
-    config = config_from_dict(yaml.safe_load(str(message.content["dpfl"]["config"])))
-    if pinned is not None and _client_fingerprint(config) != pinned:
-        return Message(
-            Error(REFUSED, "the server's run configuration is not this node's"),
-            reply_to=message,
-        )
-    weights, meta, tasks = _decode_tasks(message.content)
-    foreign = [t.client for t in tasks if not hosts(t.client, pid, num)]
-    if foreign:
-        return Message(
-            Error(REFUSED, f"partition {pid}/{num} does not host clients {foreign}"),
-            reply_to=message,
-        )
-    algorithm = _replica(config)
-    with torch.no_grad():
-        algorithm.weights.copy_(weights)
-    seed, round_index = int(meta["seed"]), int(meta["round"])
-    keys = meta.get("keys")
-    if keys is not None:  # secure noise: the clients' derived keys
-        version = meta.get("stream", STREAM_VERSION)
-        streams = [
-            Streams.from_key(bytes.fromhex(k), algorithm.device, stream_version=version)
-            for k in keys
-        ]
-    else:
-        streams = [
-            client_streams(seed, round_index, t.client, algorithm.device) for t in tasks
-        ]
-    out = [
-        algorithm.client_step(weights.to(algorithm.device), task, s)
-        for task, s in zip(tasks, streams, strict=True)
-    ]
-    return Message(_encode_messages(list(meta["positions"]), out), reply_to=message)
-
-
-def partition_reply(message: Message, context: Context) -> Message:
-    """Answer the strategy's discovery query with this node's partition.
-
-    Parameters
-    ----------
-    message : Message
-        The ``query`` message.
-    context : Context
-        The node's context (``partition-id``, ``num-partitions`` in its node
-        config; 0 of 1 when absent).
-
-    Returns
-    -------
-    Message
-        A reply holding the ConfigRecord ``"partition"``.
-    """
-    record = ConfigRecord(
-        {
-            PARTITION_ID: int(context.node_config.get(PARTITION_ID, 0)),
-            NUM_PARTITIONS: int(context.node_config.get(NUM_PARTITIONS, 1)),
-        }
-    )
-    return Message(RecordDict({"partition": record}), reply_to=message)
-
-
-def client_app(config_fn: ConfigFn | None = None) -> ClientApp:
-    """A Flower ClientApp running dpfl client steps for the clients this node hosts.
-
-    Parameters
-    ----------
-    config_fn : callable or None
-        ``Context -> RunConfig``: the node's own configuration. When given,
-        the node resolves it (as the server does) and refuses tasks whose
-        configuration differs, so a client never runs with another σ or
-        clip than it agreed to. ``None``: trust the server's configuration.
-
-    Returns
-    -------
-    ClientApp
-    """
-    app = ClientApp()
-    pinned: dict[str, str | None] = {}
-
-    def _pinned(context: Context) -> str | None:
-        if config_fn is None:
-            return None
-        if "key" not in pinned:
-            config = config_fn(context)
-            resolved = runner._resolve(config, runner._build_dataset(config))
-            pinned["key"] = _client_fingerprint(resolved)
-        return pinned["key"]
-
-    app.query()(partition_reply)
-
-    @app.train()
-    def train(message: Message, context: Context) -> Message:
-        return client_step_message(message, context, pinned=_pinned(context))
 
     return app
