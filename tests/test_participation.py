@@ -419,6 +419,63 @@ def test_participation_pld_brackets():
     assert lo.get_delta_for_epsilon(0.2) <= exact <= up.get_delta_for_epsilon(0.2)
 
 
+def test_round_curves_memo_matches_direct_evaluation():
+    """The shared one-round curves (evaluated once per epsilon, reused across
+    the refinements and the upper/lower PLDs of a query) give the values of a
+    direct evaluation of the label mixtures, whatever was evaluated before.
+
+    Reference: pld.label_sup_delta (upper), pld.label_mixture_delta of the
+    aligned pairs removing and of the anti-aligned pairs adding (lower), each
+    evaluated fresh. Tolerance 1e-12 relative (the same root finding on
+    differently batched rows; the values are otherwise those of the direct
+    evaluation).
+    """
+    p, q, d, sigma = 0.05, 0.1, 20, 1.3
+    worst, dropped = rp._worst_labels(p, q, d)
+    aligned = [(w, alts[0]) for w, alts in worst]
+    anti = [(w, alts[1]) for w, alts in worst]
+    curves = rp._RoundCurves("sound", p, q, d, sigma)
+    assert curves.dropped == dropped
+    first = np.array([-0.3, 1e-6, 0.01, 0.2, 1.0])
+    later = np.array([0.2, 0.05, -0.3, 3.0, 0.01])  # overlaps the first
+    for swap in (False, True):
+        curves.upper(swap)(first)  # fill the memory first
+        got_up = curves.upper(swap)(later)
+        got_lo = curves.lower(swap)(later)
+        ref_up = pld.label_sup_delta(worst, later, noise_std=sigma, swap=swap)
+        ref_lo = pld.label_mixture_delta(
+            anti if swap else aligned, later, noise_std=sigma, swap=swap
+        )
+        np.testing.assert_allclose(got_up[0], ref_up[0], rtol=1e-12, atol=0)
+        np.testing.assert_allclose(got_up[3], ref_up[1], rtol=1e-12, atol=0)
+        for g, r in zip(got_lo, ref_lo, strict=True):
+            np.testing.assert_allclose(g, r, rtol=1e-12, atol=0)
+    # a non-sound analysis: one real pair, no separate lower curve
+    wcs = rp._RoundCurves("wcs", p, q, d, sigma)
+    labels, _ = rp._labels("wcs", p, q, d)
+    assert wcs.lower(False) is None
+    ref = pld.label_mixture_delta(labels, later, noise_std=sigma, swap=True)
+    for g, r in zip(wcs.upper(True)(later), ref, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=0)
+
+
+def test_round_curves_memo_gives_the_same_plds():
+    """PLDs built after other builds of the same scheme (the memory filled at
+    other grid steps) equal those built from fresh curves, point for point
+    (tolerance 1e-12 relative, as above)."""
+    kw = dict(noise_multiplier=1.0, **SMALL)
+    rp._round_curves.cache_clear()
+    rp.participation_pld(value_discretization=2e-4, **kw)  # other grid, cached
+    rp.participation_pld(value_discretization=1e-4, pessimistic=False, **kw)
+    warm = [rp.participation_pld(value_discretization=1e-4, **kw)]
+    rp._round_curves.cache_clear()
+    fresh = rp.participation_pld(value_discretization=1e-4, **kw)
+    for a, b in zip(pld._pmfs_of(warm[0]), pld._pmfs_of(fresh), strict=True):
+        assert a._lower_loss == b._lower_loss
+        np.testing.assert_allclose(a._probs, b._probs, rtol=1e-12, atol=1e-300)
+        assert a._infinity_mass == pytest.approx(b._infinity_mass, rel=1e-12)
+
+
 def test_round_epsilon_inverts_round_delta():
     kw = dict(noise_multiplier=2.0, **S1)
     e = rp.round_epsilon(1e-6, **kw)

@@ -76,7 +76,9 @@ q" (checked in the tests), even though it is written with the rate-pq
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -288,34 +290,97 @@ def _labels(
     return [(1.0, mp(means, wp, wq))], dropped
 
 
-def _sound_curves(
-    p: float, q: float, d: int, sigma: float
-) -> tuple[tuple[_pld.CurveFn, _pld.CurveFn], tuple[_pld.CurveFn, _pld.CurveFn], float]:
-    """``sound``'s curves: (upper remove, upper add), (lower remove, lower add).
+class _RoundCurves:
+    """One round's hockey-stick curves under an analysis, each epsilon once.
 
-    Upper: the mixed per-label supremum curves. Lower: the aligned label
-    mixture (remove) and the anti-aligned one (add), real configurations that
-    the upper pair dominates at every epsilon.
+    A curve's value at an epsilon does not depend on the grid, but a query
+    builds one round's PLDs many times: its upper and its lower PLD (priced
+    separately), at every step of the refinement and after the rebuild on
+    the losses' own scale. Each build searches the loss range at the same
+    396 epsilons and evaluates the curve on support points that largely
+    repeat those of the other builds. This object keeps every value computed
+    (exact values, so the PLDs built from them are those built without it)
+    and evaluates only the epsilons it has not seen. For ``sound`` one
+    evaluation of the aligned and anti-aligned pairs at an epsilon gives the
+    upper curve (their per-label maximum) and the lower one (the aligned
+    mixture removing, the anti-aligned one adding) together.
+
+    Upper curves return ``(delta, nan, nan, P(L <= eps))`` for ``sound`` (see
+    :func:`dpfl.accounting.pld.pld_bounds_from_curves`), all four outputs of
+    the label mixture otherwise; :meth:`lower` is None where the upper
+    curves are those of a real pair.
     """
-    worst, dropped = _worst_labels(p, q, d)
-    anti = [(w, alts[1]) for w, alts in worst]
-    aligned = [(w, alts[0]) for w, alts in worst]
-    nan = np.full(1, np.nan)
 
-    def sup(swap: bool) -> _pld.CurveFn:
+    #: Stored epsilons per direction past which the memory is cleared.
+    MAX_POINTS = 400_000
+
+    def __init__(self, analysis: str, p: float, q: float, d: int, sigma: float):
+        self.sigma = sigma
+        self.sound = analysis == "sound"
+        if self.sound:
+            self.worst, self.dropped = _worst_labels(p, q, d)
+        else:
+            self.labels, self.dropped = _labels(analysis, p, q, d)
+        # per direction (swap): epsilon -> 8 values, upper then lower outputs
+        self._memo: dict[bool, dict[float, tuple[float, ...]]] = {
+            False: {},
+            True: {},
+        }
+        self._lock = threading.Lock()
+
+    def _compute(self, e: np.ndarray, swap: bool) -> np.ndarray:
+        """Rows of 8 values at the epsilons ``e`` (upper's 4, lower's 4)."""
+        if not self.sound:
+            out = _pld.label_mixture_delta(
+                self.labels, e, noise_std=self.sigma, swap=swap
+            )
+            return np.asarray(np.vstack([*out, *out]).T)
+        dlt, p_out, each = _pld.label_candidates_delta(
+            self.worst, e, noise_std=self.sigma, swap=swap
+        )
+        nan = np.full(e.size, np.nan)
+        lower = each[1 if swap else 0]  # anti-aligned adding, aligned removing
+        return np.asarray(np.vstack([dlt, nan, nan, p_out, *lower]).T)
+
+    def _values(self, e: np.ndarray, swap: bool) -> np.ndarray:
+        memo = self._memo[swap]
+        keys = np.asarray(e, dtype=float).ravel().tolist()
+        with self._lock:
+            missing = sorted({k for k in keys if k not in memo})
+            if missing:
+                if len(memo) + len(missing) > self.MAX_POINTS:
+                    memo.clear()
+                rows = self._compute(np.array(missing), swap)
+                memo.update(zip(missing, map(tuple, rows.tolist())))
+            return np.array([memo[k] for k in keys]).reshape(len(keys), 8)
+
+    def upper(self, swap: bool) -> _pld.CurveFn:
+        """The upper curve of one direction (``swap``: adding the record)."""
+
         def curve(e: np.ndarray) -> tuple[np.ndarray, ...]:
-            dlt, out = _pld.label_sup_delta(worst, e, noise_std=sigma, swap=swap)
-            return dlt, nan, nan, out
+            v = self._values(e, swap)
+            return v[:, 0], v[:, 1], v[:, 2], v[:, 3]
 
         return curve  # type: ignore[return-value]
 
-    def mix(labels: list[tuple[float, _pld.MixturePair]], swap: bool) -> _pld.CurveFn:
+    def lower(self, swap: bool) -> _pld.CurveFn | None:
+        """The lower curve (a real configuration), None if the upper is one."""
+        if not self.sound:
+            return None
+
         def curve(e: np.ndarray) -> tuple[np.ndarray, ...]:
-            return _pld.label_mixture_delta(labels, e, noise_std=sigma, swap=swap)
+            v = self._values(e, swap)
+            return v[:, 4], v[:, 5], v[:, 6], v[:, 7]
 
         return curve  # type: ignore[return-value]
 
-    return (sup(False), sup(True)), (mix(aligned, False), mix(anti, True)), dropped
+
+@functools.lru_cache(maxsize=4)
+def _round_curves(
+    analysis: str, p: float, q: float, d: int, sigma: float
+) -> _RoundCurves:
+    """The shared :class:`_RoundCurves` of a scheme (the last few are kept)."""
+    return _RoundCurves(analysis, p, q, d, sigma)
 
 
 def _add_direction_delta(
@@ -343,9 +408,11 @@ def _round_delta(
         # the theorem as printed: its remove direction, every root
         return _paper_theorem_delta(eps, p, q, d, sigma)
     if analysis == "sound":
-        curves, _, dropped = _sound_curves(p, q, d, sigma)
+        rc = _round_curves(analysis, p, q, d, sigma)
         e = np.array([eps])
-        rem, add = (float(c(e)[0][0]) + dropped for c in curves)
+        rem, add = (
+            float(rc.upper(swap)(e)[0][0]) + rc.dropped for swap in (False, True)
+        )
     else:
         add = _add_direction_delta(eps, analysis, p, q, d, sigma)
         if analysis == "wcs":
@@ -576,15 +643,11 @@ def _builder(
     sigma: float,
     which: tuple[bool, ...] = (True, False),
 ) -> Callable[[float], tuple[PrivacyLossDistribution, PrivacyLossDistribution]]:
-    if analysis == "sound":
-        upper, lower, dropped = _sound_curves(p, q, d, sigma)
-    else:
-        labels, dropped = _labels(analysis, p, q, d)
-        upper = (
-            lambda e: _pld.label_mixture_delta(labels, e, noise_std=sigma),
-            lambda e: _pld.label_mixture_delta(labels, e, noise_std=sigma, swap=True),
-        )
-        lower = None
+    rc = _round_curves(analysis, p, q, d, sigma)
+    upper = (rc.upper(False), rc.upper(True))
+    lo_rem, lo_add = rc.lower(False), rc.lower(True)
+    lower = None if lo_rem is None or lo_add is None else (lo_rem, lo_add)
+    dropped = rc.dropped
 
     def build(h: float) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
         with warnings.catch_warnings():
