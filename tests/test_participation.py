@@ -9,8 +9,8 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as dpl
 from scipy import integrate, special, stats
 
+from dpfl.accounting import hockey, pld
 from dpfl.accounting import participation as rp
-from dpfl.accounting import pld
 from dpfl.accounting.calibrate import CertifiesEverySigma, solve_noise_multiplier
 from dpfl.errors import InvalidParameterError
 
@@ -159,12 +159,12 @@ def test_closed_forms_equal_exact_pairs(eps):
     # OLS / CS / WCS closed forms equal the hockey-stick of their pairs
     # computed by the root engine (remove direction); tol 1e-9 rel.
     p, q, sigma = 0.2, 0.3, 1.5
-    sub = pld.MixturePair.create([0, 1], [1 - q, q], [1, 0])
-    ident = pld.MixturePair.create([0], [1], [1])
+    sub = hockey.MixturePair.create([0, 1], [1 - q, q], [1, 0])
+    ident = hockey.MixturePair.create([0], [1], [1])
     wcs_pair = [(p, sub), (1 - p, ident)]
-    got = pld.label_mixture_delta(wcs_pair, [eps], noise_std=sigma)[0][0]
+    got = hockey.label_mixture_delta(wcs_pair, [eps], noise_std=sigma)[0][0]
     assert rp._wcs_delta(eps, p, q, sigma) == pytest.approx(got, rel=1e-9, abs=1e-300)
-    ols = pld.mixture_hockey_stick(sub, [eps], noise_std=sigma)[0][0]
+    ols = hockey.mixture_hockey_stick(sub, [eps], noise_std=sigma)[0][0]
     assert _subsampled(eps, q, sigma) == pytest.approx(ols, rel=1e-9)
     kw = dict(participation_probability=p, record_probability=q, records_per_client=5)
     assert rp.round_delta(eps, noise_multiplier=sigma, analysis="ols", **kw) == (
@@ -232,7 +232,7 @@ def _direction_labels(analysis, swap):
     return [
         (
             float(stats.binom.pmf(i, d, q)),
-            pld.MixturePair.create(
+            hockey.MixturePair.create(
                 [0.0, i, i - 1.0, 0.0, i],
                 [1 - p, p * (1 - q), p * q, 0.0, 0.0],
                 [0.0, 0.0, 0.0, 1 - p, p],
@@ -261,7 +261,7 @@ def _two_round_delta(labels, eps, sigma, swap):
         z = (mid[:, None] + half[:, None] * x).ravel()
         wz = (half[:, None] * wgl).ravel()
         dens = stats.norm.pdf(z[:, None], pr.means, sigma) @ pr.weights_p
-        inner = pld.label_mixture_delta(
+        inner = hockey.label_mixture_delta(
             labels, eps - _loss(pr, z, sigma), noise_std=sigma, swap=swap
         )[0]
         total += w * float(np.sum(wz * dens * inner))
@@ -283,7 +283,9 @@ def test_composed_bounds_bracket_independent_value(analysis, rounds):
             labels = _labels("paper")
             ref = max(
                 ref,
-                pld.label_mixture_delta(labels, [eps], noise_std=1.0, swap=True)[0][0],
+                hockey.label_mixture_delta(labels, [eps], noise_std=1.0, swap=True)[0][
+                    0
+                ],
             )
     else:
         ref = max(
@@ -424,7 +426,7 @@ def test_round_curves_memo_matches_direct_evaluation():
     the refinements and the upper/lower PLDs of a query) give the values of a
     direct evaluation of the label mixtures, whatever was evaluated before.
 
-    Reference: pld.label_sup_delta (upper), pld.label_mixture_delta of the
+    Reference: hockey.label_sup_delta (upper), hockey.label_mixture_delta of the
     aligned pairs removing and of the anti-aligned pairs adding (lower), each
     evaluated fresh. Tolerance 1e-12 relative (the same root finding on
     differently batched rows; the values are otherwise those of the direct
@@ -442,8 +444,8 @@ def test_round_curves_memo_matches_direct_evaluation():
         curves.upper(swap)(first)  # fill the memory first
         got_up = curves.upper(swap)(later)
         got_lo = curves.lower(swap)(later)
-        ref_up = pld.label_sup_delta(worst, later, noise_std=sigma, swap=swap)
-        ref_lo = pld.label_mixture_delta(
+        ref_up = hockey.label_sup_delta(worst, later, noise_std=sigma, swap=swap)
+        ref_lo = hockey.label_mixture_delta(
             anti if swap else aligned, later, noise_std=sigma, swap=swap
         )
         np.testing.assert_allclose(got_up[0], ref_up[0], rtol=1e-12, atol=0)
@@ -454,7 +456,7 @@ def test_round_curves_memo_matches_direct_evaluation():
     wcs = rp._RoundCurves("wcs", p, q, d, sigma)
     labels, _ = rp._labels("wcs", p, q, d)
     assert wcs.lower(False) is None
-    ref = pld.label_mixture_delta(labels, later, noise_std=sigma, swap=True)
+    ref = hockey.label_mixture_delta(labels, later, noise_std=sigma, swap=True)
     for g, r in zip(wcs.upper(True)(later), ref, strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-12, atol=0)
 

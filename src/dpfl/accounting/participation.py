@@ -94,9 +94,11 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
+from dpfl.accounting import discretise as _discretise
 from dpfl.accounting import events as ev
-from dpfl.accounting import pld as _pld
+from dpfl.accounting import hockey as _hockey
 from dpfl.accounting import pricing
+from dpfl.accounting import refine as _refine
 from dpfl.accounting.bounds import Bound
 from dpfl.errors import InvalidParameterError, UnsupportedEventError
 
@@ -213,7 +215,7 @@ def _paper_theorem_delta(eps: float, p: float, q: float, d: int, sigma: float) -
     # express as (a, b) with a - b = c at x = e^0 = 1 for _hockey_rows
     a = np.maximum(c, 0.0)[None, :]
     b = np.maximum(-c, 0.0)[None, :]
-    dlt, _, _, _ = _pld._hockey_rows(  # pylint: disable=protected-access
+    dlt, _, _, _ = _hockey._hockey_rows(  # pylint: disable=protected-access
         uniq[None, :], a, b, a - b, np.zeros(1), sigma
     )
     return float(pq * dlt[0])
@@ -224,18 +226,18 @@ def _paper_theorem_delta(eps: float, p: float, q: float, d: int, sigma: float) -
 # --------------------------------------------------------------------------
 
 
-def _aligned(i: float, p: float, q: float) -> _pld.MixturePair:
+def _aligned(i: float, p: float, q: float) -> _hockey.MixturePair:
     """Companions' sum at ``i`` and the record pointing on: means (0, i, i + 1)."""
-    return _pld.MixturePair.create(
+    return _hockey.MixturePair.create(
         [0.0, i, i + 1.0, 0.0, i],
         [1 - p, p * (1 - q), p * q, 0.0, 0.0],
         [0.0, 0.0, 0.0, 1 - p, p],
     )
 
 
-def _anti_aligned(i: float, p: float, q: float) -> _pld.MixturePair:
+def _anti_aligned(i: float, p: float, q: float) -> _hockey.MixturePair:
     """Companions' sum at ``i`` and the record pointing back: means (0, i, i - 1)."""
-    return _pld.MixturePair.create(
+    return _hockey.MixturePair.create(
         [0.0, i, i - 1.0, 0.0, i],
         [1 - p, p * (1 - q), p * q, 0.0, 0.0],
         [0.0, 0.0, 0.0, 1 - p, p],
@@ -244,7 +246,7 @@ def _anti_aligned(i: float, p: float, q: float) -> _pld.MixturePair:
 
 def _worst_labels(
     p: float, q: float, d: int
-) -> tuple[list[tuple[float, tuple[_pld.MixturePair, _pld.MixturePair]]], float]:
+) -> tuple[list[tuple[float, tuple[_hockey.MixturePair, _hockey.MixturePair]]], float]:
     """``sound``: per label, the two configurations whose maximum is the worst case.
 
     Label ``i`` (weight ``Binom(i; d, q)``) is the number of the client's other
@@ -262,13 +264,13 @@ def _worst_labels(
 
 def _labels(
     analysis: str, p: float, q: float, d: int
-) -> tuple[list[tuple[float, _pld.MixturePair]], float]:
+) -> tuple[list[tuple[float, _hockey.MixturePair]], float]:
     """One round as a label mixture of Gaussian-mixture pairs (C = 1).
 
     For ``sound`` these are the aligned pairs (the remove direction's worst
     case and a real configuration, hence a lower bound in either direction).
     """
-    mp = _pld.MixturePair.create
+    mp = _hockey.MixturePair.create
     if analysis == "sound":
         idx, w, dropped = _binomial_weights(d, q)
         return [(float(wi), _aligned(float(i), p, q)) for i, wi in zip(idx, w)], dropped
@@ -306,7 +308,7 @@ class _RoundCurves:
     mixture removing, the anti-aligned one adding) together.
 
     Upper curves return ``(delta, nan, nan, P(L <= eps))`` for ``sound`` (see
-    :func:`dpfl.accounting.pld.pld_bounds_from_curves`), all four outputs of
+    :func:`dpfl.accounting.discretise.pld_bounds_from_curves`), all four outputs of
     the label mixture otherwise; :meth:`lower` is None where the upper
     curves are those of a real pair.
     """
@@ -331,11 +333,11 @@ class _RoundCurves:
     def _compute(self, e: np.ndarray, swap: bool) -> np.ndarray:
         """Rows of 8 values at the epsilons ``e`` (upper's 4, lower's 4)."""
         if not self.sound:
-            out = _pld.label_mixture_delta(
+            out = _hockey.label_mixture_delta(
                 self.labels, e, noise_std=self.sigma, swap=swap
             )
             return np.asarray(np.vstack([*out, *out]).T)
-        dlt, p_out, each = _pld.label_candidates_delta(
+        dlt, p_out, each = _hockey.label_candidates_delta(
             self.worst, e, noise_std=self.sigma, swap=swap
         )
         nan = np.full(e.size, np.nan)
@@ -354,7 +356,7 @@ class _RoundCurves:
                 memo.update(zip(missing, map(tuple, rows.tolist())))
             return np.array([memo[k] for k in keys]).reshape(len(keys), 8)
 
-    def upper(self, swap: bool) -> _pld.CurveFn:
+    def upper(self, swap: bool) -> _discretise.CurveFn:
         """The upper curve of one direction (``swap``: adding the record)."""
 
         def curve(e: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -363,7 +365,7 @@ class _RoundCurves:
 
         return curve  # type: ignore[return-value]
 
-    def lower(self, swap: bool) -> _pld.CurveFn | None:
+    def lower(self, swap: bool) -> _discretise.CurveFn | None:
         """The lower curve (a real configuration), None if the upper is one."""
         if not self.sound:
             return None
@@ -388,7 +390,7 @@ def _add_direction_delta(
 ) -> float:
     labels, _ = _labels(analysis, p, q, d)
     return float(
-        _pld.label_mixture_delta(labels, [eps], noise_std=sigma, swap=True)[0][0]
+        _hockey.label_mixture_delta(labels, [eps], noise_std=sigma, swap=True)[0][0]
     )
 
 
@@ -568,7 +570,7 @@ def start_step(rounds: int, tolerance: float) -> float:
     Notes
     -----
     One round's losses are small (most mass within about ``p q`` of 0), so
-    the generic second-order rule (:func:`dpfl.accounting.pld.start_discretization`)
+    the generic second-order rule (:func:`dpfl.accounting.refine.start_discretization`)
     starts far too coarse here and refines many times; 1e-5 converges in one or
     two steps at 1e4 rounds (measured: 3 s against 7 s). The composed PMF grows
     with the rounds over the step, so the step grows with sqrt(rounds) beyond
@@ -576,7 +578,7 @@ def start_step(rounds: int, tolerance: float) -> float:
     """
     return float(
         min(
-            _pld.start_discretization(tolerance),
+            _refine.start_discretization(tolerance),
             _DEFAULT_H * max(1.0, math.sqrt(rounds / 1e4)),
         )
     )
@@ -652,7 +654,7 @@ def _builder(
     def build(h: float) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return _pld.pld_bounds_from_curves(
+            return _discretise.pld_bounds_from_curves(
                 upper,
                 lower,
                 value_discretization=h,
@@ -693,7 +695,7 @@ noise_multiplier, analysis
         size cap is hit).
     resolution : float, optional
         Or until ``upper - lower <= resolution`` (see
-        :func:`dpfl.accounting.pld.refine_bound`; calibration sets it).
+        :func:`dpfl.accounting.refine.refine_bound`; calibration sets it).
 
     Returns
     -------
@@ -712,7 +714,7 @@ noise_multiplier, analysis
     rounds = check_count("rounds", rounds, minimum=1)
     sigma = check_positive("noise_multiplier", noise_multiplier)
     try:
-        res = _pld.refine_bound(
+        res = _refine.refine_bound(
             _builder(analysis, p, q, d, sigma),
             count=rounds,
             delta=delta,
@@ -720,7 +722,9 @@ noise_multiplier, analysis
             initial_discretization=start_step(rounds, tolerance),
             resolution=resolution,
         )
-    except _pld.LossTailTooHeavy:  # too little noise: no finite epsilon certified
+    except (
+        _discretise.LossTailTooHeavy
+    ):  # too little noise: no finite epsilon certified
         return Bound.trivial(for_delta=False)
     return res.bound
 
@@ -767,14 +771,14 @@ noise_multiplier, analysis
     rounds = check_count("rounds", rounds, minimum=1)
     sigma = check_positive("noise_multiplier", noise_multiplier)
     try:
-        res = _pld.refine_bound(
+        res = _refine.refine_bound(
             _builder(analysis, p, q, d, sigma),
             count=rounds,
             epsilon=eps,
             tolerance=tolerance,
             initial_discretization=start_step(rounds, tolerance),
         )
-    except _pld.LossTailTooHeavy:  # too little noise: only delta <= 1 holds
+    except _discretise.LossTailTooHeavy:  # too little noise: only delta <= 1 holds
         return Bound.trivial(for_delta=True)
     return res.bound
 
@@ -820,7 +824,7 @@ def _hockey_2d(
         a[:, inv[col]] += a0[col] * dens[:, col]
         b[:, inv[col]] += b0[col] * dens[:, col]
     m = np.broadcast_to(uniq, a.shape)
-    dl, _, _, _ = _pld._hockey_rows(  # pylint: disable=protected-access
+    dl, _, _, _ = _hockey._hockey_rows(  # pylint: disable=protected-access
         m, a, b, a - b, np.full(nodes.size, eps), sigma
     )
     return float(np.dot(wts, dl))
