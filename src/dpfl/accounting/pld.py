@@ -38,7 +38,7 @@ from dpfl._validate import (
     check_nonnegative,
     check_probability,
 )
-from dpfl.accounting import tilted
+from dpfl.accounting import envelope, lossdists, tilted
 from dpfl.accounting.bounds import Bound
 from dpfl.errors import InvalidParameterError
 
@@ -125,7 +125,7 @@ def _fitted(
     ``items`` (the pessimistic side) choose the tilt and window; ``partners``
     (the optimistic side, may be empty) are composed on the same plan. Each
     item is a PMF or ``("mix", rest, [(weight, PMF, power), ...])`` (a
-    :class:`tilted.Mix`), with its count. When
+    :class:`lossdists.Mix`), with its count. When
     the FFT would exceed :data:`MAX_COMPOSED_POINTS` points, both sides move
     to a grid a power of two coarser (:func:`_rebin`), or, inside
     :func:`refine_bound`, the one round is rebuilt at that step
@@ -134,16 +134,16 @@ def _fitted(
     factor = 1
     previous = math.inf
 
-    def prepared(spec: Any) -> tilted.Dist | tilted.Mix:
+    def prepared(spec: Any) -> lossdists.Dist | lossdists.Mix:
         if isinstance(spec, tuple) and spec[0] == "mix":
-            return tilted.Mix(
+            return lossdists.Mix(
                 [
-                    (w, tilted.Dist(_rebin(q.to_dense_pmf(), factor)), k)
+                    (w, lossdists.Dist(_rebin(q.to_dense_pmf(), factor)), k)
                     for w, q, k in spec[2]
                 ],
                 spec[1],
             )
-        return tilted.Dist(_rebin(spec.to_dense_pmf(), factor))
+        return lossdists.Dist(_rebin(spec.to_dense_pmf(), factor))
 
     while True:
         ups = [(prepared(spec), n) for spec, n in items]
@@ -363,7 +363,7 @@ def _tail_sums(
     (1 - e^{-(l_j - l_i)})`` (so ``delta(l_i) = inf + G_i``), by the
     recurrences ``C_{i-1} = p_{i-1} + e^{-h} C_i`` and ``G_{i-1} = G_i +
     (1 - e^{-h}) C_i``: sums of non-negative terms only, so the relative
-    rounding error stays below :func:`tilted.summation_margin`.
+    rounding error stays below :func:`envelope.summation_margin`.
     """
     from scipy import signal  # pylint: disable=import-outside-toplevel
 
@@ -436,25 +436,25 @@ def _pmfs_of(p: PrivacyLossDistribution) -> list[pld_pmf.PLDPmf]:
 def _certified_epsilon(pmf: pld_pmf.PLDPmf, delta: float, *, upper: bool) -> float:
     """epsilon(delta) of a certified composition or an exact PMF, on the safe side.
 
-    A :class:`tilted.CertifiedPmf` is read with its own error bound; any
+    A :class:`envelope.CertifiedPmf` is read with its own error bound; any
     other PMF is taken as exact, with the reading's rounding
-    (:func:`tilted.summation_margin`) on the safe side.
+    (:func:`envelope.summation_margin`) on the safe side.
     """
-    if isinstance(pmf, tilted.CertifiedPmf):
+    if isinstance(pmf, envelope.CertifiedPmf):
         return pmf.epsilon_upper(delta) if upper else pmf.epsilon_lower(delta)
-    margin = tilted.summation_margin(pmf.size)
+    margin = envelope.summation_margin(pmf.size)
     if upper:
         eps = pmf_epsilon_for_delta(pmf, delta / (1.0 + margin))
-        return eps * (1 + 8 * tilted.UNIT_ROUNDOFF) if math.isfinite(eps) else eps
+        return eps * (1 + 8 * envelope.UNIT_ROUNDOFF) if math.isfinite(eps) else eps
     eps = pmf_epsilon_for_delta(pmf, min(delta * (1.0 + margin), 1.0))
-    return max(0.0, eps * (1 - 8 * tilted.UNIT_ROUNDOFF))
+    return max(0.0, eps * (1 - 8 * envelope.UNIT_ROUNDOFF))
 
 
 def _certified_delta(pmf: pld_pmf.PLDPmf, epsilon: float, *, upper: bool) -> float:
     """delta(epsilon) of a certified composition or an exact PMF, on the safe side."""
-    if isinstance(pmf, tilted.CertifiedPmf):
+    if isinstance(pmf, envelope.CertifiedPmf):
         return pmf.delta_upper(epsilon) if upper else pmf.delta_lower(epsilon)
-    margin = tilted.summation_margin(pmf.size)
+    margin = envelope.summation_margin(pmf.size)
     d = pmf_delta_for_epsilon(pmf, epsilon)
     return min(1.0, d * (1.0 + margin)) if upper else max(0.0, d / (1.0 + margin))
 
@@ -468,7 +468,7 @@ def epsilon_bound(
     :func:`compose_bounds`, :func:`refine_bound`): the upper value is the
     pessimistic PLD's ``epsilon`` read at ``delta / (1 + s)`` and the lower
     the optimistic PLD's read at ``delta (1 + s)``, ``s`` the relative
-    rounding bound of the reading (:func:`tilted.summation_margin`). A lower
+    rounding bound of the reading (:func:`envelope.summation_margin`). A lower
     value above the upper one (which certified inputs cannot give) is never
     clipped into a point: the bracket is then the hull of the two.
 
@@ -528,7 +528,7 @@ class MixturePart:
     which; otherwise it releases nothing. A check-in round of ``K`` local
     steps is one such term. :func:`bracket_parts` composes it by evaluating
     the round's transform ``rest + sum_j w_j X_j^k_j`` directly
-    (:class:`tilted.Mix`), so no inner composition is formed.
+    (:class:`lossdists.Mix`), so no inner composition is formed.
 
     Attributes
     ----------
