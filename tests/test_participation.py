@@ -9,7 +9,7 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as dpl
 from scipy import integrate, special, stats
 
-from dpfl.accounting import hockey, pld
+from dpfl.accounting import hockey, pld, rp_labels, rp_search
 from dpfl.accounting import participation as rp
 from dpfl.accounting.calibrate import CertifiesEverySigma, solve_noise_multiplier
 from dpfl.errors import InvalidParameterError
@@ -215,7 +215,7 @@ SIGMA_SMALL = 1.0
 
 
 def _labels(analysis):
-    return rp._labels(analysis, 0.3, 0.2, 4)[0]
+    return rp_labels._labels(analysis, 0.3, 0.2, 4)[0]
 
 
 def _direction_labels(analysis, swap):
@@ -386,7 +386,7 @@ def test_benchmark_scenario_1_ten_thousand_rounds():
     ],
 )
 def test_sound_is_above_configuration_search(scheme, sigma):
-    lb = rp.configuration_search_lower_bound(
+    lb = rp_search.configuration_search_lower_bound(
         noise_multiplier=sigma, epsilon=0.015, angles=4, radii=2, refine=False, **scheme
     )
     sound = rp.round_delta(0.015, noise_multiplier=sigma, analysis="sound", **scheme)
@@ -400,7 +400,7 @@ def test_sound_is_above_configuration_search(scheme, sigma):
 def test_configuration_search_reproduces_spec_table(scheme, sigma):
     # docs/analyses.md table: the configuration-search lower bound needs sigma 2.3720
     # (scenario 1) and 0.7417 (scenario 2) for delta = 1e-6 (tol 2% in delta).
-    lb = rp.configuration_search_lower_bound(
+    lb = rp_search.configuration_search_lower_bound(
         noise_multiplier=sigma, epsilon=0.015, **scheme
     )
     assert lb == pytest.approx(1e-6, rel=0.02)
@@ -433,10 +433,10 @@ def test_round_curves_memo_matches_direct_evaluation():
     evaluation).
     """
     p, q, d, sigma = 0.05, 0.1, 20, 1.3
-    worst, dropped = rp._worst_labels(p, q, d)
+    worst, dropped = rp_labels._worst_labels(p, q, d)
     aligned = [(w, alts[0]) for w, alts in worst]
     anti = [(w, alts[1]) for w, alts in worst]
-    curves = rp._RoundCurves("sound", p, q, d, sigma)
+    curves = rp_labels._RoundCurves("sound", p, q, d, sigma)
     assert curves.dropped == dropped
     first = np.array([-0.3, 1e-6, 0.01, 0.2, 1.0])
     later = np.array([0.2, 0.05, -0.3, 3.0, 0.01])  # overlaps the first
@@ -453,8 +453,8 @@ def test_round_curves_memo_matches_direct_evaluation():
         for g, r in zip(got_lo, ref_lo, strict=True):
             np.testing.assert_allclose(g, r, rtol=1e-12, atol=0)
     # a non-sound analysis: one real pair, no separate lower curve
-    wcs = rp._RoundCurves("wcs", p, q, d, sigma)
-    labels, _ = rp._labels("wcs", p, q, d)
+    wcs = rp_labels._RoundCurves("wcs", p, q, d, sigma)
+    labels, _ = rp_labels._labels("wcs", p, q, d)
     assert wcs.lower(False) is None
     ref = hockey.label_mixture_delta(labels, later, noise_std=sigma, swap=True)
     for g, r in zip(wcs.upper(True)(later), ref, strict=True):
@@ -466,11 +466,11 @@ def test_round_curves_memo_gives_the_same_plds():
     other grid steps) equal those built from fresh curves, point for point
     (tolerance 1e-12 relative, as above)."""
     kw = dict(noise_multiplier=1.0, **SMALL)
-    rp._round_curves.cache_clear()
+    rp_labels._round_curves.cache_clear()
     rp.participation_pld(value_discretization=2e-4, **kw)  # other grid, cached
     rp.participation_pld(value_discretization=1e-4, pessimistic=False, **kw)
     warm = [rp.participation_pld(value_discretization=1e-4, **kw)]
-    rp._round_curves.cache_clear()
+    rp_labels._round_curves.cache_clear()
     fresh = rp.participation_pld(value_discretization=1e-4, **kw)
     for a, b in zip(pld._pmfs_of(warm[0]), pld._pmfs_of(fresh), strict=True):
         assert a._lower_loss == b._lower_loss

@@ -76,16 +76,14 @@ q" (checked in the tests), even though it is written with the rate-pq
 
 from __future__ import annotations
 
-import functools
 import math
-import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
-from scipy import optimize, special, stats
+from scipy import optimize, special
 
 from dpfl._validate import (
     check_count,
@@ -100,12 +98,12 @@ from dpfl.accounting import hockey as _hockey
 from dpfl.accounting import pricing
 from dpfl.accounting import refine as _refine
 from dpfl.accounting.bounds import Bound
+from dpfl.accounting.rp_labels import _binomial_weights, _labels, _round_curves
 from dpfl.errors import InvalidParameterError, UnsupportedEventError
 
 __all__ = [
     "ANALYSES",
     "PAPER_WARNING",
-    "configuration_search_lower_bound",
     "delta",
     "epsilon",
     "participation_pld",
@@ -125,8 +123,6 @@ PAPER_WARNING = (
     "rate-pq subsampled Gaussian). dpfl reports it for comparison only; the "
     "default analysis 'sound' (the two-sided conditional pair) is a proven bound."
 )
-
-_LABEL_CUT = 1e-30  # labels / components below this weight are dropped
 
 
 # --------------------------------------------------------------------------
@@ -180,22 +176,6 @@ def _wcs_delta(eps: float, p: float, q: float, sigma: float) -> float:
     return pq * _gaussian_delta(eps2, sigma)
 
 
-def _binomial_weights(
-    d: int, q: float, cut: float = _LABEL_CUT
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """Labels ``i`` with ``Binom(i; d, q) >= cut``, their weights, dropped mass."""
-    i = np.arange(d + 1)
-    w = stats.binom.pmf(i, d, q) if d > 0 else np.ones(1)
-    keep = np.nonzero(w >= cut * max(float(w.max()), 1e-300))[0]
-    lo, hi = int(keep[0]), int(keep[-1])  # unimodal: the kept labels are a range
-    # the mass outside from the tails themselves, not 1 - sum (whose rounding,
-    # ~1e-16, composed over many rounds would swamp a delta of 1e-15)
-    dropped = (
-        float(stats.binom.cdf(lo - 1, d, q) + stats.binom.sf(hi, d, q)) if d else 0.0
-    )
-    return i[lo : hi + 1], w[lo : hi + 1], dropped
-
-
 def _paper_theorem_delta(eps: float, p: float, q: float, d: int, sigma: float) -> float:
     """Theorem 4.1 literally: pq * integral of the bracket's positive part."""
     pq = p * q
@@ -224,165 +204,6 @@ def _paper_theorem_delta(eps: float, p: float, q: float, d: int, sigma: float) -
 # --------------------------------------------------------------------------
 # label mixtures for every analysis
 # --------------------------------------------------------------------------
-
-
-def _aligned(i: float, p: float, q: float) -> _hockey.MixturePair:
-    """Companions' sum at ``i`` and the record pointing on: means (0, i, i + 1)."""
-    return _hockey.MixturePair.create(
-        [0.0, i, i + 1.0, 0.0, i],
-        [1 - p, p * (1 - q), p * q, 0.0, 0.0],
-        [0.0, 0.0, 0.0, 1 - p, p],
-    )
-
-
-def _anti_aligned(i: float, p: float, q: float) -> _hockey.MixturePair:
-    """Companions' sum at ``i`` and the record pointing back: means (0, i, i - 1)."""
-    return _hockey.MixturePair.create(
-        [0.0, i, i - 1.0, 0.0, i],
-        [1 - p, p * (1 - q), p * q, 0.0, 0.0],
-        [0.0, 0.0, 0.0, 1 - p, p],
-    )
-
-
-def _worst_labels(
-    p: float, q: float, d: int
-) -> tuple[list[tuple[float, tuple[_hockey.MixturePair, _hockey.MixturePair]]], float]:
-    """``sound``: per label, the two configurations whose maximum is the worst case.
-
-    Label ``i`` (weight ``Binom(i; d, q)``) is the number of the client's other
-    records that would be sampled. Its supremum curve over every gradient
-    configuration is the pointwise maximum of the aligned and the anti-aligned
-    pair's curves, in each direction (see the module docstring).
-    """
-    idx, w, dropped = _binomial_weights(d, q)
-    labels = [
-        (float(wi), (_aligned(float(i), p, q), _anti_aligned(float(i), p, q)))
-        for i, wi in zip(idx, w)
-    ]
-    return labels, dropped
-
-
-def _labels(
-    analysis: str, p: float, q: float, d: int
-) -> tuple[list[tuple[float, _hockey.MixturePair]], float]:
-    """One round as a label mixture of Gaussian-mixture pairs (C = 1).
-
-    For ``sound`` these are the aligned pairs (the remove direction's worst
-    case and a real configuration, hence a lower bound in either direction).
-    """
-    mp = _hockey.MixturePair.create
-    if analysis == "sound":
-        idx, w, dropped = _binomial_weights(d, q)
-        return [(float(wi), _aligned(float(i), p, q)) for i, wi in zip(idx, w)], dropped
-    if analysis == "wcs":
-        labels = [(p, mp([0.0, 1.0], [1 - q, q], [1.0, 0.0]))]
-        if p < 1:
-            labels.append((1 - p, mp([0.0], [1.0], [1.0])))
-        return labels, 0.0
-    if analysis == "ols":
-        return [(1.0, mp([0.0, 1.0], [1 - q, q], [1.0, 0.0]))], 0.0
-    if analysis == "cs":
-        return [(1.0, mp([0.0, 1.0], [1 - p * q, p * q], [1.0, 0.0]))], 0.0
-    # paper: the collinear pair P, Q of docs/analyses.md (one label)
-    idx, w, dropped = _binomial_weights(d, q)
-    w = w / math.fsum(w)
-    means = np.concatenate([[0.0], idx, idx + 1.0, [0.0], idx, idx + 1.0])
-    wp = np.concatenate([[1 - p], p * (1 - q) * w, p * q * w, [0.0], 0 * w, 0 * w])
-    wq = np.concatenate([[0.0], 0 * w, 0 * w, [1 - p], p * w, 0 * w])
-    return [(1.0, mp(means, wp, wq))], dropped
-
-
-class _RoundCurves:
-    """One round's hockey-stick curves under an analysis, each epsilon once.
-
-    A curve's value at an epsilon does not depend on the grid, but a query
-    builds one round's PLDs many times: its upper and its lower PLD (priced
-    separately), at every step of the refinement and after the rebuild on
-    the losses' own scale. Each build searches the loss range at the same
-    396 epsilons and evaluates the curve on support points that largely
-    repeat those of the other builds. This object keeps every value computed
-    (exact values, so the PLDs built from them are those built without it)
-    and evaluates only the epsilons it has not seen. For ``sound`` one
-    evaluation of the aligned and anti-aligned pairs at an epsilon gives the
-    upper curve (their per-label maximum) and the lower one (the aligned
-    mixture removing, the anti-aligned one adding) together.
-
-    Upper curves return ``(delta, nan, nan, P(L <= eps))`` for ``sound`` (see
-    :func:`dpfl.accounting.discretise.pld_bounds_from_curves`), all four outputs of
-    the label mixture otherwise; :meth:`lower` is None where the upper
-    curves are those of a real pair.
-    """
-
-    #: Stored epsilons per direction past which the memory is cleared.
-    MAX_POINTS = 400_000
-
-    def __init__(self, analysis: str, p: float, q: float, d: int, sigma: float):
-        self.sigma = sigma
-        self.sound = analysis == "sound"
-        if self.sound:
-            self.worst, self.dropped = _worst_labels(p, q, d)
-        else:
-            self.labels, self.dropped = _labels(analysis, p, q, d)
-        # per direction (swap): epsilon -> 8 values, upper then lower outputs
-        self._memo: dict[bool, dict[float, tuple[float, ...]]] = {
-            False: {},
-            True: {},
-        }
-        self._lock = threading.Lock()
-
-    def _compute(self, e: np.ndarray, swap: bool) -> np.ndarray:
-        """Rows of 8 values at the epsilons ``e`` (upper's 4, lower's 4)."""
-        if not self.sound:
-            out = _hockey.label_mixture_delta(
-                self.labels, e, noise_std=self.sigma, swap=swap
-            )
-            return np.asarray(np.vstack([*out, *out]).T)
-        dlt, p_out, each = _hockey.label_candidates_delta(
-            self.worst, e, noise_std=self.sigma, swap=swap
-        )
-        nan = np.full(e.size, np.nan)
-        lower = each[1 if swap else 0]  # anti-aligned adding, aligned removing
-        return np.asarray(np.vstack([dlt, nan, nan, p_out, *lower]).T)
-
-    def _values(self, e: np.ndarray, swap: bool) -> np.ndarray:
-        memo = self._memo[swap]
-        keys = np.asarray(e, dtype=float).ravel().tolist()
-        with self._lock:
-            missing = sorted({k for k in keys if k not in memo})
-            if missing:
-                if len(memo) + len(missing) > self.MAX_POINTS:
-                    memo.clear()
-                rows = self._compute(np.array(missing), swap)
-                memo.update(zip(missing, map(tuple, rows.tolist())))
-            return np.array([memo[k] for k in keys]).reshape(len(keys), 8)
-
-    def upper(self, swap: bool) -> _discretise.CurveFn:
-        """The upper curve of one direction (``swap``: adding the record)."""
-
-        def curve(e: np.ndarray) -> tuple[np.ndarray, ...]:
-            v = self._values(e, swap)
-            return v[:, 0], v[:, 1], v[:, 2], v[:, 3]
-
-        return curve  # type: ignore[return-value]
-
-    def lower(self, swap: bool) -> _discretise.CurveFn | None:
-        """The lower curve (a real configuration), None if the upper is one."""
-        if not self.sound:
-            return None
-
-        def curve(e: np.ndarray) -> tuple[np.ndarray, ...]:
-            v = self._values(e, swap)
-            return v[:, 4], v[:, 5], v[:, 6], v[:, 7]
-
-        return curve  # type: ignore[return-value]
-
-
-@functools.lru_cache(maxsize=4)
-def _round_curves(
-    analysis: str, p: float, q: float, d: int, sigma: float
-) -> _RoundCurves:
-    """The shared :class:`_RoundCurves` of a scheme (the last few are kept)."""
-    return _RoundCurves(analysis, p, q, d, sigma)
 
 
 def _add_direction_delta(
@@ -786,152 +607,6 @@ noise_multiplier, analysis
 # --------------------------------------------------------------------------
 # lower bound from a search over gradient configurations
 # --------------------------------------------------------------------------
-
-_GL_X, _GL_W = np.polynomial.legendre.leggauss(16)
-
-
-def _hockey_2d(
-    means: np.ndarray,
-    weights_p: np.ndarray,
-    weights_q: np.ndarray,
-    eps: float,
-    sigma: float,
-    panels: int = 10,
-) -> float:
-    """``D_{e^eps}(P || Q)`` for 2-D Gaussian mixtures with covariance sigma^2 I.
-
-    Exact in the first coordinate (all roots, :mod:`pld`), composite 16-point
-    Gauss-Legendre in the second over ``[min - 12 sigma, max + 12 sigma]``.
-    """
-    u = means[:, 0]
-    v = means[:, 1]
-    order = np.argsort(u, kind="stable")
-    u, v = u[order], v[order]
-    a0, b0 = weights_p[order], weights_q[order]
-    # merge equal first coordinates per quadrature node by keeping columns
-    # separate is not allowed (distinct means required): group them.
-    uniq, inv = np.unique(np.round(u, 12), return_inverse=True)
-    lo, hi = v.min() - 12 * sigma, v.max() + 12 * sigma
-    edges = np.linspace(lo, hi, panels + 1)
-    mid = 0.5 * (edges[1:] + edges[:-1])
-    half = 0.5 * (edges[1:] - edges[:-1])
-    nodes = (mid[:, None] + half[:, None] * _GL_X[None, :]).ravel()
-    wts = (half[:, None] * _GL_W[None, :]).ravel()
-    dens = stats.norm.pdf(nodes[:, None], loc=v[None, :], scale=sigma)  # (n, K)
-    a = np.zeros((nodes.size, uniq.size))
-    b = np.zeros((nodes.size, uniq.size))
-    for col in range(u.size):
-        a[:, inv[col]] += a0[col] * dens[:, col]
-        b[:, inv[col]] += b0[col] * dens[:, col]
-    m = np.broadcast_to(uniq, a.shape)
-    dl, _, _, _ = _hockey._hockey_rows(  # pylint: disable=protected-access
-        m, a, b, a - b, np.full(nodes.size, eps), sigma
-    )
-    return float(np.dot(wts, dl))
-
-
-def _configuration_delta(
-    theta: float, radius: float, eps: float, p: float, q: float, d: int, sigma: float
-) -> float:
-    """Delta of the real mechanism for one configuration of gradients.
-
-    Every companion has gradient ``radius * (cos theta, sin theta)``; the
-    target record has ``(1, 0)``.
-    """
-    # companions' counts below 1e-17 relative weight change delta by less
-    # than 1e-17 (this is a lower bound: dropping them is harmless)
-    idx, w, _ = _binomial_weights(d, q, cut=1e-17)
-    w = w / w.sum()
-    g = radius * np.array([math.cos(theta), math.sin(theta)])
-    base = idx[:, None] * g[None, :]
-    means = np.concatenate([[[0.0, 0.0]], base, base + [1.0, 0.0]])
-    wp = np.concatenate([[1 - p], p * (1 - q) * w, p * q * w])
-    wq = np.concatenate([[1 - p], p * w, 0 * w])
-    rem = _hockey_2d(means, wp, wq, eps, sigma)
-    add = _hockey_2d(means, wq, wp, eps, sigma)
-    return max(rem, add)
-
-
-def configuration_search_lower_bound(
-    *,
-    participation_probability: float,
-    record_probability: float,
-    records_per_client: int,
-    noise_multiplier: float,
-    epsilon: float,
-    angles: int = 13,
-    radii: int = 5,
-    refine: bool = True,
-) -> float:
-    """Per-round delta lower bound from the worst of a set of gradient configurations.
-
-    Every companion record of the neighbouring client gets the same gradient
-    ``r (cos t, sin t)`` (``0 <= r <= 1``, angle ``t`` to the target record's
-    unit gradient); the real mechanism's output pair (no labels, nothing
-    given to the adversary) is then a pair of 2-D Gaussian mixtures, whose
-    hockey-stick divergence is integrated exactly along the target direction
-    and by Gauss-Legendre quadrature across it. Any configuration is a valid
-    instance, so the maximum over the grid (refined locally) is a lower bound
-    on the true worst-case per-round delta. ``r = 0`` is CS; ``t = 0, r = 1``
-    is the collinear pair of Theorem 4.1.
-
-    Parameters
-    ----------
-    participation_probability, record_probability, records_per_client, \
-noise_multiplier
-        As in :func:`round_delta`.
-    epsilon : float
-        Per-round epsilon (>= 0).
-    angles, radii : int, optional
-        Grid sizes of the search over ``t in [0, pi]`` and ``r in (0, 1]``.
-    refine : bool, optional
-        Polish the best grid point with Nelder-Mead (slower, tighter).
-
-    Returns
-    -------
-    float
-        The largest delta found (a lower bound on the worst case).
-
-    Raises
-    ------
-    InvalidParameterError
-        If a parameter is out of range.
-    """
-    p, q, d, _ = _check_scheme(
-        participation_probability, record_probability, records_per_client, "sound"
-    )
-    sigma = check_positive("noise_multiplier", noise_multiplier)
-    eps = check_nonnegative("epsilon", epsilon)
-    check_count("angles", angles, minimum=2)
-    check_count("radii", radii, minimum=1)
-    best = _round_delta(eps, "cs", p, q, d, sigma)  # r = 0
-    best_t, best_r = 0.0, 0.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for t in np.linspace(0.0, math.pi, angles):
-            for r in np.linspace(1.0 / radii, 1.0, radii):
-                val = _configuration_delta(float(t), float(r), eps, p, q, d, sigma)
-                if val > best:
-                    best, best_t, best_r = val, float(t), float(r)
-        if refine and best_r > 0:
-            res = optimize.minimize(
-                lambda x: (
-                    -_configuration_delta(
-                        float(np.clip(x[0], 0, math.pi)),
-                        float(np.clip(x[1], 1e-6, 1.0)),
-                        eps,
-                        p,
-                        q,
-                        d,
-                        sigma,
-                    )
-                ),
-                x0=[best_t, best_r],
-                method="Nelder-Mead",
-                options={"xatol": 1e-4, "fatol": 1e-3 * best, "maxiter": 200},
-            )
-            best = max(best, -float(res.fun))
-    return float(best)
 
 
 # -- the price of a ClientPoisson round (registered with the Accountant) -------
