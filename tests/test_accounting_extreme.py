@@ -33,7 +33,7 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize, special, stats
 
-from dpfl.accounting import pld
+from dpfl.accounting import discretise, hockey, pld
 from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.events import Gaussian, PoissonSampled
 
@@ -209,8 +209,8 @@ def test_rebin_rounds_pessimistic_up_and_optimistic_down():
     """delta(eps) is monotone in every loss: a coarser pessimistic PMF lies on
     or above the fine one at every eps, an optimistic one on or below (exact
     float comparison up to 1e-15 absolute, summation order)."""
-    up, lo = pld.pld_bounds_from_label_mixture(
-        [(1.0, pld.MixturePair.create([0.0, 1.0], [0.9, 0.1], [1.0, 0.0]))],
+    up, lo = discretise.pld_bounds_from_label_mixture(
+        [(1.0, hockey.MixturePair.create([0.0, 1.0], [0.9, 0.1], [1.0, 0.0]))],
         noise_std=0.8,
         value_discretization=1e-3,
     )

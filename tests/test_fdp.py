@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from dpfl.accounting import fdp, gaussian
+from dpfl.accounting import fdp, federated, gaussian, subsampled
 from dpfl.accounting.bounds import Bound, Guarantee
 from dpfl.errors import InvalidParameterError
 
@@ -102,7 +102,7 @@ def test_exact_epsilon_and_mu_eff_match_spec_table(index):
     # the bracket [lower, upper] must be narrower than 0.01 at h = 1e-3 and
     # contain the printed value within the 0.005 rounding.
     _, sigma, b, k, r, _, _, eps_exact, mu_eff = MNIST_ROWS[index]
-    bound = fdp.exact_epsilon(
+    bound = subsampled.exact_epsilon(
         DELTA,
         noise_multiplier=sigma,
         batch_size=b,
@@ -114,7 +114,9 @@ def test_exact_epsilon_and_mu_eff_match_spec_table(index):
     assert abs(bound.upper - eps_exact) <= 0.02
     assert bound.upper - bound.lower < 0.01
     assert bound.lower - 0.005 <= eps_exact <= bound.upper + 0.005
-    assert abs(fdp.mu_effective(epsilon=bound.upper, delta=DELTA) - mu_eff) <= 0.005
+    assert (
+        abs(subsampled.mu_effective(epsilon=bound.upper, delta=DELTA) - mu_eff) <= 0.005
+    )
 
 
 @pytest.mark.parametrize(
@@ -124,7 +126,7 @@ def test_exact_epsilon_and_mu_eff_match_spec_table(index):
 def test_cifar_exact_mu_eff_matches_spec(sigma, rounds, mu_eff):
     # Source: docs/analyses.md (Table 3 CIFAR, exact mu_eff at δ = 1e-5; the CLT μ is
     # 26.81 / 37.51 at σ = 0.5, far above). Tolerance: printed 2 decimals.
-    bound = fdp.exact_epsilon(
+    bound = subsampled.exact_epsilon(
         DELTA,
         noise_multiplier=sigma,
         batch_size=16,
@@ -132,15 +134,17 @@ def test_cifar_exact_mu_eff_matches_spec(sigma, rounds, mu_eff):
         local_steps=32,
         rounds=rounds,
     )
-    assert abs(fdp.mu_effective(epsilon=bound.upper, delta=DELTA) - mu_eff) <= 0.005
+    assert (
+        abs(subsampled.mu_effective(epsilon=bound.upper, delta=DELTA) - mu_eff) <= 0.005
+    )
 
 
 def test_exact_composition_is_fast():
     # docs/analyses.md: each exact composition takes < 1 s (measured ~0.1 s for upper
     # and lower together on 2 cores); asserted with slack for slow CI machines.
-    fdp._composed.cache_clear()
+    subsampled._composed.cache_clear()
     start = time.perf_counter()
-    fdp.exact_epsilon(
+    subsampled.exact_epsilon(
         DELTA,
         noise_multiplier=0.75,
         batch_size=16,
@@ -161,11 +165,11 @@ def test_exact_delta_brackets_and_agrees_with_exact_epsilon():
         local_steps=38,
         rounds=93,
     )
-    eb = fdp.exact_epsilon(DELTA, **kwargs)
-    db = fdp.exact_delta(eb.upper, **kwargs)
+    eb = subsampled.exact_epsilon(DELTA, **kwargs)
+    db = subsampled.exact_delta(eb.upper, **kwargs)
     assert db.upper <= DELTA * (1 + 1e-9)
     assert db.lower <= db.upper
-    db_low = fdp.exact_delta(eb.lower, **kwargs)
+    db_low = subsampled.exact_delta(eb.lower, **kwargs)
     assert db_low.lower <= DELTA * (1 + 1e-9) <= db_low.upper * (1 + 1e-6)
 
 
@@ -187,11 +191,11 @@ def test_full_batch_is_gaussian_composition(sigma, steps):
     )
     for eps in (0.0, 0.5, 2.0, 5.0):
         truth = gaussian.gdp_delta(eps, mu=mu)
-        b = fdp.exact_delta(eps, **kwargs)
+        b = subsampled.exact_delta(eps, **kwargs)
         assert abs(b.upper - truth) <= 1e-6
         assert abs(b.lower - truth) <= 1e-6
         assert b.lower - 1e-12 <= truth <= b.upper + 1e-12
-    eb = fdp.exact_epsilon(1e-5, **kwargs)
+    eb = subsampled.exact_epsilon(1e-5, **kwargs)
     assert eb.lower - 1e-9 <= gaussian.gdp_epsilon(1e-5, mu=mu) <= eb.upper + 1e-9
 
 
@@ -208,8 +212,10 @@ def test_one_step_tradeoff_from_pld_equals_closed_form_hull(sigma, p):
         np.concatenate([np.linspace(0, 1, 201), np.linspace(x_star, f_x_star, 21)])
     )
     closed = fdp.subsampled_tradeoff(alpha, mu=mu, sampling_probability=p)
-    pess = fdp.subsampled_gaussian_pld(noise_multiplier=sigma, sampling_probability=p)
-    opt = fdp.subsampled_gaussian_pld(
+    pess = subsampled.subsampled_gaussian_pld(
+        noise_multiplier=sigma, sampling_probability=p
+    )
+    opt = subsampled.subsampled_gaussian_pld(
         noise_multiplier=sigma, sampling_probability=p, pessimistic=False
     )
     f_pess = fdp.tradeoff_from_deltas(alpha, pess)
@@ -262,13 +268,13 @@ def test_symmetrised_profile_is_conjugate_of_closed_form(mu, p):
     f = functools.partial(fdp.subsampled_tradeoff, mu=mu, sampling_probability=p)
     for eps in (-1.0, -0.1, 0.0, 0.3, 1.0, 3.0):
         closed = float(
-            fdp.subsampled_gaussian_delta(eps, mu=mu, sampling_probability=p)
+            subsampled.subsampled_gaussian_delta(eps, mu=mu, sampling_probability=p)
         )
         assert fdp.delta_from_tradeoff(eps, f) == pytest.approx(closed, abs=1e-8)
     alpha = np.linspace(0, 1, 101)
 
     def profile(e):
-        return fdp.subsampled_gaussian_delta(e, mu=mu, sampling_probability=p)
+        return subsampled.subsampled_gaussian_delta(e, mu=mu, sampling_probability=p)
 
     assert np.max(np.abs(fdp.tradeoff_from_deltas(alpha, profile) - f(alpha))) <= 1e-6
 
@@ -294,7 +300,7 @@ def test_add_remove_closed_forms_match_dp_accounting(sigma, p, eps):
             sigma, sampling_prob=p, adjacency_type=adjacency
         ).get_delta_for_epsilon(eps)
         ours = float(
-            fdp.subsampled_gaussian_delta(
+            subsampled.subsampled_gaussian_delta(
                 eps, mu=1 / sigma, sampling_probability=p, direction=direction
             )
         )
@@ -315,7 +321,7 @@ def test_symmetrise_then_compose_pitfall():
             .self_compose(38 * 93)
             .get_epsilon_for_delta(DELTA)
         )
-    exact = fdp.exact_epsilon(
+    exact = subsampled.exact_epsilon(
         DELTA,
         noise_multiplier=1.0,
         batch_size=16,
@@ -337,8 +343,8 @@ def test_discretisation_refinement_agrees():
         local_steps=76,
         rounds=266,
     )
-    coarse = fdp.exact_epsilon(DELTA, **kwargs)
-    fine = fdp.exact_epsilon(DELTA, value_discretization=1e-4, **kwargs)
+    coarse = subsampled.exact_epsilon(DELTA, **kwargs)
+    fine = subsampled.exact_epsilon(DELTA, value_discretization=1e-4, **kwargs)
     assert abs(coarse.upper - fine.upper) <= 0.01
     assert coarse.lower - 1e-9 <= fine.lower <= fine.upper <= coarse.upper + 1e-9
 
@@ -348,9 +354,13 @@ def test_pessimistic_and_optimistic_one_step_profiles_bracket_closed_form():
     # rounding of dp_accounting's sums), and they are within 1e-5 of each other.
     sigma, p = 1.0, 16 / 600
     eps = np.linspace(-7, 7, 20001)
-    truth = fdp.subsampled_gaussian_delta(eps, mu=1 / sigma, sampling_probability=p)
-    pess = fdp.subsampled_gaussian_pld(noise_multiplier=sigma, sampling_probability=p)
-    opt = fdp.subsampled_gaussian_pld(
+    truth = subsampled.subsampled_gaussian_delta(
+        eps, mu=1 / sigma, sampling_probability=p
+    )
+    pess = subsampled.subsampled_gaussian_pld(
+        noise_multiplier=sigma, sampling_probability=p
+    )
+    opt = subsampled.subsampled_gaussian_pld(
         noise_multiplier=sigma, sampling_probability=p, pessimistic=False
     )
     d_pess = pess.get_delta_for_epsilon(eps)
@@ -405,7 +415,7 @@ def test_subsampled_tradeoff_properties(mu, p, alpha):
 
 def test_mu_effective_round_trip():
     # mu_effective is the GDP μ through (ε, δ): gdp_delta(ε, μ_eff) = δ (1e-9).
-    mu = fdp.mu_effective(epsilon=13.88, delta=DELTA)
+    mu = subsampled.mu_effective(epsilon=13.88, delta=DELTA)
     assert gaussian.gdp_delta(13.88, mu=mu) == pytest.approx(DELTA, rel=1e-9)
     assert abs(mu - 2.60) <= 0.005  # docs/analyses.md row 1
 
@@ -426,8 +436,8 @@ def test_weak_and_strong_federated_row_1():
         rounds=93,
         num_clients=100,
     )
-    weak = fdp.weak_federated(**kwargs)
-    strong = fdp.strong_federated(**kwargs)
+    weak = federated.weak_federated(**kwargs)
+    strong = federated.strong_federated(**kwargs)
     for g in (weak, strong):
         assert isinstance(g, Guarantee)
         assert g.unit == "record" and g.neighbouring == "replace-one"
@@ -444,7 +454,7 @@ def test_weak_and_strong_federated_row_1():
 def test_federated_picks_least_private_client():
     # Client 2 has the least noise, so it bounds the federation (Theorem 2,
     # "least private client"); its exact ε equals the single-client value.
-    g = fdp.weak_federated(
+    g = federated.weak_federated(
         noise_multiplier=[1.0, 1.0, 0.75],
         batch_size=16,
         records_per_client=[600, 600, 600],
@@ -452,7 +462,7 @@ def test_federated_picks_least_private_client():
         rounds=64,
     )
     assert g.values["least_private_client"] == 2
-    single = fdp.exact_epsilon(
+    single = subsampled.exact_epsilon(
         DELTA,
         noise_multiplier=0.75,
         batch_size=16,
@@ -499,11 +509,11 @@ def test_federated_picks_least_private_client():
             ),
         ),
         (
-            fdp.subsampled_gaussian_pld,
+            subsampled.subsampled_gaussian_pld,
             dict(noise_multiplier=1.0, sampling_probability=0.0),
         ),
         (
-            fdp.subsampled_gaussian_pld,
+            subsampled.subsampled_gaussian_pld,
             dict(
                 noise_multiplier=1.0,
                 sampling_probability=0.5,
@@ -511,9 +521,9 @@ def test_federated_picks_least_private_client():
             ),
         ),
         (fdp.subsampled_tradeoff, dict(alpha=0.5, mu=1.0, sampling_probability=1.5)),
-        (fdp.mu_effective, dict(epsilon=1.0, delta=0.0)),
+        (subsampled.mu_effective, dict(epsilon=1.0, delta=0.0)),
         (
-            fdp.strong_federated,
+            federated.strong_federated,
             dict(
                 noise_multiplier=1.0,
                 batch_size=16,
@@ -523,7 +533,7 @@ def test_federated_picks_least_private_client():
             ),
         ),
         (
-            fdp.weak_federated,
+            federated.weak_federated,
             dict(
                 noise_multiplier=[1.0, 1.0],
                 batch_size=[16] * 3,
@@ -533,7 +543,7 @@ def test_federated_picks_least_private_client():
             ),
         ),
         (
-            fdp.subsampled_gaussian_delta,
+            subsampled.subsampled_gaussian_delta,
             dict(epsilon=1.0, mu=1.0, sampling_probability=0.5, direction="both"),
         ),
     ],
@@ -545,7 +555,7 @@ def test_invalid_parameters_raise(call, kwargs):
 
 def test_exact_epsilon_rejects_bad_delta():
     with pytest.raises(InvalidParameterError):
-        fdp.exact_epsilon(
+        subsampled.exact_epsilon(
             1.5,
             noise_multiplier=1.0,
             batch_size=16,

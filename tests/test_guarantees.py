@@ -402,13 +402,13 @@ def test_one_sensitivity_convention():
     # WithoutReplacement event; a Gaussian of sensitivity s is one of noise
     # sigma/s; a participant of a check-in pays the replace-one Gaussian. The
     # independent value for the cohort is dp_accounting's RDP-free closed form
-    # of C_p(G_mu) with mu = 2/sigma (fdp.exact_epsilon composes it), 1%.
-    from dpfl.accounting import fdp
+    # of C_p(G_mu) with mu = 2/sigma (subsampled.exact_epsilon composes it), 1%.
+    from dpfl.accounting import subsampled
 
     cohort = Accountant().compose(ev.FixedCohort(20, 100, ev.Gaussian(2.0)), 10)
     subset = Accountant().compose(ev.WithoutReplacement(20, 100, ev.Gaussian(2.0)), 10)
     assert cohort.epsilon(1e-5) == subset.epsilon(1e-5)
-    ref = fdp.exact_epsilon(
+    ref = subsampled.exact_epsilon(
         1e-5,
         noise_multiplier=1.0,  # fdp's convention: one step is G_{1/sigma} = G_{2/2}
         batch_size=20,

@@ -9,8 +9,8 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as dpl
 from scipy import integrate, special, stats
 
+from dpfl.accounting import hockey, pld, rp_labels, rp_search
 from dpfl.accounting import participation as rp
-from dpfl.accounting import pld
 from dpfl.accounting.calibrate import CertifiesEverySigma, solve_noise_multiplier
 from dpfl.errors import InvalidParameterError
 
@@ -159,12 +159,12 @@ def test_closed_forms_equal_exact_pairs(eps):
     # OLS / CS / WCS closed forms equal the hockey-stick of their pairs
     # computed by the root engine (remove direction); tol 1e-9 rel.
     p, q, sigma = 0.2, 0.3, 1.5
-    sub = pld.MixturePair.create([0, 1], [1 - q, q], [1, 0])
-    ident = pld.MixturePair.create([0], [1], [1])
+    sub = hockey.MixturePair.create([0, 1], [1 - q, q], [1, 0])
+    ident = hockey.MixturePair.create([0], [1], [1])
     wcs_pair = [(p, sub), (1 - p, ident)]
-    got = pld.label_mixture_delta(wcs_pair, [eps], noise_std=sigma)[0][0]
+    got = hockey.label_mixture_delta(wcs_pair, [eps], noise_std=sigma)[0][0]
     assert rp._wcs_delta(eps, p, q, sigma) == pytest.approx(got, rel=1e-9, abs=1e-300)
-    ols = pld.mixture_hockey_stick(sub, [eps], noise_std=sigma)[0][0]
+    ols = hockey.mixture_hockey_stick(sub, [eps], noise_std=sigma)[0][0]
     assert _subsampled(eps, q, sigma) == pytest.approx(ols, rel=1e-9)
     kw = dict(participation_probability=p, record_probability=q, records_per_client=5)
     assert rp.round_delta(eps, noise_multiplier=sigma, analysis="ols", **kw) == (
@@ -215,7 +215,7 @@ SIGMA_SMALL = 1.0
 
 
 def _labels(analysis):
-    return rp._labels(analysis, 0.3, 0.2, 4)[0]
+    return rp_labels._labels(analysis, 0.3, 0.2, 4)[0]
 
 
 def _direction_labels(analysis, swap):
@@ -232,7 +232,7 @@ def _direction_labels(analysis, swap):
     return [
         (
             float(stats.binom.pmf(i, d, q)),
-            pld.MixturePair.create(
+            hockey.MixturePair.create(
                 [0.0, i, i - 1.0, 0.0, i],
                 [1 - p, p * (1 - q), p * q, 0.0, 0.0],
                 [0.0, 0.0, 0.0, 1 - p, p],
@@ -261,7 +261,7 @@ def _two_round_delta(labels, eps, sigma, swap):
         z = (mid[:, None] + half[:, None] * x).ravel()
         wz = (half[:, None] * wgl).ravel()
         dens = stats.norm.pdf(z[:, None], pr.means, sigma) @ pr.weights_p
-        inner = pld.label_mixture_delta(
+        inner = hockey.label_mixture_delta(
             labels, eps - _loss(pr, z, sigma), noise_std=sigma, swap=swap
         )[0]
         total += w * float(np.sum(wz * dens * inner))
@@ -283,7 +283,9 @@ def test_composed_bounds_bracket_independent_value(analysis, rounds):
             labels = _labels("paper")
             ref = max(
                 ref,
-                pld.label_mixture_delta(labels, [eps], noise_std=1.0, swap=True)[0][0],
+                hockey.label_mixture_delta(labels, [eps], noise_std=1.0, swap=True)[0][
+                    0
+                ],
             )
     else:
         ref = max(
@@ -384,7 +386,7 @@ def test_benchmark_scenario_1_ten_thousand_rounds():
     ],
 )
 def test_sound_is_above_configuration_search(scheme, sigma):
-    lb = rp.configuration_search_lower_bound(
+    lb = rp_search.configuration_search_lower_bound(
         noise_multiplier=sigma, epsilon=0.015, angles=4, radii=2, refine=False, **scheme
     )
     sound = rp.round_delta(0.015, noise_multiplier=sigma, analysis="sound", **scheme)
@@ -398,7 +400,7 @@ def test_sound_is_above_configuration_search(scheme, sigma):
 def test_configuration_search_reproduces_spec_table(scheme, sigma):
     # docs/analyses.md table: the configuration-search lower bound needs sigma 2.3720
     # (scenario 1) and 0.7417 (scenario 2) for delta = 1e-6 (tol 2% in delta).
-    lb = rp.configuration_search_lower_bound(
+    lb = rp_search.configuration_search_lower_bound(
         noise_multiplier=sigma, epsilon=0.015, **scheme
     )
     assert lb == pytest.approx(1e-6, rel=0.02)
@@ -417,6 +419,63 @@ def test_participation_pld_brackets():
     lo = rp.participation_pld(pessimistic=False, **kw)
     exact = rp.round_delta(0.2, **kw)
     assert lo.get_delta_for_epsilon(0.2) <= exact <= up.get_delta_for_epsilon(0.2)
+
+
+def test_round_curves_memo_matches_direct_evaluation():
+    """The shared one-round curves (evaluated once per epsilon, reused across
+    the refinements and the upper/lower PLDs of a query) give the values of a
+    direct evaluation of the label mixtures, whatever was evaluated before.
+
+    Reference: hockey.label_sup_delta (upper), hockey.label_mixture_delta of the
+    aligned pairs removing and of the anti-aligned pairs adding (lower), each
+    evaluated fresh. Tolerance 1e-12 relative (the same root finding on
+    differently batched rows; the values are otherwise those of the direct
+    evaluation).
+    """
+    p, q, d, sigma = 0.05, 0.1, 20, 1.3
+    worst, dropped = rp_labels._worst_labels(p, q, d)
+    aligned = [(w, alts[0]) for w, alts in worst]
+    anti = [(w, alts[1]) for w, alts in worst]
+    curves = rp_labels._RoundCurves("sound", p, q, d, sigma)
+    assert curves.dropped == dropped
+    first = np.array([-0.3, 1e-6, 0.01, 0.2, 1.0])
+    later = np.array([0.2, 0.05, -0.3, 3.0, 0.01])  # overlaps the first
+    for swap in (False, True):
+        curves.upper(swap)(first)  # fill the memory first
+        got_up = curves.upper(swap)(later)
+        got_lo = curves.lower(swap)(later)
+        ref_up = hockey.label_sup_delta(worst, later, noise_std=sigma, swap=swap)
+        ref_lo = hockey.label_mixture_delta(
+            anti if swap else aligned, later, noise_std=sigma, swap=swap
+        )
+        np.testing.assert_allclose(got_up[0], ref_up[0], rtol=1e-12, atol=0)
+        np.testing.assert_allclose(got_up[3], ref_up[1], rtol=1e-12, atol=0)
+        for g, r in zip(got_lo, ref_lo, strict=True):
+            np.testing.assert_allclose(g, r, rtol=1e-12, atol=0)
+    # a non-sound analysis: one real pair, no separate lower curve
+    wcs = rp_labels._RoundCurves("wcs", p, q, d, sigma)
+    labels, _ = rp_labels._labels("wcs", p, q, d)
+    assert wcs.lower(False) is None
+    ref = hockey.label_mixture_delta(labels, later, noise_std=sigma, swap=True)
+    for g, r in zip(wcs.upper(True)(later), ref, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=0)
+
+
+def test_round_curves_memo_gives_the_same_plds():
+    """PLDs built after other builds of the same scheme (the memory filled at
+    other grid steps) equal those built from fresh curves, point for point
+    (tolerance 1e-12 relative, as above)."""
+    kw = dict(noise_multiplier=1.0, **SMALL)
+    rp_labels._round_curves.cache_clear()
+    rp.participation_pld(value_discretization=2e-4, **kw)  # other grid, cached
+    rp.participation_pld(value_discretization=1e-4, pessimistic=False, **kw)
+    warm = [rp.participation_pld(value_discretization=1e-4, **kw)]
+    rp_labels._round_curves.cache_clear()
+    fresh = rp.participation_pld(value_discretization=1e-4, **kw)
+    for a, b in zip(pld._pmfs_of(warm[0]), pld._pmfs_of(fresh), strict=True):
+        assert a._lower_loss == b._lower_loss
+        np.testing.assert_allclose(a._probs, b._probs, rtol=1e-12, atol=1e-300)
+        assert a._infinity_mass == pytest.approx(b._infinity_mass, rel=1e-12)
 
 
 def test_round_epsilon_inverts_round_delta():

@@ -10,7 +10,7 @@ import yaml
 from scipy import special, stats
 
 from dpfl.accounting import events as ev
-from dpfl.accounting import fdp
+from dpfl.accounting import subsampled
 from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data import get_dataset
@@ -150,11 +150,11 @@ def test_paper_report_equals_the_accountants_and_the_exact_fdp_value():
     fewest = int(np.argmin(counts))
     if counts[fewest] < r_max:
         assert ledger.client_epsilon(fewest, DELTA).upper < summary["epsilon"]
-    # Independent witness: fdp.exact_epsilon composes C_{B/n}(G_{1/sigma}) for
+    # Independent witness: subsampled.exact_epsilon composes C_{B/n}(G_{1/sigma}) for
     # K*R_max steps on its own grid (h = 1e-3); the accountant refines until
     # its bracket is within 2% (docs/analyses.md), so they agree to 3%.
     n = int(DS.client_sizes().min())
-    exact = fdp.exact_epsilon(
+    exact = subsampled.exact_epsilon(
         DELTA,
         noise_multiplier=1.0,
         batch_size=4,

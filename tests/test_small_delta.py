@@ -268,7 +268,7 @@ def test_mixture_rounds_of_several_steps_are_composed_in_one_transform():
     # Gaussian PLDs; the exact curve is the binomial mixture of mu-GDP with
     # mu^2 = 5 m / 9 (mpmath, 40 digits): exact delta at the upper value <=
     # 1e-10 < exact delta at the lower value, and the bracket within 0.5%.
-    from dpfl.accounting import pld
+    from dpfl.accounting import pld, refine
 
     sigma, steps, rate, rounds, delta = 3.0, 5, 0.05, 200, 1e-10
 
@@ -278,7 +278,7 @@ def test_mixture_rounds_of_several_steps_are_composed_in_one_transform():
         )
         return [pld.MixturePart((rate,), (up,), (lo,), (steps,), rounds)]
 
-    res = pld.refine_parts(
+    res = refine.refine_parts(
         build, delta=delta, tolerance=0.005, initial_discretization=1e-3
     )
     b = res.bound

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from dp_accounting.pld import pld_pmf
 
-from dpfl.accounting import tilted
+from dpfl.accounting import envelope, lossdists, tilted
 
 
 def _exact_power(numerators: list[int], count: int) -> list[int]:
@@ -51,7 +51,7 @@ def test_envelopes_hold_every_exact_mass(tilt):
     exact = _exact_power(nums, count)
     denom = 2 ** (bits * count)
     for pess in (True, False):
-        dist = tilted.Dist(pld_pmf.DensePLDPmf(h, lower, probs, 0.0, pess))
+        dist = lossdists.Dist(pld_pmf.DensePLDPmf(h, lower, probs, 0.0, pess))
         window = tilted.Plan(tilt, (lower * count + 150) * h, (lower * count + 600) * h)
         out = tilted.compose([(dist, count)], window)
         env = np.asarray(out._probs)
@@ -65,7 +65,7 @@ def test_envelopes_hold_every_exact_mass(tilt):
         assert 0 < out.alias  # the cut window did alias
     # Untilted, on the whole support (no aliasing): the raw output against the
     # exact composition, far below the stated bound of the FFT's error.
-    dist = tilted.Dist(pld_pmf.DensePLDPmf(h, lower, probs, 0.0, True))
+    dist = lossdists.Dist(pld_pmf.DensePLDPmf(h, lower, probs, 0.0, True))
     whole = tilted.Plan(0.0, lower * count * h, (lower + 39) * count * h)
     out = tilted.compose([(dist, count)], whole)
     assert out.alias == 0.0 and out.raw.size == len(exact)
@@ -103,7 +103,7 @@ def test_certified_epsilon_at_tiny_delta_brackets_an_exact_binomial(delta):
     probs[0], probs[10] = 1 - p, p
     pmf_up = pld_pmf.DensePLDPmf(h, 0, probs, 0.0, True)
     pmf_lo = pld_pmf.DensePLDPmf(h, 0, probs, 0.0, False)
-    up, lo = tilted.Dist(pmf_up), tilted.Dist(pmf_lo)
+    up, lo = lossdists.Dist(pmf_up), lossdists.Dist(pmf_lo)
     plan = tilted.plan([(up, count)], delta=delta, partners=[(lo, count)])
     cu = tilted.compose([(up, count)], plan)
     cl = tilted.compose([(lo, count)], plan)
@@ -120,4 +120,4 @@ def test_certified_epsilon_at_tiny_delta_brackets_an_exact_binomial(delta):
 def test_fft_error_factor_is_the_stated_bound():
     # eta_L = 16 u log2(L), u = 2^-53 (the module's stated assumption).
     assert tilted.fft_error_factor(2**20) == pytest.approx(16 * 2.0**-53 * 20)
-    assert tilted.summation_margin(1000) == pytest.approx(4 * 1002 * 2.0**-53)
+    assert envelope.summation_margin(1000) == pytest.approx(4 * 1002 * 2.0**-53)

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from dpfl._validate import check_count, check_delta, check_nonnegative
+from dpfl.accounting import discretise, gaussian, mixture, pld, refine, schemes
 from dpfl.accounting import events as ev
-from dpfl.accounting import gaussian, mixture, pld, schemes
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.accounting.bounds import Bound
 from dpfl.accounting.pricing import (
@@ -181,7 +181,7 @@ class Accountant:
         if exact is not None:
             return exact
         try:
-            result = pld.refine_parts(
+            result = refine.refine_parts(
                 self._parts,
                 delta=delta,
                 epsilon=epsilon,
@@ -193,7 +193,7 @@ class Accountant:
                 max_grid_points=self.max_support,
                 resolution=self.resolution,
             )
-        except (MemoryError, pld.LossTailTooHeavy) as exc:
+        except (MemoryError, discretise.LossTailTooHeavy) as exc:
             # Last resort (the composition cap should prevent a MemoryError; a
             # too-heavy tail is too little noise): a closed upper value, and
             # only the trivial 0 below, said so by the name.
@@ -355,7 +355,7 @@ def _default_discretization(
 def _start_grid(event: ev.Event, count: int, tolerance: float) -> float:
     """A grid whose bracket is about ``tolerance`` wide; refinement goes finer.
 
-    :func:`dpfl.accounting.pld.start_discretization`, except for the
+    :func:`dpfl.accounting.refine.start_discretization`, except for the
     symmetrised subsampling-without-replacement PLDs.
     """
     inner = event.event if isinstance(event, ev.SelfComposed) else event
@@ -372,7 +372,7 @@ def _start_grid(event: ev.Event, count: int, tolerance: float) -> float:
         # (about 2e-3 relative at 1e-2, 1e-4 at 3e-3), and their cost grows
         # as 1/h.
         return 1e-2 if tolerance >= 5e-3 else 1e-3
-    return pld.start_discretization(tolerance)
+    return refine.start_discretization(tolerance)
 
 
 def _gaussian_mu(items: list[tuple[ev.Event, int]]) -> float | None:

@@ -47,7 +47,7 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
-from dpfl.accounting import composition, fdp, gaussian, pricing, schemes
+from dpfl.accounting import composition, gaussian, pricing, schemes, subsampled
 from dpfl.accounting import events as ev
 from dpfl.accounting._quiet import quiet
 from dpfl.errors import InvalidParameterError
@@ -780,7 +780,7 @@ def pld_subsampled_local(
     dlt = check_delta("delta", delta)
     h = check_positive("value_discretization_interval", value_discretization_interval)
     mu0 = 2.0 / z
-    one = fdp.subsampled_gaussian_pld(
+    one = subsampled.subsampled_gaussian_pld(
         noise_multiplier=1.0 / mu0, sampling_probability=g, value_discretization=h
     )
     with quiet():

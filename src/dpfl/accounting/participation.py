@@ -83,7 +83,7 @@ from typing import Any
 
 import numpy as np
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
-from scipy import optimize, special, stats
+from scipy import optimize, special
 
 from dpfl._validate import (
     check_count,
@@ -92,16 +92,18 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
+from dpfl.accounting import discretise as _discretise
 from dpfl.accounting import events as ev
-from dpfl.accounting import pld as _pld
+from dpfl.accounting import hockey as _hockey
 from dpfl.accounting import pricing
+from dpfl.accounting import refine as _refine
 from dpfl.accounting.bounds import Bound
+from dpfl.accounting.rp_labels import _binomial_weights, _labels, _round_curves
 from dpfl.errors import InvalidParameterError, UnsupportedEventError
 
 __all__ = [
     "ANALYSES",
     "PAPER_WARNING",
-    "configuration_search_lower_bound",
     "delta",
     "epsilon",
     "participation_pld",
@@ -121,8 +123,6 @@ PAPER_WARNING = (
     "rate-pq subsampled Gaussian). dpfl reports it for comparison only; the "
     "default analysis 'sound' (the two-sided conditional pair) is a proven bound."
 )
-
-_LABEL_CUT = 1e-30  # labels / components below this weight are dropped
 
 
 # --------------------------------------------------------------------------
@@ -176,22 +176,6 @@ def _wcs_delta(eps: float, p: float, q: float, sigma: float) -> float:
     return pq * _gaussian_delta(eps2, sigma)
 
 
-def _binomial_weights(
-    d: int, q: float, cut: float = _LABEL_CUT
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """Labels ``i`` with ``Binom(i; d, q) >= cut``, their weights, dropped mass."""
-    i = np.arange(d + 1)
-    w = stats.binom.pmf(i, d, q) if d > 0 else np.ones(1)
-    keep = np.nonzero(w >= cut * max(float(w.max()), 1e-300))[0]
-    lo, hi = int(keep[0]), int(keep[-1])  # unimodal: the kept labels are a range
-    # the mass outside from the tails themselves, not 1 - sum (whose rounding,
-    # ~1e-16, composed over many rounds would swamp a delta of 1e-15)
-    dropped = (
-        float(stats.binom.cdf(lo - 1, d, q) + stats.binom.sf(hi, d, q)) if d else 0.0
-    )
-    return i[lo : hi + 1], w[lo : hi + 1], dropped
-
-
 def _paper_theorem_delta(eps: float, p: float, q: float, d: int, sigma: float) -> float:
     """Theorem 4.1 literally: pq * integral of the bracket's positive part."""
     pq = p * q
@@ -211,7 +195,7 @@ def _paper_theorem_delta(eps: float, p: float, q: float, d: int, sigma: float) -
     # express as (a, b) with a - b = c at x = e^0 = 1 for _hockey_rows
     a = np.maximum(c, 0.0)[None, :]
     b = np.maximum(-c, 0.0)[None, :]
-    dlt, _, _, _ = _pld._hockey_rows(  # pylint: disable=protected-access
+    dlt, _, _, _ = _hockey._hockey_rows(  # pylint: disable=protected-access
         uniq[None, :], a, b, a - b, np.zeros(1), sigma
     )
     return float(pq * dlt[0])
@@ -222,108 +206,12 @@ def _paper_theorem_delta(eps: float, p: float, q: float, d: int, sigma: float) -
 # --------------------------------------------------------------------------
 
 
-def _aligned(i: float, p: float, q: float) -> _pld.MixturePair:
-    """Companions' sum at ``i`` and the record pointing on: means (0, i, i + 1)."""
-    return _pld.MixturePair.create(
-        [0.0, i, i + 1.0, 0.0, i],
-        [1 - p, p * (1 - q), p * q, 0.0, 0.0],
-        [0.0, 0.0, 0.0, 1 - p, p],
-    )
-
-
-def _anti_aligned(i: float, p: float, q: float) -> _pld.MixturePair:
-    """Companions' sum at ``i`` and the record pointing back: means (0, i, i - 1)."""
-    return _pld.MixturePair.create(
-        [0.0, i, i - 1.0, 0.0, i],
-        [1 - p, p * (1 - q), p * q, 0.0, 0.0],
-        [0.0, 0.0, 0.0, 1 - p, p],
-    )
-
-
-def _worst_labels(
-    p: float, q: float, d: int
-) -> tuple[list[tuple[float, tuple[_pld.MixturePair, _pld.MixturePair]]], float]:
-    """``sound``: per label, the two configurations whose maximum is the worst case.
-
-    Label ``i`` (weight ``Binom(i; d, q)``) is the number of the client's other
-    records that would be sampled. Its supremum curve over every gradient
-    configuration is the pointwise maximum of the aligned and the anti-aligned
-    pair's curves, in each direction (see the module docstring).
-    """
-    idx, w, dropped = _binomial_weights(d, q)
-    labels = [
-        (float(wi), (_aligned(float(i), p, q), _anti_aligned(float(i), p, q)))
-        for i, wi in zip(idx, w)
-    ]
-    return labels, dropped
-
-
-def _labels(
-    analysis: str, p: float, q: float, d: int
-) -> tuple[list[tuple[float, _pld.MixturePair]], float]:
-    """One round as a label mixture of Gaussian-mixture pairs (C = 1).
-
-    For ``sound`` these are the aligned pairs (the remove direction's worst
-    case and a real configuration, hence a lower bound in either direction).
-    """
-    mp = _pld.MixturePair.create
-    if analysis == "sound":
-        idx, w, dropped = _binomial_weights(d, q)
-        return [(float(wi), _aligned(float(i), p, q)) for i, wi in zip(idx, w)], dropped
-    if analysis == "wcs":
-        labels = [(p, mp([0.0, 1.0], [1 - q, q], [1.0, 0.0]))]
-        if p < 1:
-            labels.append((1 - p, mp([0.0], [1.0], [1.0])))
-        return labels, 0.0
-    if analysis == "ols":
-        return [(1.0, mp([0.0, 1.0], [1 - q, q], [1.0, 0.0]))], 0.0
-    if analysis == "cs":
-        return [(1.0, mp([0.0, 1.0], [1 - p * q, p * q], [1.0, 0.0]))], 0.0
-    # paper: the collinear pair P, Q of docs/analyses.md (one label)
-    idx, w, dropped = _binomial_weights(d, q)
-    w = w / math.fsum(w)
-    means = np.concatenate([[0.0], idx, idx + 1.0, [0.0], idx, idx + 1.0])
-    wp = np.concatenate([[1 - p], p * (1 - q) * w, p * q * w, [0.0], 0 * w, 0 * w])
-    wq = np.concatenate([[0.0], 0 * w, 0 * w, [1 - p], p * w, 0 * w])
-    return [(1.0, mp(means, wp, wq))], dropped
-
-
-def _sound_curves(
-    p: float, q: float, d: int, sigma: float
-) -> tuple[tuple[_pld.CurveFn, _pld.CurveFn], tuple[_pld.CurveFn, _pld.CurveFn], float]:
-    """``sound``'s curves: (upper remove, upper add), (lower remove, lower add).
-
-    Upper: the mixed per-label supremum curves. Lower: the aligned label
-    mixture (remove) and the anti-aligned one (add), real configurations that
-    the upper pair dominates at every epsilon.
-    """
-    worst, dropped = _worst_labels(p, q, d)
-    anti = [(w, alts[1]) for w, alts in worst]
-    aligned = [(w, alts[0]) for w, alts in worst]
-    nan = np.full(1, np.nan)
-
-    def sup(swap: bool) -> _pld.CurveFn:
-        def curve(e: np.ndarray) -> tuple[np.ndarray, ...]:
-            dlt, out = _pld.label_sup_delta(worst, e, noise_std=sigma, swap=swap)
-            return dlt, nan, nan, out
-
-        return curve  # type: ignore[return-value]
-
-    def mix(labels: list[tuple[float, _pld.MixturePair]], swap: bool) -> _pld.CurveFn:
-        def curve(e: np.ndarray) -> tuple[np.ndarray, ...]:
-            return _pld.label_mixture_delta(labels, e, noise_std=sigma, swap=swap)
-
-        return curve  # type: ignore[return-value]
-
-    return (sup(False), sup(True)), (mix(aligned, False), mix(anti, True)), dropped
-
-
 def _add_direction_delta(
     eps: float, analysis: str, p: float, q: float, d: int, sigma: float
 ) -> float:
     labels, _ = _labels(analysis, p, q, d)
     return float(
-        _pld.label_mixture_delta(labels, [eps], noise_std=sigma, swap=True)[0][0]
+        _hockey.label_mixture_delta(labels, [eps], noise_std=sigma, swap=True)[0][0]
     )
 
 
@@ -343,9 +231,11 @@ def _round_delta(
         # the theorem as printed: its remove direction, every root
         return _paper_theorem_delta(eps, p, q, d, sigma)
     if analysis == "sound":
-        curves, _, dropped = _sound_curves(p, q, d, sigma)
+        rc = _round_curves(analysis, p, q, d, sigma)
         e = np.array([eps])
-        rem, add = (float(c(e)[0][0]) + dropped for c in curves)
+        rem, add = (
+            float(rc.upper(swap)(e)[0][0]) + rc.dropped for swap in (False, True)
+        )
     else:
         add = _add_direction_delta(eps, analysis, p, q, d, sigma)
         if analysis == "wcs":
@@ -501,7 +391,7 @@ def start_step(rounds: int, tolerance: float) -> float:
     Notes
     -----
     One round's losses are small (most mass within about ``p q`` of 0), so
-    the generic second-order rule (:func:`dpfl.accounting.pld.start_discretization`)
+    the generic second-order rule (:func:`dpfl.accounting.refine.start_discretization`)
     starts far too coarse here and refines many times; 1e-5 converges in one or
     two steps at 1e4 rounds (measured: 3 s against 7 s). The composed PMF grows
     with the rounds over the step, so the step grows with sqrt(rounds) beyond
@@ -509,7 +399,7 @@ def start_step(rounds: int, tolerance: float) -> float:
     """
     return float(
         min(
-            _pld.start_discretization(tolerance),
+            _refine.start_discretization(tolerance),
             _DEFAULT_H * max(1.0, math.sqrt(rounds / 1e4)),
         )
     )
@@ -576,20 +466,16 @@ def _builder(
     sigma: float,
     which: tuple[bool, ...] = (True, False),
 ) -> Callable[[float], tuple[PrivacyLossDistribution, PrivacyLossDistribution]]:
-    if analysis == "sound":
-        upper, lower, dropped = _sound_curves(p, q, d, sigma)
-    else:
-        labels, dropped = _labels(analysis, p, q, d)
-        upper = (
-            lambda e: _pld.label_mixture_delta(labels, e, noise_std=sigma),
-            lambda e: _pld.label_mixture_delta(labels, e, noise_std=sigma, swap=True),
-        )
-        lower = None
+    rc = _round_curves(analysis, p, q, d, sigma)
+    upper = (rc.upper(False), rc.upper(True))
+    lo_rem, lo_add = rc.lower(False), rc.lower(True)
+    lower = None if lo_rem is None or lo_add is None else (lo_rem, lo_add)
+    dropped = rc.dropped
 
     def build(h: float) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return _pld.pld_bounds_from_curves(
+            return _discretise.pld_bounds_from_curves(
                 upper,
                 lower,
                 value_discretization=h,
@@ -630,7 +516,7 @@ noise_multiplier, analysis
         size cap is hit).
     resolution : float, optional
         Or until ``upper - lower <= resolution`` (see
-        :func:`dpfl.accounting.pld.refine_bound`; calibration sets it).
+        :func:`dpfl.accounting.refine.refine_bound`; calibration sets it).
 
     Returns
     -------
@@ -649,7 +535,7 @@ noise_multiplier, analysis
     rounds = check_count("rounds", rounds, minimum=1)
     sigma = check_positive("noise_multiplier", noise_multiplier)
     try:
-        res = _pld.refine_bound(
+        res = _refine.refine_bound(
             _builder(analysis, p, q, d, sigma),
             count=rounds,
             delta=delta,
@@ -657,7 +543,9 @@ noise_multiplier, analysis
             initial_discretization=start_step(rounds, tolerance),
             resolution=resolution,
         )
-    except _pld.LossTailTooHeavy:  # too little noise: no finite epsilon certified
+    except (
+        _discretise.LossTailTooHeavy
+    ):  # too little noise: no finite epsilon certified
         return Bound.trivial(for_delta=False)
     return res.bound
 
@@ -704,14 +592,14 @@ noise_multiplier, analysis
     rounds = check_count("rounds", rounds, minimum=1)
     sigma = check_positive("noise_multiplier", noise_multiplier)
     try:
-        res = _pld.refine_bound(
+        res = _refine.refine_bound(
             _builder(analysis, p, q, d, sigma),
             count=rounds,
             epsilon=eps,
             tolerance=tolerance,
             initial_discretization=start_step(rounds, tolerance),
         )
-    except _pld.LossTailTooHeavy:  # too little noise: only delta <= 1 holds
+    except _discretise.LossTailTooHeavy:  # too little noise: only delta <= 1 holds
         return Bound.trivial(for_delta=True)
     return res.bound
 
@@ -719,152 +607,6 @@ noise_multiplier, analysis
 # --------------------------------------------------------------------------
 # lower bound from a search over gradient configurations
 # --------------------------------------------------------------------------
-
-_GL_X, _GL_W = np.polynomial.legendre.leggauss(16)
-
-
-def _hockey_2d(
-    means: np.ndarray,
-    weights_p: np.ndarray,
-    weights_q: np.ndarray,
-    eps: float,
-    sigma: float,
-    panels: int = 10,
-) -> float:
-    """``D_{e^eps}(P || Q)`` for 2-D Gaussian mixtures with covariance sigma^2 I.
-
-    Exact in the first coordinate (all roots, :mod:`pld`), composite 16-point
-    Gauss-Legendre in the second over ``[min - 12 sigma, max + 12 sigma]``.
-    """
-    u = means[:, 0]
-    v = means[:, 1]
-    order = np.argsort(u, kind="stable")
-    u, v = u[order], v[order]
-    a0, b0 = weights_p[order], weights_q[order]
-    # merge equal first coordinates per quadrature node by keeping columns
-    # separate is not allowed (distinct means required): group them.
-    uniq, inv = np.unique(np.round(u, 12), return_inverse=True)
-    lo, hi = v.min() - 12 * sigma, v.max() + 12 * sigma
-    edges = np.linspace(lo, hi, panels + 1)
-    mid = 0.5 * (edges[1:] + edges[:-1])
-    half = 0.5 * (edges[1:] - edges[:-1])
-    nodes = (mid[:, None] + half[:, None] * _GL_X[None, :]).ravel()
-    wts = (half[:, None] * _GL_W[None, :]).ravel()
-    dens = stats.norm.pdf(nodes[:, None], loc=v[None, :], scale=sigma)  # (n, K)
-    a = np.zeros((nodes.size, uniq.size))
-    b = np.zeros((nodes.size, uniq.size))
-    for col in range(u.size):
-        a[:, inv[col]] += a0[col] * dens[:, col]
-        b[:, inv[col]] += b0[col] * dens[:, col]
-    m = np.broadcast_to(uniq, a.shape)
-    dl, _, _, _ = _pld._hockey_rows(  # pylint: disable=protected-access
-        m, a, b, a - b, np.full(nodes.size, eps), sigma
-    )
-    return float(np.dot(wts, dl))
-
-
-def _configuration_delta(
-    theta: float, radius: float, eps: float, p: float, q: float, d: int, sigma: float
-) -> float:
-    """Delta of the real mechanism for one configuration of gradients.
-
-    Every companion has gradient ``radius * (cos theta, sin theta)``; the
-    target record has ``(1, 0)``.
-    """
-    # companions' counts below 1e-17 relative weight change delta by less
-    # than 1e-17 (this is a lower bound: dropping them is harmless)
-    idx, w, _ = _binomial_weights(d, q, cut=1e-17)
-    w = w / w.sum()
-    g = radius * np.array([math.cos(theta), math.sin(theta)])
-    base = idx[:, None] * g[None, :]
-    means = np.concatenate([[[0.0, 0.0]], base, base + [1.0, 0.0]])
-    wp = np.concatenate([[1 - p], p * (1 - q) * w, p * q * w])
-    wq = np.concatenate([[1 - p], p * w, 0 * w])
-    rem = _hockey_2d(means, wp, wq, eps, sigma)
-    add = _hockey_2d(means, wq, wp, eps, sigma)
-    return max(rem, add)
-
-
-def configuration_search_lower_bound(
-    *,
-    participation_probability: float,
-    record_probability: float,
-    records_per_client: int,
-    noise_multiplier: float,
-    epsilon: float,
-    angles: int = 13,
-    radii: int = 5,
-    refine: bool = True,
-) -> float:
-    """Per-round delta lower bound from the worst of a set of gradient configurations.
-
-    Every companion record of the neighbouring client gets the same gradient
-    ``r (cos t, sin t)`` (``0 <= r <= 1``, angle ``t`` to the target record's
-    unit gradient); the real mechanism's output pair (no labels, nothing
-    given to the adversary) is then a pair of 2-D Gaussian mixtures, whose
-    hockey-stick divergence is integrated exactly along the target direction
-    and by Gauss-Legendre quadrature across it. Any configuration is a valid
-    instance, so the maximum over the grid (refined locally) is a lower bound
-    on the true worst-case per-round delta. ``r = 0`` is CS; ``t = 0, r = 1``
-    is the collinear pair of Theorem 4.1.
-
-    Parameters
-    ----------
-    participation_probability, record_probability, records_per_client, \
-noise_multiplier
-        As in :func:`round_delta`.
-    epsilon : float
-        Per-round epsilon (>= 0).
-    angles, radii : int, optional
-        Grid sizes of the search over ``t in [0, pi]`` and ``r in (0, 1]``.
-    refine : bool, optional
-        Polish the best grid point with Nelder-Mead (slower, tighter).
-
-    Returns
-    -------
-    float
-        The largest delta found (a lower bound on the worst case).
-
-    Raises
-    ------
-    InvalidParameterError
-        If a parameter is out of range.
-    """
-    p, q, d, _ = _check_scheme(
-        participation_probability, record_probability, records_per_client, "sound"
-    )
-    sigma = check_positive("noise_multiplier", noise_multiplier)
-    eps = check_nonnegative("epsilon", epsilon)
-    check_count("angles", angles, minimum=2)
-    check_count("radii", radii, minimum=1)
-    best = _round_delta(eps, "cs", p, q, d, sigma)  # r = 0
-    best_t, best_r = 0.0, 0.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for t in np.linspace(0.0, math.pi, angles):
-            for r in np.linspace(1.0 / radii, 1.0, radii):
-                val = _configuration_delta(float(t), float(r), eps, p, q, d, sigma)
-                if val > best:
-                    best, best_t, best_r = val, float(t), float(r)
-        if refine and best_r > 0:
-            res = optimize.minimize(
-                lambda x: (
-                    -_configuration_delta(
-                        float(np.clip(x[0], 0, math.pi)),
-                        float(np.clip(x[1], 1e-6, 1.0)),
-                        eps,
-                        p,
-                        q,
-                        d,
-                        sigma,
-                    )
-                ),
-                x0=[best_t, best_r],
-                method="Nelder-Mead",
-                options={"xatol": 1e-4, "fatol": 1e-3 * best, "maxiter": 200},
-            )
-            best = max(best, -float(res.fun))
-    return float(best)
 
 
 # -- the price of a ClientPoisson round (registered with the Accountant) -------

@@ -36,8 +36,8 @@ from typing import TypeAlias
 
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
+from dpfl.accounting import discretise, hockey, pld
 from dpfl.accounting import events as ev
-from dpfl.accounting import pld
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.errors import UnsupportedEventError
 
@@ -183,9 +183,9 @@ def gaussian_pld_pair(
     of the true pair below, both second-order accurate in the grid step.
     """
     q = sampling_probability
-    pair = pld.MixturePair.create([0.0, 1.0], [1.0 - q, q], [1.0, 0.0])
+    pair = hockey.MixturePair.create([0.0, 1.0], [1.0 - q, q], [1.0, 0.0])
     with _quiet():
-        up, lo = pld.pld_bounds_from_label_mixture(
+        up, lo = discretise.pld_bounds_from_label_mixture(
             [(1.0, pair)],
             noise_std=noise_multiplier,
             value_discretization=discretization,

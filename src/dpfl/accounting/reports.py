@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from dpfl._validate import check_count, check_delta, check_positive
-from dpfl.accounting import checkin, fdp, rdp, schemes
+from dpfl.accounting import checkin, fdp, federated, rdp, schemes, subsampled
 from dpfl.accounting import events as ev
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.errors import DpflError, InvalidParameterError
@@ -209,8 +209,8 @@ def prifedsync_report(
     the number of compositions, so the least private client is the one that
     synced most often (``R_max`` rounds); ``ledger.client_epsilon`` of that
     client is the run's sound ε. It is reported beside the exact
-    :func:`~dpfl.accounting.fdp.weak_federated` and
-    :func:`~dpfl.accounting.fdp.strong_federated` guarantees for
+    :func:`~dpfl.accounting.federated.weak_federated` and
+    :func:`~dpfl.accounting.federated.strong_federated` guarantees for
     ``K · R_max`` steps and the paper's CLT μ (an approximation, not a
     bound), at ``R_max`` and at the total number of rounds ``R`` (the
     paper's tables charge every client all ``R`` rounds).
@@ -266,14 +266,16 @@ def prifedsync_report(
         "records_per_client": int(records_per_client),
         "local_steps": int(local_steps),
     }
-    weak = fdp.weak_federated(
+    weak = federated.weak_federated(
         rounds=r_max,
         delta=d,
         num_clients=num_clients if num_clients >= 2 else None,
         **common,
     )
     strong = (
-        fdp.strong_federated(rounds=r_max, delta=d, num_clients=num_clients, **common)
+        federated.strong_federated(
+            rounds=r_max, delta=d, num_clients=num_clients, **common
+        )
         if num_clients >= 2
         else None
     )
@@ -284,7 +286,7 @@ def prifedsync_report(
         "rounds": ledger.rounds,
         "max_client_rounds": r_max,
         "least_private_client": least,
-        "mu_effective": fdp.mu_effective(epsilon=eps.upper, delta=d),
+        "mu_effective": subsampled.mu_effective(epsilon=eps.upper, delta=d),
         "mu_clt": weak.values["mu_clt"],
         "mu_clt_all_rounds": fdp.clt_mu(rounds=ledger.rounds, **common),
         "epsilon_clt": weak.values["epsilon_clt"],

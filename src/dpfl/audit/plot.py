@@ -78,7 +78,8 @@ def plot_tradeoff(audit: TrainingAudit, path: str | Path) -> list[Path]:
         g = special.ndtr(special.ndtri(1.0 - alpha) - mu)
         ax.plot(alpha, g, color="C2", ls="--", label=f"Gaussian DP, μ = {mu:.3g}")
     elif audit.out_value == 0.0:
-        from dpfl.accounting.fdp import subsampled_gaussian_pld, tradeoff_from_deltas
+        from dpfl.accounting.fdp import tradeoff_from_deltas
+        from dpfl.accounting.subsampled import subsampled_gaussian_pld
 
         pld = subsampled_gaussian_pld(
             noise_multiplier=audit.noise_multiplier,

@@ -194,10 +194,10 @@ def _rp_sigma(d: int, p: float, q: float, analysis: str) -> float | str:
 
 def _configurations(d: int, sigma: float, p: float, q: float) -> float:
     """δ at ε = 0.015 of concrete gradient configurations (a coarse 5×3 grid)."""
-    from dpfl.accounting import participation
+    from dpfl.accounting import rp_search
 
     kw = {k: v for k, v in _kw(d, sigma, "", p, q).items() if k != "analysis"}
-    return participation.configuration_search_lower_bound(
+    return rp_search.configuration_search_lower_bound(
         **kw, epsilon=0.015, angles=5, radii=3, refine=False
     )
 

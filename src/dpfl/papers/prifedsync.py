@@ -115,7 +115,7 @@ def _notes(a: argparse.Namespace, mu: float) -> list[str]:
 
 def account(a: argparse.Namespace) -> Report:
     """``dpfl account prifedsync``: the exact ε beside the paper's CLT μ."""
-    from dpfl.accounting import fdp, gaussian
+    from dpfl.accounting import gaussian, subsampled
 
     e = event(a, a.noise_multiplier)
     mu = _clt(a, a.noise_multiplier)
@@ -124,7 +124,7 @@ def account(a: argparse.Namespace) -> Report:
     rows = [clt_row]
     if a.analysis == "exact" or not a.json:
         value: dict[str, Any] = report.bound(e, a.rounds, None, delta=a.delta)
-        value["mu_effective"] = fdp.mu_effective(
+        value["mu_effective"] = subsampled.mu_effective(
             epsilon=value["epsilon"], delta=a.delta
         )
         rows.insert(0, {**value, **report.terms(e, None), "analysis": "exact"})
@@ -219,7 +219,7 @@ _FDP_WHY = "CLT μ is an approximation, not a bound; the certified figure is the
 def _fdp_row(
     p: float, sigma: float, b: int, k: int, r: int, n: int, printed: float
 ) -> list[Any]:
-    from dpfl.accounting import fdp
+    from dpfl.accounting import fdp, subsampled
 
     kw: dict[str, Any] = {
         "noise_multiplier": sigma,
@@ -229,7 +229,7 @@ def _fdp_row(
         "rounds": r,
     }
     mu = fdp.clt_mu(**kw)
-    exact = fdp.exact_epsilon(1e-5, **kw)
+    exact = subsampled.exact_epsilon(1e-5, **kw)
     agree = agrees(printed, mu) if abs(mu - printed) > 0.005 else True
     return [
         p,
@@ -241,7 +241,7 @@ def _fdp_row(
         mu,
         agree,
         exact.upper,
-        fdp.mu_effective(epsilon=exact.upper, delta=1e-5),
+        subsampled.mu_effective(epsilon=exact.upper, delta=1e-5),
         "agrees (2 decimals); " + _FDP_WHY if agree else _FDP_WHY,
     ]
 
@@ -355,7 +355,7 @@ def _fdp_figures() -> list[Figure]:
         ax.legend(fontsize="small")
 
     def clt_vs_exact(fig: Any) -> None:
-        from dpfl.accounting import fdp, gaussian, pld
+        from dpfl.accounting import fdp, gaussian, pld, subsampled
 
         panels = axes(fig, 2)
         alpha = np.logspace(-8, 0, 300)
@@ -374,7 +374,7 @@ def _fdp_figures() -> list[Figure]:
                 rounds=r,
             )
             dist = pld.self_compose(
-                fdp.subsampled_gaussian_pld(
+                subsampled.subsampled_gaussian_pld(
                     noise_multiplier=s, sampling_probability=b / n
                 ),
                 k * r,
