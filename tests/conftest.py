@@ -5,14 +5,25 @@ A run's secret key comes from the operating system's CSPRNG
 on other noise. Tests get keys derived from their id and a counter instead:
 each test is deterministic, every key it makes is distinct, and the secure
 noise code paths run as they do in a real run.
+
+Under pytest-xdist each worker runs torch on one thread.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 
 import pytest
+
+
+def pytest_configure(config):
+    # Under pytest-xdist (`-n 2`, as .ci/run runs) each worker has a core of
+    # its own: one torch thread per worker, not two workers each spreading
+    # over every core. Set before torch is imported; an explicit setting wins.
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)

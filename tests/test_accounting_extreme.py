@@ -33,7 +33,7 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize, special, stats
 
-from dpfl.accounting import discretise, hockey, pld
+from dpfl.accounting import discretise, hockey, pld, refine
 from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.events import Gaussian, PoissonSampled
 
@@ -285,7 +285,7 @@ def test_memory_error_falls_back_to_rdp_labelled_without_lower(monkeypatch):
     def boom(*args, **kwargs):
         raise MemoryError
 
-    monkeypatch.setattr(pld, "refine_parts", boom)
+    monkeypatch.setattr(refine, "refine_parts", boom)
     b = _bound(1.0, 0.01, 1_000, 1e-6)
     assert b.method == "rdp-fallback-no-lower"
     assert b.lower == 0.0

@@ -186,7 +186,10 @@ def test_train_out_and_ctrl_c_exit_130(tmp_path, monkeypatch, capsys) -> None:
 
     monkeypatch.setattr(runner, "run", interrupted)
     assert main(["train", str(PRESET)]) == 130
-    assert capsys.readouterr().err.strip() == "dpfl: interrupted"
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dpfl: interrupted;") and err.endswith(
+        "continue or finish the run with: dpfl resume runs/dp-fedavg-digits"
+    )
 
 
 #: dpfl's own source first on the path, wherever the test runs from.
