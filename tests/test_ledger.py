@@ -278,14 +278,14 @@ def _reference_spend(ledger, analysis):
     # own cost; every other round is charged to everyone.
     from collections import Counter
 
-    from dpfl.accounting import schemes
+    from dpfl.accounting import costs, schemes
 
     common, units = Counter(), {}
     for entry in ledger.entries:
         if entry.participants is not None and schemes.per_participant(
             entry.event, analysis
         ):
-            for unit, cost in schemes.charges(
+            for unit, cost in costs.charges(
                 entry.event, entry.participants, entry.extra
             ).items():
                 units.setdefault(unit, Counter())[canonical(cost)] += 1

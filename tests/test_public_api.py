@@ -14,6 +14,7 @@ MODULES = [
     "dpfl.accounting.calibrate",
     "dpfl.accounting.checkin",
     "dpfl.accounting.composition",
+    "dpfl.accounting.costs",
     "dpfl.accounting.events",
     "dpfl.accounting.fdp",
     "dpfl.accounting.gaussian",

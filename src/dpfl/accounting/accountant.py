@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from dpfl._validate import check_count, check_delta, check_nonnegative
-from dpfl.accounting import discretise, gaussian, mixture, pld, refine, schemes
+from dpfl.accounting import costs, discretise, gaussian, mixture, pld, refine, schemes
 from dpfl.accounting import events as ev
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.accounting.bounds import Bound
@@ -300,7 +300,7 @@ def _mixture_part(
     elif not isinstance(event, ev.TwoStage):
         return None
     weights, ups, lows, powers = [], [], [], []
-    for weight, cost in exclusive(schemes.participant_costs(event)):
+    for weight, cost in exclusive(costs.participant_costs(event)):
         if weight <= 0:
             continue
         steps = 1
@@ -449,7 +449,7 @@ def _public_gaussian_roles(
     elif not isinstance(event, ev.TwoStage):
         return None
     roles = []
-    for weight, cost in exclusive(schemes.participant_costs(event)):
+    for weight, cost in exclusive(costs.participant_costs(event)):
         mu2 = _gaussian_mu2(cost)
         if mu2 is None:
             return None

@@ -47,7 +47,7 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
-from dpfl.accounting import composition, gaussian, pricing, schemes, subsampled
+from dpfl.accounting import composition, costs, gaussian, pricing, subsampled
 from dpfl.accounting import events as ev
 from dpfl.accounting._quiet import quiet
 from dpfl.errors import InvalidParameterError
@@ -796,9 +796,9 @@ def _price_check_in(
     if analysis == "paper":
         # The paper's amplification by the check-in probability: every round's
         # replace-one release Poisson(p)-subsampled (not a valid bound).
-        cost, _ = schemes.participant_costs(event)["participant"]
+        cost, _ = costs.participant_costs(event)["participant"]
         return pricing.poisson_of_gaussian(event.probability, cost, discretization)
     # The server sees who checked in: w.p. p the full release, else nothing.
     return pricing.public_mixture(
-        pricing.exclusive(schemes.participant_costs(event)), "exact", discretization
+        pricing.exclusive(costs.participant_costs(event)), "exact", discretization
     )

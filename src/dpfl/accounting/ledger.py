@@ -63,8 +63,8 @@ from typing import Any, ClassVar
 from dpfl._files import digest as _digest
 from dpfl._files import fault
 from dpfl._validate import check_delta, check_positive
+from dpfl.accounting import costs, gaussian, schemes
 from dpfl.accounting import events as ev
-from dpfl.accounting import gaussian, schemes
 from dpfl.accounting.accountant import Accountant, composed_epsilon
 from dpfl.accounting.accountant import _gaussian_mu2 as _accountant_mu2
 from dpfl.accounting.bounds import Bound
@@ -233,9 +233,9 @@ class _Spend:
                 entry.event, self.analysis
             ):
                 interned: dict[int, int] = {}  # id(cost) -> event id, this round
-                costs = schemes.charges(entry.event, entry.participants, entry.extra)
+                paid = costs.charges(entry.event, entry.participants, entry.extra)
                 charge = self._charge
-                for unit, cost in costs.items():
+                for unit, cost in paid.items():
                     key = interned.get(id(cost))
                     if key is None:
                         key = interned[id(cost)] = self._intern(canonical(cost))
@@ -739,8 +739,8 @@ class PrivacyLedger:
             return
         spend = self._summary(self.analysis)
         if schemes.per_participant(event, self.analysis):
-            costs = schemes.participant_costs(event)
-            nxt = canonical(next(iter(costs.values()))[0])
+            roles = costs.participant_costs(event)
+            nxt = canonical(next(iter(roles.values()))[0])
         else:
             nxt = canonical(event)
         for own in spend.front():
