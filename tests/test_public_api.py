@@ -13,6 +13,7 @@ MODULES = [
     "dpfl.accounting.bounds",
     "dpfl.accounting.calibrate",
     "dpfl.accounting.checkin",
+    "dpfl.accounting.checkin_global",
     "dpfl.accounting.composition",
     "dpfl.accounting.costs",
     "dpfl.accounting.events",

@@ -4,7 +4,8 @@ Events describe a round, the :class:`Accountant` prices them as certified
 upper and lower bounds, and the :class:`PrivacyLedger` records a run's spend.
 Each paper's analyses live in their own module: :mod:`.participation`
 (random participation), :mod:`.fdp` (federated f-DP / PriFedSync),
-:mod:`.rdp` (client-level DP-FedAvg, LOCKS), :mod:`.checkin` (MS-PAFL),
+:mod:`.rdp` (client-level DP-FedAvg, LOCKS), :mod:`.checkin` and
+:mod:`.checkin_global` (MS-PAFL),
 :mod:`.checkins_balle` (Balle et al. 2020's random check-ins, the comparison
 of random participation's Figure 4),
 :mod:`.gaussian`, :mod:`.composition`, :mod:`.pld` and :mod:`.calibrate`;
