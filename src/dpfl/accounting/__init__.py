@@ -28,6 +28,7 @@ from dpfl.accounting.calibrate import (
     calibrate_sampling_rate,
     solve_noise_multiplier,
 )
+from dpfl.accounting.chain import LedgerEntry
 from dpfl.accounting.cohorts import CohortRecordPoisson
 from dpfl.accounting.events import (
     CheckIn,
@@ -45,7 +46,7 @@ from dpfl.accounting.events import (
     scale_noise,
 )
 from dpfl.accounting.guards import Guard, MomentsAccountantGuard, RdpGuard
-from dpfl.accounting.ledger import Budget, LedgerEntry, PrivacyLedger
+from dpfl.accounting.ledger import Budget, PrivacyLedger
 from dpfl.accounting.pricing import price, prices
 from dpfl.accounting.schemes import Analysis, Scheme, describe, scheme_of
 
