@@ -10,8 +10,9 @@ import pytest
 import torch
 from scipy import stats
 
+from dpfl.audit.canaries import canary_run
 from dpfl.audit.onerun import one_run_epsilon, one_run_guesses, one_run_p_value
-from dpfl.audit.training import audit_training, canary_run
+from dpfl.audit.training import audit_training
 from dpfl.cli.main import main
 from dpfl.data import get_dataset
 from dpfl.errors import InvalidParameterError

@@ -1,4 +1,4 @@
-"""Tests for dpfl.accounting.checkin (MS-PAFL, docs/analyses.md)."""
+"""Tests for dpfl.accounting.checkin and .checkin_global (MS-PAFL, docs/analyses.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import mpmath
 import pytest
 from scipy import stats
 
-from dpfl.accounting import checkin, composition, reports
+from dpfl.accounting import checkin, checkin_global, composition, reports
 from dpfl.errors import InvalidParameterError
 
 # docs/analyses.md example, reverse-engineered (notes/checkin.md): local
@@ -84,10 +84,10 @@ def test_amplified_closed_form():
 # --- Theorem 2 / Corollary 1 -------------------------------------------------
 def test_spec_1_3_item_4_tail_values():
     # docs/analyses.md (K = 1000, p = 0.1, ξ = 0.5): Hoeffding 1.3e-2, exact 2.8e-9.
-    hoeff = checkin.hoeffding_tail(clients=1000, probability=0.1, xi=0.5)
+    hoeff = checkin_global.hoeffding_tail(clients=1000, probability=0.1, xi=0.5)
     assert hoeff == pytest.approx(2 * math.exp(-5), rel=1e-12)  # 1.3476e-2
     assert f"{hoeff:.1e}" == "1.3e-02"
-    exact = checkin.binomial_tail(clients=1000, probability=0.1, xi=0.5)
+    exact = checkin_global.binomial_tail(clients=1000, probability=0.1, xi=0.5)
     # Witness: 40-digit mpmath sum of the Binomial(1000, 0.1) pmf for N <= 49.
     mpmath.mp.dps = 40
     witness = mpmath.fsum(
@@ -105,8 +105,10 @@ def test_spec_1_3_item_4_tail_values():
 @pytest.mark.parametrize("xi", [0.1, 0.3, 0.5, 0.9])
 def test_exact_tail_never_exceeds_hoeffding(clients, probability, xi):
     # Hoeffding's one-sided bound holds for the exact tail (an inequality).
-    exact = checkin.binomial_tail(clients=clients, probability=probability, xi=xi)
-    one_sided = checkin.hoeffding_tail(
+    exact = checkin_global.binomial_tail(
+        clients=clients, probability=probability, xi=xi
+    )
+    one_sided = checkin_global.hoeffding_tail(
         clients=clients, probability=probability, xi=xi, one_sided=True
     )
     assert exact <= one_sided * (1 + 1e-12)
@@ -114,7 +116,7 @@ def test_exact_tail_never_exceeds_hoeffding(clients, probability, xi):
 
 def test_binomial_tail_threshold_is_robust_to_round_off():
     # (1 - 0.7) * 100 * 0.1 = 3.0000000000000004 in floats; the event is N < 3.
-    value = checkin.binomial_tail(clients=100, probability=0.1, xi=0.7)
+    value = checkin_global.binomial_tail(clients=100, probability=0.1, xi=0.7)
     assert value == pytest.approx(stats.binom.cdf(2, 100, 0.1), rel=1e-12)
 
 
@@ -122,13 +124,13 @@ def test_central_round_hand_checked():
     # Corollary 1 (20a-b) evaluated independently in mpmath; rel 1e-12.
     # ε = 0.5, δ = 1e-5, K = 1000, p = 0.1, γ = 0.1, ξ = 0.5, exact tail.
     mpmath.mp.dps = 40
-    delta_h = checkin.binomial_tail(clients=1000, probability=0.1, xi=0.5)
+    delta_h = checkin_global.binomial_tail(clients=1000, probability=0.1, xi=0.5)
     eps_agg = mpmath.mpf("0.5") / mpmath.sqrt(50)  # 0.0707107
     p_gamma = mpmath.mpf("0.01")
     expected_eps = mpmath.log(1 + p_gamma * (mpmath.e**eps_agg - 1)) + mpmath.log(
         1 / (1 - mpmath.mpf(delta_h))
     )
-    eps_c, delta_c = checkin.central_round(
+    eps_c, delta_c = checkin_global.central_round(
         epsilon=0.5, delta=1e-5, clients=1000, probability=0.1, gamma=0.1, xi=0.5
     )
     assert eps_c == pytest.approx(float(expected_eps), rel=1e-12)  # 7.3244e-4
@@ -136,7 +138,7 @@ def test_central_round_hand_checked():
     assert delta_c == pytest.approx(1e-7 + delta_h, rel=1e-12)
     # Paper's Hoeffding tail: δ_c ≈ 1.35e-2, so 100 rounds give R δ_c > 1
     # (docs/analyses.md).
-    eps_h, delta_hoeff = checkin.central_round(
+    eps_h, delta_hoeff = checkin_global.central_round(
         epsilon=0.5,
         delta=1e-5,
         clients=1000,
@@ -153,7 +155,7 @@ def test_central_round_hand_checked():
 def test_central_round_first_order_approximation():
     # Eq. (21): ε_c ≈ γ ε sqrt(p/((1-ξ)K)) for small ε_agg; here ε_agg = 0.0224,
     # so the approximation is within 1.2% (e^x - 1 ≈ x (1 + x/2)).
-    eps_c, _ = checkin.central_round(
+    eps_c, _ = checkin_global.central_round(
         epsilon=0.5, delta=1e-5, clients=10_000, probability=0.1, gamma=0.1, xi=0.5
     )
     approx = 0.1 * 0.5 * math.sqrt(0.1 / (0.5 * 10_000))
@@ -164,19 +166,19 @@ def test_central_round_monotone():
     base = dict(
         epsilon=0.5, delta=1e-5, clients=1000, probability=0.1, gamma=0.1, xi=0.5
     )
-    eps0, _ = checkin.central_round(**base)
+    eps0, _ = checkin_global.central_round(**base)
     for key, larger in (("probability", 0.2), ("gamma", 0.2), ("epsilon", 0.8)):
-        assert checkin.central_round(**{**base, key: larger})[0] > eps0
-    assert checkin.central_round(**{**base, "clients": 4000})[0] < eps0
+        assert checkin_global.central_round(**{**base, key: larger})[0] > eps0
+    assert checkin_global.central_round(**{**base, "clients": 4000})[0] < eps0
 
 
 def test_central_round_rejects_invalid_classic_regime():
     with pytest.raises(InvalidParameterError, match="must be < 1"):
-        checkin.central_round(
+        checkin_global.central_round(
             epsilon=0.9, delta=1e-5, clients=2, probability=0.5, gamma=0.1, xi=0.5
         )
     with pytest.raises(InvalidParameterError, match="tail"):
-        checkin.central_round(
+        checkin_global.central_round(
             epsilon=0.5,
             delta=1e-5,
             clients=1000,
@@ -281,21 +283,21 @@ def test_sound_client_gdp():
 
 
 def test_global_total_methods():
-    eps_c, delta_c = checkin.central_round(
+    eps_c, delta_c = checkin_global.central_round(
         epsilon=0.5, delta=1e-5, clients=1000, probability=0.1, gamma=0.1, xi=0.5
     )
-    drv = checkin.global_total(
+    drv = checkin_global.global_total(
         eps_max=eps_c, delta_max=delta_c, rounds=500, delta_slack=1e-6
     )
     assert drv == composition.strong_drv(
         epsilon=eps_c, delta=delta_c, count=500, delta_slack=1e-6
     )
-    kov = checkin.global_total(
+    kov = checkin_global.global_total(
         eps_max=eps_c, delta_max=delta_c, rounds=500, delta_slack=1e-6, method="kov"
     )
     assert kov[0] <= drv[0] and kov[1] <= drv[1]
     with pytest.raises(InvalidParameterError, match="method"):
-        checkin.global_total(
+        checkin_global.global_total(
             eps_max=0.1, delta_max=1e-6, rounds=5, delta_slack=1e-6, method="rdp"
         )
 
@@ -317,12 +319,14 @@ def test_poisson_binomial_tail_equals_enumeration():
             z = np.array(pattern)
             if z.sum() < threshold:
                 ref += float(np.prod(np.where(z == 1, p, 1 - p)))
-        got = checkin.poisson_binomial_tail(probabilities=p, xi=xi)
+        got = checkin_global.poisson_binomial_tail(probabilities=p, xi=xi)
         assert got == pytest.approx(ref, abs=1e-12)
     # Equal p_j: the binomial tail (K = 1000, p = 0.1, ξ = 0.5: 2.787e-9).
-    uniform = checkin.poisson_binomial_tail(probabilities=np.full(1000, 0.1), xi=0.5)
+    uniform = checkin_global.poisson_binomial_tail(
+        probabilities=np.full(1000, 0.1), xi=0.5
+    )
     assert uniform == pytest.approx(
-        checkin.binomial_tail(clients=1000, probability=0.1, xi=0.5), rel=1e-9
+        checkin_global.binomial_tail(clients=1000, probability=0.1, xi=0.5), rel=1e-9
     )
 
 
@@ -332,10 +336,12 @@ def test_central_round_clients_reduces_to_uniform_and_orders_clients():
     # Uniform p, γ: eq. 19 is eq. 20 for every client and every tail (1e-12).
     for tail in ("binomial", "hoeffding", "hoeffding-one-sided"):
         kw = dict(epsilon=0.5, delta=1e-5, xi=0.5, tail=tail)
-        eps, dlt = checkin.central_round_clients(
+        eps, dlt = checkin_global.central_round_clients(
             probabilities=np.full(1000, 0.1), gammas=0.2, **kw
         )
-        ref = checkin.central_round(clients=1000, probability=0.1, gamma=0.2, **kw)
+        ref = checkin_global.central_round(
+            clients=1000, probability=0.1, gamma=0.2, **kw
+        )
         assert np.allclose(eps, ref[0], rtol=1e-12, atol=0)
         assert np.allclose(dlt, ref[1], rtol=1e-12, atol=0)
     # Heterogeneous: half the clients at p = 0.05, half at 0.2. The client with
@@ -343,16 +349,16 @@ def test_central_round_clients_reduces_to_uniform_and_orders_clients():
     # had max p_k (K p = 200 expected check-ins instead of Σ p_j = 125)
     # understates ε_agg and so the figure.
     p = np.r_[np.full(500, 0.05), np.full(500, 0.2)]
-    eps, dlt = checkin.central_round_clients(
+    eps, dlt = checkin_global.central_round_clients(
         epsilon=0.5, delta=1e-5, probabilities=p, gammas=0.2, xi=0.5
     )
     assert eps[-1] > eps[0] and dlt[-1] > dlt[0]
-    as_if_max, _ = checkin.central_round(
+    as_if_max, _ = checkin_global.central_round(
         epsilon=0.5, delta=1e-5, clients=1000, probability=0.2, gamma=0.2, xi=0.5
     )
     assert eps[-1] > as_if_max
     with pytest.raises(InvalidParameterError, match=r"probabilities must all lie"):
-        checkin.central_round_clients(
+        checkin_global.central_round_clients(
             epsilon=0.5, delta=1e-5, probabilities=[0.1, 0.0], gammas=0.2, xi=0.5
         )
 

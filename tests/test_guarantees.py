@@ -18,8 +18,8 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as dpl
 from scipy import optimize, stats
 
+from dpfl.accounting import costs, gaussian, schemes
 from dpfl.accounting import events as ev
-from dpfl.accounting import gaussian, schemes
 from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.calibrate import calibrate_noise_multiplier
 from dpfl.accounting.ledger import PrivacyLedger
@@ -420,7 +420,7 @@ def test_one_sensitivity_convention():
     a = Accountant().compose(ev.Gaussian(3.0, sensitivity=1.5), 4).epsilon(1e-5)
     b = Accountant().compose(ev.Gaussian(2.0), 4).epsilon(1e-5)
     assert a.upper == pytest.approx(b.upper, rel=1e-12)
-    cost = schemes.charges(ev.CheckIn(0.5, ev.Gaussian(3.0)), (1,))[1]
+    cost = costs.charges(ev.CheckIn(0.5, ev.Gaussian(3.0)), (1,))[1]
     assert cost == ev.Gaussian(3.0, sensitivity=2.0)
     assert "do not pass 2 for replace-one" in " ".join(ev.Gaussian.__doc__.split())
 

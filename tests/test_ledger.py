@@ -278,14 +278,14 @@ def _reference_spend(ledger, analysis):
     # own cost; every other round is charged to everyone.
     from collections import Counter
 
-    from dpfl.accounting import schemes
+    from dpfl.accounting import costs, schemes
 
     common, units = Counter(), {}
     for entry in ledger.entries:
         if entry.participants is not None and schemes.per_participant(
             entry.event, analysis
         ):
-            for unit, cost in schemes.charges(
+            for unit, cost in costs.charges(
                 entry.event, entry.participants, entry.extra
             ).items():
                 units.setdefault(unit, Counter())[canonical(cost)] += 1
@@ -365,10 +365,10 @@ def test_incremental_front_matches_the_brute_force_rule(rounds):
     # profiles, each named by its smallest unit, in increasing order) equals
     # the one computed from scratch over every unit's charges; the guard's
     # front() is the frontier's profile of largest mu^2 (all costs Gaussian).
-    from dpfl.accounting.ledger import _dominated, _Spend
+    from dpfl.accounting.spend import Spend, _dominated
 
     costs = [Gaussian(1.0), Gaussian(2.0), Gaussian(3.0)]
-    spend = _Spend(None)
+    spend = Spend(None)
     for charges in rounds:
         for unit, c in charges:
             spend._charge(unit, spend._intern(costs[c]))

@@ -9,7 +9,7 @@ import torch
 import yaml
 from scipy import stats
 
-from dpfl.accounting import checkin, gaussian
+from dpfl.accounting import checkin, checkin_global, gaussian
 from dpfl.accounting import events as ev
 from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.ledger import PrivacyLedger
@@ -139,12 +139,12 @@ def test_paper_report_figures_equal_the_formulas():
     )
     # docs/analyses.md: a record is touched w.p. 1 - (1 - b/n)^E.
     assert rep["paper_central_round"]["gamma"] == pytest.approx(1 - (1 - 8 / 40) ** 3)
-    eps_c, delta_c = checkin.central_round(
+    eps_c, delta_c = checkin_global.central_round(
         epsilon=2.0, delta=1e-5, clients=40, probability=0.5, gamma=gamma, xi=0.5
     )
     assert rep["paper_central_round"]["epsilon"] == pytest.approx(eps_c, rel=1e-12)
     assert rep["paper_central_round"]["delta"] == pytest.approx(delta_c, rel=1e-12)
-    eps_g, _ = checkin.global_total(
+    eps_g, _ = checkin_global.global_total(
         eps_max=eps_c, delta_max=delta_c, rounds=3, delta_slack=1e-5
     )
     assert rep["paper_global_total"]["epsilon"] == pytest.approx(eps_g, rel=1e-12)
@@ -440,12 +440,12 @@ def test_paper_report_uses_the_heterogeneous_theorem_2():
     rep = MsPafl.paper_report(asked, DataStats.of(ds), sigma, ledger, 1e-5)
     rep = rep["paper_central_round"]
     gamma = rep["gamma"]
-    eps_c, delta_c = checkin.central_round_clients(
+    eps_c, delta_c = checkin_global.central_round_clients(
         epsilon=2.0, delta=1e-5, probabilities=probs, gammas=gamma, xi=0.5
     )
     assert rep["epsilon"] == pytest.approx(eps_c.max(), rel=1e-12)
     assert rep["delta"] == pytest.approx(delta_c.max(), rel=1e-12)
-    at_max, _ = checkin.central_round(
+    at_max, _ = checkin_global.central_round(
         epsilon=2.0, delta=1e-5, clients=40, probability=0.9, gamma=gamma, xi=0.5
     )
     assert rep["epsilon"] > at_max

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from dpfl.accounting import events as ev
-from dpfl.accounting.ledger import Budget, LedgerMismatchError, PrivacyLedger
+from dpfl.accounting.chain import LedgerMismatchError
+from dpfl.accounting.ledger import Budget, PrivacyLedger
 from tiny_runs import SHARED_KEY, run_key, tiny_config
 
 EVENT = ev.PoissonSampled(0.1, ev.Gaussian(1.0))

@@ -21,7 +21,8 @@ torch = pytest.importorskip("torch")
 yaml = pytest.importorskip("yaml")
 
 from dpfl._files import digest  # noqa: E402
-from dpfl.accounting.ledger import LedgerMismatchError, PrivacyLedger  # noqa: E402
+from dpfl.accounting.chain import LedgerMismatchError  # noqa: E402
+from dpfl.accounting.ledger import PrivacyLedger  # noqa: E402
 from dpfl.errors import DpflError, NonFiniteUpdateError  # noqa: E402
 from dpfl.experiments import resume, run  # noqa: E402
 from dpfl.experiments.runner import read_metrics  # noqa: E402

@@ -4,7 +4,8 @@ Events describe a round, the :class:`Accountant` prices them as certified
 upper and lower bounds, and the :class:`PrivacyLedger` records a run's spend.
 Each paper's analyses live in their own module: :mod:`.participation`
 (random participation), :mod:`.fdp` (federated f-DP / PriFedSync),
-:mod:`.rdp` (client-level DP-FedAvg, LOCKS), :mod:`.checkin` (MS-PAFL),
+:mod:`.rdp` (client-level DP-FedAvg, LOCKS), :mod:`.checkin` and
+:mod:`.checkin_global` (MS-PAFL),
 :mod:`.checkins_balle` (Balle et al. 2020's random check-ins, the comparison
 of random participation's Figure 4),
 :mod:`.gaussian`, :mod:`.composition`, :mod:`.pld` and :mod:`.calibrate`;
@@ -27,6 +28,7 @@ from dpfl.accounting.calibrate import (
     calibrate_sampling_rate,
     solve_noise_multiplier,
 )
+from dpfl.accounting.chain import LedgerEntry
 from dpfl.accounting.cohorts import CohortRecordPoisson
 from dpfl.accounting.events import (
     CheckIn,
@@ -44,7 +46,7 @@ from dpfl.accounting.events import (
     scale_noise,
 )
 from dpfl.accounting.guards import Guard, MomentsAccountantGuard, RdpGuard
-from dpfl.accounting.ledger import Budget, LedgerEntry, PrivacyLedger
+from dpfl.accounting.ledger import Budget, PrivacyLedger
 from dpfl.accounting.pricing import price, prices
 from dpfl.accounting.schemes import Analysis, Scheme, describe, scheme_of
 

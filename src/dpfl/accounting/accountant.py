@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from dpfl._validate import check_count, check_delta, check_nonnegative
-from dpfl.accounting import discretise, gaussian, mixture, pld, refine, schemes
+from dpfl.accounting import costs, discretise, gaussian, mixture, pld, refine, schemes
 from dpfl.accounting import events as ev
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.accounting.bounds import Bound
@@ -119,10 +119,7 @@ class Accountant:
         """
         counts: dict[ev.Event, int] = {}
         for e, n in self._events:
-            key = canonical(e)
-            while isinstance(key, ev.SelfComposed):
-                n *= key.count
-                key = canonical(key.event)
+            key, n = _unrolled(e, n)
             counts[key] = counts.get(key, 0) + n
         return counts
 
@@ -300,14 +297,10 @@ def _mixture_part(
     elif not isinstance(event, ev.TwoStage):
         return None
     weights, ups, lows, powers = [], [], [], []
-    for weight, cost in exclusive(schemes.participant_costs(event)):
+    for weight, cost in exclusive(costs.participant_costs(event)):
         if weight <= 0:
             continue
-        steps = 1
-        inner = canonical(cost)
-        while isinstance(inner, ev.SelfComposed):
-            steps *= inner.count
-            inner = canonical(inner.event)
+        inner, steps = _unrolled(cost, 1)
         up, lo = _cached_price(inner, "exact", h)
         weights.append(weight)
         ups.append(up)
@@ -375,14 +368,24 @@ def _start_grid(event: ev.Event, count: int, tolerance: float) -> float:
     return refine.start_discretization(tolerance)
 
 
+def _unrolled(event: ev.Event, count: int) -> tuple[ev.Event, int]:
+    """``count`` releases of ``event`` as releases of what it self-composes.
+
+    Unwraps (nested) :class:`~dpfl.accounting.events.SelfComposed` events,
+    canonical at each level, multiplying ``count`` by their repetitions.
+    """
+    inner = canonical(event)
+    while isinstance(inner, ev.SelfComposed):
+        count *= inner.count
+        inner = canonical(inner.event)
+    return inner, count
+
+
 def _gaussian_mu(items: list[tuple[ev.Event, int]]) -> float | None:
     """The GDP mu of a composition of plain Gaussians (``None`` if any is not)."""
     total = 0.0
     for event, count in items:
-        inner = canonical(event)
-        while isinstance(inner, ev.SelfComposed):
-            count *= inner.count
-            inner = canonical(inner.event)
+        inner, count = _unrolled(event, count)
         if not isinstance(inner, ev.Gaussian):
             return None
         total += count * (inner.sensitivity / inner.noise_multiplier) ** 2
@@ -424,11 +427,7 @@ def _gaussian_delta_bound(epsilon: float, mu: float) -> Bound:
 
 def _gaussian_mu2(event: ev.Event) -> float | None:
     """``mu^2`` of a (self-composed) Gaussian release, or None for other events."""
-    event = canonical(event)
-    reps = 1
-    while isinstance(event, ev.SelfComposed):
-        reps *= event.count
-        event = canonical(event.event)
+    event, reps = _unrolled(event, 1)
     if isinstance(event, ev.Gaussian):
         return reps * (event.sensitivity / event.noise_multiplier) ** 2
     return None
@@ -449,7 +448,7 @@ def _public_gaussian_roles(
     elif not isinstance(event, ev.TwoStage):
         return None
     roles = []
-    for weight, cost in exclusive(schemes.participant_costs(event)):
+    for weight, cost in exclusive(costs.participant_costs(event)):
         mu2 = _gaussian_mu2(cost)
         if mu2 is None:
             return None
@@ -472,10 +471,7 @@ def _mixture_bound(
     constant = 0.0
     factors: dict[tuple[tuple[float, float], ...], int] = {}
     for event, count in items:
-        inner = canonical(event)
-        while isinstance(inner, ev.SelfComposed):
-            count *= inner.count
-            inner = canonical(inner.event)
+        inner, count = _unrolled(event, count)
         mu2 = _gaussian_mu2(inner)
         if mu2 is not None:
             constant += count * mu2
@@ -522,10 +518,7 @@ def _fallback_upper(
         return None
     total = 0.0
     for event, count in items:
-        inner = canonical(event)
-        while isinstance(inner, ev.SelfComposed):
-            count *= inner.count
-            inner = canonical(inner.event)
+        inner, count = _unrolled(event, count)
         if isinstance(inner, ev.PoissonSampled):
             inner = inner.event
         mu2 = _gaussian_mu2(inner)
@@ -596,10 +589,7 @@ def _rdp_upper(
     acc = rdp_acc.RdpAccountant()
     large = np.zeros(len(_LARGE_ORDERS))
     for event, count in items:
-        inner = canonical(event)
-        while isinstance(inner, ev.SelfComposed):
-            count *= inner.count
-            inner = canonical(inner.event)
+        inner, count = _unrolled(event, count)
         if isinstance(inner, ev.Gaussian):
             rate, sigma = 1.0, unit_gaussian(inner)
         elif isinstance(inner, ev.PoissonSampled):

@@ -35,7 +35,7 @@ from dpfl._validate import (
     check_positive,
     check_probability,
 )
-from dpfl.accounting import schemes
+from dpfl.accounting import costs, schemes
 from dpfl.accounting.accountant import Accountant, composed_epsilon
 from dpfl.accounting.events import Event
 from dpfl.errors import DpflError
@@ -233,7 +233,7 @@ def planned_charges(
         return [(event, rounds)]
     population = check_count("population", population, minimum=1)
     completion = check_probability("completion", completion, allow_one=False)
-    cost, prob = next(iter(schemes.participant_costs(event).values()))
+    cost, prob = next(iter(costs.participant_costs(event).values()))
     # Smallest n with P(max over units of Binomial(rounds, prob) <= n) >= completion.
     per_unit = completion ** (1.0 / population)
     n = int(stats.binom.ppf(per_unit, rounds, prob))

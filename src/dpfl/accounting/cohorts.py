@@ -54,7 +54,7 @@ from typing import Any
 from dpfl._validate import check_count, check_probability
 from dpfl.accounting import events as ev
 from dpfl.accounting import participation, pricing, schemes
-from dpfl.errors import InvalidParameterError, UnsupportedEventError
+from dpfl.errors import UnsupportedEventError
 
 __all__ = ["COHORT_RECORD_POISSON", "CohortRecordPoisson"]
 
@@ -86,19 +86,10 @@ class CohortRecordPoisson(ev.Event):
     event: ev.Event
 
     def __post_init__(self) -> None:
-        check_count("population", self.population, minimum=1)
-        check_count("cohort_size", self.cohort_size, minimum=1)
-        if self.cohort_size > self.population:
-            raise InvalidParameterError(
-                f"cohort_size must be <= population ({self.population}); "
-                f"got {self.cohort_size!r}"
-            )
+        ev.check_cohort(self.cohort_size, self.population)
         check_probability("record_probability", self.sampling_probability)
         check_count("records_per_client", self.records_per_client, minimum=0)
-        if not isinstance(self.event, ev.Event):
-            raise InvalidParameterError(
-                f"event must be a dpfl event; got {self.event!r}"
-            )
+        ev.check_event("event", self.event)
 
     @property
     def cohort_fraction(self) -> float:

@@ -62,6 +62,8 @@ __all__ = [
     "SelfComposed",
     "TwoStage",
     "WithoutReplacement",
+    "check_cohort",
+    "check_event",
     "event_from_dict",
     "event_to_dict",
     "scale_noise",
@@ -78,9 +80,29 @@ class Event:
         _REGISTRY[cls.__name__] = cls
 
 
-def _check_event(name: str, value: object) -> None:
+def check_event(name: str, value: object) -> None:
+    """Raise :class:`~dpfl.errors.InvalidParameterError` unless ``value`` is an event.
+
+    For the fields of event types, here and in the modules that add one.
+    """
     if not isinstance(value, Event):
         raise InvalidParameterError(f"{name} must be a dpfl event; got {value!r}")
+
+
+def check_cohort(cohort_size: int, population: int) -> None:
+    """Check a fixed cohort: ``1 <= cohort_size <= population``.
+
+    Raises
+    ------
+    InvalidParameterError
+        Naming the parameter that is out of range.
+    """
+    check_count("population", population, minimum=1)
+    check_count("cohort_size", cohort_size, minimum=1)
+    if cohort_size > population:
+        raise InvalidParameterError(
+            f"cohort_size must be <= population ({population}); got {cohort_size!r}"
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -118,7 +140,7 @@ class PoissonSampled(Event):
 
     def __post_init__(self) -> None:
         check_probability("sampling_probability", self.sampling_probability)
-        _check_event("event", self.event)
+        check_event("event", self.event)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,7 +154,7 @@ class RecordPoisson(Event):
     def __post_init__(self) -> None:
         check_probability("record_probability", self.sampling_probability)
         check_count("records_per_client", self.records_per_client, minimum=0)
-        _check_event("event", self.event)
+        check_event("event", self.event)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -144,7 +166,7 @@ class ClientPoisson(Event):
 
     def __post_init__(self) -> None:
         check_probability("participation_probability", self.sampling_probability)
-        _check_event("event", self.event)
+        check_event("event", self.event)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -156,14 +178,8 @@ class FixedCohort(Event):
     event: Event
 
     def __post_init__(self) -> None:
-        check_count("population", self.population, minimum=1)
-        check_count("cohort_size", self.cohort_size, minimum=1)
-        if self.cohort_size > self.population:
-            raise InvalidParameterError(
-                f"cohort_size must be <= population ({self.population}); "
-                f"got {self.cohort_size!r}"
-            )
-        _check_event("event", self.event)
+        check_cohort(self.cohort_size, self.population)
+        check_event("event", self.event)
 
     @property
     def sampling_probability(self) -> float:
@@ -187,7 +203,7 @@ class WithoutReplacement(Event):
                 f"sample_size must be <= population ({self.population}); "
                 f"got {self.sample_size!r}"
             )
-        _check_event("event", self.event)
+        check_event("event", self.event)
 
     @property
     def sampling_probability(self) -> float:
@@ -210,7 +226,7 @@ class CheckIn(Event):
 
     def __post_init__(self) -> None:
         check_probability("probability", self.probability)
-        _check_event("event", self.event)
+        check_event("event", self.event)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -235,8 +251,8 @@ class TwoStage(Event):
         check_probability(
             "max_second_stage_probability", self.max_second_stage_probability
         )
-        _check_event("norm_event", self.norm_event)
-        _check_event("update_event", self.update_event)
+        check_event("norm_event", self.norm_event)
+        check_event("update_event", self.update_event)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -247,7 +263,7 @@ class SelfComposed(Event):
     count: int
 
     def __post_init__(self) -> None:
-        _check_event("event", self.event)
+        check_event("event", self.event)
         check_count("count", self.count, minimum=1)
 
 

@@ -57,8 +57,8 @@ from dpfl._validate import (
     check_nonnegative,
     check_positive,
 )
+from dpfl.accounting import costs, gaussian, pricing
 from dpfl.accounting import events as ev
-from dpfl.accounting import gaussian, pricing, schemes
 from dpfl.accounting._quiet import quiet as _quiet
 from dpfl.accounting.bounds import Bound
 from dpfl.accounting.events import FixedCohort, Gaussian
@@ -593,5 +593,5 @@ def _price_two_stage(
     # Server view (and observer view, bounded by it): w.p. q1 the noisy norm,
     # and w.p. at most q1 * max p2 also the noisy update; who took part is seen.
     return pricing.public_mixture(
-        pricing.exclusive(schemes.participant_costs(event)), "exact", discretization
+        pricing.exclusive(costs.participant_costs(event)), "exact", discretization
     )

@@ -23,7 +23,15 @@ from typing import Any
 import numpy as np
 
 from dpfl._validate import check_count, check_delta, check_positive
-from dpfl.accounting import checkin, fdp, federated, rdp, schemes, subsampled
+from dpfl.accounting import (
+    checkin,
+    checkin_global,
+    fdp,
+    federated,
+    rdp,
+    schemes,
+    subsampled,
+)
 from dpfl.accounting import events as ev
 from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.errors import DpflError, InvalidParameterError
@@ -95,7 +103,7 @@ def ms_pafl_report(
     c = check_positive("clip", clip)
     delta = check_delta("delta", delta)
     # pylint: disable-next=protected-access
-    probs = checkin._probabilities("probabilities", probabilities)
+    probs = checkin_global._probabilities("probabilities", probabilities)
     rounds = ledger.rounds
     counts: dict[int, int] = {}
     for entry in ledger.entries:
@@ -141,7 +149,7 @@ def ms_pafl_report(
     try:
         # Theorem 2 in its heterogeneous form (eq. 19): Σ_j p_j check-ins
         # expected; the figure is the most exposed client's (largest p_k).
-        eps_cs, delta_cs = checkin.central_round_clients(
+        eps_cs, delta_cs = checkin_global.central_round_clients(
             epsilon=local_epsilon,
             delta=local_delta,
             probabilities=probs,
@@ -163,7 +171,7 @@ def ms_pafl_report(
             "model only, assumes σ from Lemma 1 and γ amplification, which "
             "the persistent private part invalidates (docs/analyses.md)",
         }
-        eps_g, delta_g = checkin.global_total(
+        eps_g, delta_g = checkin_global.global_total(
             eps_max=eps_c, delta_max=delta_c, rounds=rounds, delta_slack=delta
         )
         out["paper_global_total"] = {

@@ -9,10 +9,10 @@ wrong (or the implementation broken); a lower bound well below it says
 nothing about the claim, only about this attack.
 
 :mod:`dpfl.audit.mechanisms` samples a mechanism with numpy;
-:mod:`dpfl.audit.training` (imports torch) inserts Dirac canaries into a real
-DP-FedAvg or DP-DSGD run; :mod:`dpfl.audit.onerun` is the one-run bound of
-Steinke, Nasr & Jagielski (2023); :mod:`dpfl.audit.plot` draws the trade-off
-figure.
+:mod:`dpfl.audit.canaries` (imports torch) inserts Dirac canaries into a real
+DP-FedAvg or DP-DSGD run and :mod:`dpfl.audit.training` audits it;
+:mod:`dpfl.audit.onerun` is the one-run bound of Steinke, Nasr & Jagielski
+(2023); :mod:`dpfl.audit.plot` draws the trade-off figure.
 """
 
 from dpfl.audit.mechanisms import (

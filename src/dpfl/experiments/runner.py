@@ -63,7 +63,7 @@ for them (they were admitted when they first ran), each is computed from its
 own random streams (keyed by the run's secret key, or its seed, and the
 round), and its ledger entry (event,
 participants, extra facts, model digest) must come out equal, or the run
-stops with :class:`~dpfl.accounting.ledger.LedgerMismatchError` naming the
+stops with :class:`~dpfl.accounting.chain.LedgerMismatchError` naming the
 round; the ledger on disk keeps every entry throughout, so the spend is never
 under-stated. A ledger without a checkpoint (a kill before the first) is
 replayed from round 0. A round replays bit for bit on the same executor,

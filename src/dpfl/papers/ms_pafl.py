@@ -82,7 +82,7 @@ def event(a: argparse.Namespace, sigma: float) -> Any:
 
 def account(a: argparse.Namespace) -> Report:
     """``dpfl account ms-pafl``: the sound and paper analyses, the paper's totals."""
-    from dpfl.accounting import checkin, gaussian
+    from dpfl.accounting import checkin, checkin_global, gaussian
 
     if a.noise_multiplier is not None:
         sigma = a.noise_multiplier
@@ -132,7 +132,7 @@ def account(a: argparse.Namespace) -> Report:
             "scope": f"{a.rounds} rounds, each Poisson(p)-amplified",
         }
     )
-    eps_c, delta_c = checkin.central_round(
+    eps_c, delta_c = checkin_global.central_round(
         epsilon=local_eps,
         delta=a.local_delta,
         clients=a.clients,
@@ -140,7 +140,7 @@ def account(a: argparse.Namespace) -> Report:
         gamma=gamma,
         xi=a.xi,
     )
-    eps_h, delta_h = checkin.central_round(
+    eps_h, delta_h = checkin_global.central_round(
         epsilon=local_eps,
         delta=a.local_delta,
         clients=a.clients,
@@ -157,7 +157,7 @@ def account(a: argparse.Namespace) -> Report:
         clip=1.0,
         delta=a.delta,
     )
-    glob = checkin.global_total(
+    glob = checkin_global.global_total(
         eps_max=eps_c, delta_max=delta_c, rounds=a.rounds, delta_slack=a.delta
     )
     rows += [
@@ -250,7 +250,7 @@ def _analyses() -> list[tuple[str, str]]:
 # dpfl reproduce ms-pafl
 # ---------------------------------------------------------------------------
 def _ms_pafl() -> list[Table]:
-    from dpfl.accounting import checkin
+    from dpfl.accounting import checkin, checkin_global
 
     rows = []
     for clients, p, xi in ((1000, 0.1, 0.5), (100, 0.5, 0.5), (100, 0.1, 0.5)):
@@ -259,8 +259,8 @@ def _ms_pafl() -> list[Table]:
                 clients,
                 p,
                 xi,
-                checkin.hoeffding_tail(clients=clients, probability=p, xi=xi),
-                checkin.binomial_tail(clients=clients, probability=p, xi=xi),
+                checkin_global.hoeffding_tail(clients=clients, probability=p, xi=xi),
+                checkin_global.binomial_tail(clients=clients, probability=p, xi=xi),
             ]
         )
     t1 = Table(
@@ -324,14 +324,14 @@ def _ms_pafl_figures() -> list[Figure]:
     local = [float(v) for v in np.linspace(0.1, 0.95, 10)]
 
     def fig3(fig: Any) -> None:
-        from dpfl.accounting import checkin
+        from dpfl.accounting import checkin_global
 
         ax_p, ax_g = axes(fig, 2)
         for p in (0.1, 0.3, 0.5, 1.0):
             ax_p.plot(
                 local,
                 [
-                    checkin.central_round(
+                    checkin_global.central_round(
                         epsilon=e,
                         delta=1e-5,
                         clients=100,
@@ -347,7 +347,7 @@ def _ms_pafl_figures() -> list[Figure]:
             ax_g.plot(
                 local,
                 [
-                    checkin.central_round(
+                    checkin_global.central_round(
                         epsilon=e,
                         delta=1e-5,
                         clients=100,
@@ -369,7 +369,7 @@ def _ms_pafl_figures() -> list[Figure]:
             ax.legend(fontsize="small")
 
     def fig4(fig: Any) -> None:
-        from dpfl.accounting import checkin
+        from dpfl.accounting import checkin, checkin_global
 
         ax_p, ax_g = axes(fig, 2)
         rounds = 100
@@ -377,10 +377,10 @@ def _ms_pafl_figures() -> list[Figure]:
         gammas = [0.01, 0.05, 0.1, 0.2, 0.5, 1.0]
 
         def total(p: float, g: float) -> float:
-            e, d = checkin.central_round(
+            e, d = checkin_global.central_round(
                 epsilon=0.5, delta=1e-5, clients=100, probability=p, gamma=g, xi=0.5
             )
-            return checkin.global_total(
+            return checkin_global.global_total(
                 eps_max=e, delta_max=d, rounds=rounds, delta_slack=1e-5
             )[0]
 

@@ -26,7 +26,7 @@ holds later rounds (:meth:`~dpfl.accounting.ledger.PrivacyLedger.rewind`):
 those rounds are *replayed*, not charged again. The guard is not asked again
 for them (they were admitted when they first ran); each replayed round's
 entry, digest included, must equal the one on record, or the run stops with
-:class:`~dpfl.accounting.ledger.LedgerMismatchError` naming the round. A
+:class:`~dpfl.accounting.chain.LedgerMismatchError` naming the round. A
 round replays bit for bit on the same executor, device and torch build, with
 the same number of threads.
 
@@ -335,7 +335,7 @@ class Trainer:
             If the update is not finite (nothing changes, nothing charged),
             or the model is not finite after it (nothing charged; the
             trainer must not be used further).
-        dpfl.accounting.ledger.LedgerMismatchError
+        dpfl.accounting.chain.LedgerMismatchError
             In a replayed round, if it differs from the ledger's entry.
         """
         self._check_plan(plan)
