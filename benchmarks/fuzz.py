@@ -1,7 +1,7 @@
 """Fuzz report: every input answers; how many were tried, and how many did not.
 
-Draws inputs from the fuzz harness of the tests (``tests/test_fuzz_cli.py``
-and ``tests/test_fuzz_config.py``: the same strategies, the same rule) and
+Draws inputs from the fuzz harness of the tests (``tests/cli/test_fuzz_cli.py``
+and ``tests/cli/test_fuzz_config.py``: the same strategies, the same rule) and
 runs each through ``dpfl`` in this process, as the tests do, but counts
 instead of stopping at the first failure. The rule
 (:func:`test_fuzz_cli.verdict`): exit 0 with a valid result (and only if no
@@ -50,7 +50,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
-sys.path.insert(0, str(TESTS))
+sys.path[:0] = [str(TESTS / "cli"), str(TESTS)]  # the harness, its helpers
 
 import test_fuzz_cli as cli  # noqa: E402
 import test_fuzz_config as cfg  # noqa: E402

@@ -8,7 +8,7 @@
 #     bash benchmarks/gpu_check.sh
 #
 # Most important first: the contract suite on CUDA (`pytest -m gpu
-# tests/test_contract.py`), the other GPU tests (the clipping kernels on CUDA
+# tests/sim/test_contract.py`), the other GPU tests (the clipping kernels on CUDA
 # and test_cuda_matches_cpu, the fused Triton noise kernels against the torch
 # operations, the CUDA secure stream against the CPU's), then the figures:
 # secure against seeded normals per million on CUDA and a cohort's rows of
@@ -98,9 +98,9 @@ fi
 # ~40 s, draws ~30 s, PriFedSync rounds ~35 s, DP-FedAvg rounds ~20 s, engine
 # ~25 s; the limits add up to more than the budget, which the last steps then
 # share (the engine's first to go).
-step 120 python -m pytest -q -m gpu -rfEs -p no:cacheprovider tests/test_contract.py
+step 120 python -m pytest -q -m gpu -rfEs -p no:cacheprovider tests/sim/test_contract.py
 step 50 python -m pytest -q -m gpu -rfEs -s -p no:cacheprovider \
-    tests/test_gradients.py tests/test_secure_noise_triton.py tests/test_secure_noise.py
+    tests/sim/test_gradients.py tests/sim/test_secure_noise_triton.py tests/sim/test_secure_noise.py
 step 35 python benchmarks/secure_noise.py --device cuda --no-rounds --repeats 7
 step 40 python benchmarks/secure_noise.py --device cuda --no-draws --rounds 3 \
     --runs prifedsync

@@ -36,7 +36,7 @@ deciding losses a fraction ``B`` of a Chernoff tail of the same size as
    Cooley-Tukey FFT whose weights are accurate to ``mu ~ u``; pocketfft
    (scipy.fft) transforms powers of two in radix-4 and radix-2 passes (a
    radix-4 butterfly is two radix-2 levels), and ``c = 16`` leaves a factor of
-   more than two. ``tests/test_tilted.py`` measures the error against exact
+   more than two. ``tests/accounting/test_tilted.py`` measures the error against exact
    rational convolutions: it stays two orders of magnitude below the bound.
 2. Forward transforms: ``||X^_i - X_i||_2 <= eta_L sqrt(L) ||x~_i||_2``, hence
    every component ``|X^_{i,k}| <= M_i = m_i + eta_L sqrt(L) ||x~_i||_2``

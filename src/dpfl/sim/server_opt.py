@@ -29,7 +29,7 @@ used as a pseudo-gradient:
 and its own state, which is built from earlier releases: it is
 post-processing, so it changes no guarantee. The accounting event of a round,
 the ledger and every reported ε are the same whichever optimiser is chosen
-(``tests/test_server_opt.py`` checks the ledgers are identical).
+(``tests/sim/test_server_opt.py`` checks the ledgers are identical).
 
 An optimiser is chosen in the algorithm's parameters, e.g.
 ``server_optimizer: {name: adam, beta1: 0.9, beta2: 0.99, tau: 0.001}``

@@ -1,6 +1,6 @@
 """Kill -9 at random moments, resume, and get the uninterrupted run back exactly.
 
-Each trial starts a real training process (``tests/kill9_driver.py``: what
+Each trial starts a real training process (``tests/experiments/kill9_driver.py``: what
 ``dpfl train`` runs) on the embedded digits (40 rounds), kills it with
 SIGKILL at a random moment (a timer) or at a random fault point
 (``DPFL_FAULT``: half-way through a ledger journal line, between writing and
@@ -18,7 +18,7 @@ kinds; ``DPFL_KILL9_SEED`` (default 0) the seed of the kill moments;
 ``DPFL_KILL9_REPORT=FILE`` writes the counts as JSON. E.g. ::
 
     DPFL_KILL9_TRIALS=100 PYTHONPATH=src python -m pytest -q -s -m slow \\
-        tests/test_kill9.py
+        tests/experiments/test_kill9.py
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from dpfl.accounting.ledger import PrivacyLedger  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("kill9_driver.py")
 TRIALS = int(os.environ.get("DPFL_KILL9_TRIALS", "16"))
 SEED = int(os.environ.get("DPFL_KILL9_SEED", "0"))

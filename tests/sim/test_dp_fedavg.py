@@ -37,7 +37,7 @@ from dpfl.sim.randomness import client_streams, server_streams
 # Tests that rebuild a round from its seeded streams (server_streams(seed, t),
 # client_streams(...)) or compare two trainers run reproducible noise
 # (secure_noise=False); the others run the default, secure noise.
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

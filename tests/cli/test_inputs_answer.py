@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from test_fuzz_cli import _inside, check_outcome, run_cli
 
 pytest.importorskip("torch")

@@ -407,7 +407,7 @@ def test_configuration_search_reproduces_spec_table(scheme, sigma):
 
 
 # The per-label worst cases (aligned remove, anti-aligned add) are checked by
-# independent quadrature in tests/test_participation_cp2.py.
+# independent quadrature in tests/accounting/test_participation_cp2.py.
 
 
 # --- API, validation, warning ---

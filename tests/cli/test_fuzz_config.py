@@ -26,10 +26,10 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_fuzz_cli import _inside, check_outcome, run_cli
 
 from dpfl._validate import MAX_ROUNDS, parse_number
 from dpfl.experiments.presets import PRESET_DIR
-from test_fuzz_cli import _inside, check_outcome, run_cli
 
 PRESETS = sorted(PRESET_DIR.glob("*.yaml"))
 

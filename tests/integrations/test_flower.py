@@ -48,7 +48,7 @@ from dpfl.sim.randomness import client_key  # noqa: E402
 from dpfl.sim.secure_noise import KEY_FILE, read_key_file  # noqa: E402
 from tiny_runs import run_key  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 APP = ROOT / "examples" / "flower"
 ATOL = 1e-5
@@ -370,7 +370,7 @@ def test_a_flower_run_holds_the_run_folders_lock(tmp_path, task_identity):
 _LOSING_SUPERLINK = """
 import socket, sys, threading, time
 from pathlib import Path
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, str(Path({tests!r}).parent)]  # test_flower, tiny_runs
 import test_flower as t
 from flwr.supercore.task_identity import TaskIdentity
 from dpfl.integrations import flower as fl
@@ -483,7 +483,7 @@ _SIMULATION = """
 import sys
 from pathlib import Path
 from flwr.simulation import run_simulation
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, str(Path({tests!r}).parent)]  # test_flower, tiny_runs
 import test_flower as t
 from dpfl.integrations import flower as fl
 config = t._config(Path({out!r}), {algorithm!r})

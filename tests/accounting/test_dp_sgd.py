@@ -117,7 +117,7 @@ def test_the_docs_page_shows_what_dpfl_computes(capsys):
     # for setting A must be what dpfl computes now (to the 5 figures shown)
     from pathlib import Path
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "dp-sgd.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "dp-sgd.md").read_text()
     section = page.split("**Setting A**")[1].split("**Setting B**")[0]
     shown = {}
     for line in section.splitlines():

@@ -1,7 +1,7 @@
 """Tests of dpfl.sim.local: cohort SGD and Adam steps on stacked client rows.
 
 Tolerance: float32. The SGD step is compared with a per-client autograd loop
-at atol 1e-5 (rtol 1e-4), as tests/test_gradients.py does; the batched Adam
+at atol 1e-5 (rtol 1e-4), as tests/sim/test_gradients.py does; the batched Adam
 with ``torch.optim.Adam`` run row by row at atol 1e-6 (rtol 0) over several
 steps (on CPU the two agree bit for bit; the tolerance leaves room for other
 kernels).

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_data import ADULT_TEST, ADULT_TRAIN, isolate_search, write_idx
 
 from dpfl.cli.main import main
 from dpfl.data import DatasetNotFoundError, load_adult, load_cifar10, load_mnist
 from dpfl.data import fetch as fetch_mod
 from dpfl.data.fetch import SOURCES, fetch, plan
 from dpfl.errors import DpflError, InvalidParameterError
-from test_data import ADULT_TEST, ADULT_TRAIN, isolate_search, write_idx
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ import pytest
 from dpfl.data import load_cifar10
 from dpfl.errors import DpflError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAMES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
 
 

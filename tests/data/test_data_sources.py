@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_data import write_idx
 
 from dpfl.data import (
     DatasetNotFoundError,
@@ -27,7 +28,6 @@ from dpfl.data import (
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.experiments.build import build_dataset as _build_dataset
 from dpfl.experiments.config import ConfigError, config_from_dict
-from test_data import write_idx
 
 
 # -- arrays and tensors -----------------------------------------------------------

@@ -435,7 +435,7 @@ def test_cheap_accounting_commands_many(case: Any) -> None:
 
 
 #: Commands the slow profile runs in full (training and downloads excluded:
-#: train is fuzzed through its configuration, tests/test_fuzz_config.py).
+#: train is fuzzed through its configuration, tests/cli/test_fuzz_config.py).
 _ACCOUNTING = sorted(c for c in BASES if c.split()[0] in ("account", "calibrate"))
 
 

@@ -18,7 +18,7 @@ from dpfl.experiments.rundir import (
     clean_orphans,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict[str, str]:

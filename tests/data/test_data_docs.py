@@ -14,7 +14,7 @@ import yaml
 
 from dpfl.experiments.config import config_from_dict
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "data.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "data.md"
 
 
 def _blocks(lang: str) -> list[str]:

@@ -21,7 +21,7 @@ from dpfl.data import federate  # noqa: E402
 from dpfl.errors import DpflError, InvalidParameterError  # noqa: E402
 from dpfl.sim.callbacks import Callback  # noqa: E402
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def readme_block(section: str) -> str:
@@ -307,7 +307,7 @@ def test_import_dpfl_stays_torch_free():
         "assert 'make_private' in dpfl.__all__; "
         "assert callable(dpfl.make_private); print('ok')"
     )
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -29,9 +29,8 @@ import math
 import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld
-from scipy import integrate, stats
-
 from mc_audit import clopper_pearson, delta_lower_bound, gaussian_delta
+from scipy import integrate, stats
 
 CONFIDENCE = 0.999
 DIM = 10_000  # model dimension d

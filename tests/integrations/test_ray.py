@@ -32,6 +32,15 @@ import pytest
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
+from contract_cases import (  # noqa: E402
+    KEY,
+    NAMES,
+    ROUNDS,
+    SPECS,
+    contract_algorithm,
+    contract_trainer,
+    ledger_json,
+)
 from dpfl.accounting.ledger import PrivacyLedger  # noqa: E402
 from dpfl.errors import DpflError, InvalidParameterError  # noqa: E402
 from dpfl.experiments import config_from_dict, resume, run  # noqa: E402
@@ -42,18 +51,9 @@ from dpfl.integrations.ray import (  # noqa: E402
     start_local,
 )
 from dpfl.sim.loop import Trainer  # noqa: E402
-from test_contract import (  # noqa: E402
-    KEY,
-    NAMES,
-    ROUNDS,
-    SPECS,
-    _algorithm,
-    _ledger_json,
-    _trainer,
-)
 from tiny_runs import run_key  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 TESTS = ROOT / "tests"
 
@@ -103,7 +103,7 @@ def _same_run(remote, local, name):
     torch.testing.assert_close(
         remote.algorithm.weights, local.algorithm.weights, atol=SPECS[name][3], rtol=0
     )
-    assert _ledger_json(remote) == _ledger_json(local)
+    assert ledger_json(remote) == ledger_json(local)
 
 
 # -- the in-process run -------------------------------------------------------------
@@ -112,9 +112,9 @@ def _same_run(remote, local, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_ray_gives_the_in_process_run(name, workers, executors):
     executor = executors[workers]
-    local = _trainer(name)
+    local = contract_trainer(name)
     remote = Trainer(
-        _algorithm(name),
+        contract_algorithm(name),
         ledger=PrivacyLedger(None),
         seed=7,
         execution=executor,
@@ -136,9 +136,9 @@ def test_workers_rebuild_their_replica_for_another_algorithm(executors):
     ex = executors[2]
     runs = {
         sigma: (
-            _trainer(name, sigma=sigma),
+            contract_trainer(name, sigma=sigma),
             Trainer(
-                _algorithm(name, sigma),
+                contract_algorithm(name, sigma),
                 ledger=PrivacyLedger(None),
                 seed=7,
                 execution=ex,
@@ -206,7 +206,7 @@ def test_a_worker_killed_mid_round_is_replaced_and_nothing_is_charged_twice(
     # share). Either way the share draws the same streams again, and the
     # trainer charges each round once, after its server step.
     name = "prifedsync"  # client state travels, noise is drawn per client
-    local = _trainer(name)
+    local = contract_trainer(name)
     local.run(ROUNDS + 1)
     records = _Records()
     logger = logging.getLogger("dpfl.integrations.ray")
@@ -214,7 +214,7 @@ def test_a_worker_killed_mid_round_is_replaced_and_nothing_is_charged_twice(
     try:
         with _slow_executor(max_restarts=1, max_replacements=1) as ex:
             remote = Trainer(
-                _algorithm(name),
+                contract_algorithm(name),
                 ledger=PrivacyLedger(None),
                 seed=7,
                 execution=ex,
@@ -250,7 +250,7 @@ def test_a_worker_killed_mid_round_is_replaced_and_nothing_is_charged_twice(
 def test_a_share_that_keeps_failing_raises_a_clear_error(local_ray):
     with _slow_executor(suicide=True, max_restarts=0, max_replacements=0) as ex:
         remote = Trainer(
-            _algorithm("prifedsync"),
+            contract_algorithm("prifedsync"),
             ledger=PrivacyLedger(None),
             seed=7,
             execution=ex,
@@ -402,7 +402,7 @@ def test_simulation_and_accounting_never_import_ray():
 
 def test_no_tasks_and_foreign_streams_start_nothing():
     ex = RayExecutor()
-    alg = _algorithm("fedavg")
+    alg = contract_algorithm("fedavg")
     out = ex.run(alg, alg.weights, [], [])
     assert out.vectors.shape[0] == 0
     with pytest.raises(InvalidParameterError, match="CohortStreams"):
@@ -416,7 +416,7 @@ def test_an_address_where_nothing_listens_fails_at_once(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     t0 = time.monotonic()
     with pytest.raises(DpflError, match="no Ray cluster answers at '127.0.0.1:"):
-        RayExecutor(f"127.0.0.1:{_free_port()}").start(_algorithm("fedavg"))
+        RayExecutor(f"127.0.0.1:{_free_port()}").start(contract_algorithm("fedavg"))
     assert time.monotonic() - t0 < 30
 
 
@@ -424,7 +424,7 @@ def test_an_address_where_nothing_listens_fails_at_once(monkeypatch):
 def test_workers_that_cannot_be_placed_fail_clearly(local_ray):
     ex = RayExecutor(num_workers=1, num_cpus_per_worker=64, startup_timeout=2)
     with pytest.raises(DpflError, match="did not start within 2 s"):
-        ex.start(_algorithm("fedavg"))
+        ex.start(contract_algorithm("fedavg"))
     ex.close()
 
 
@@ -487,7 +487,7 @@ _CLUSTER_DRIVER = textwrap.dedent(
     import json, sys
     sys.path.insert(0, sys.argv[3])
     import ray
-    import test_contract as tc
+    import contract_cases as tc
     from dpfl.accounting.ledger import PrivacyLedger
     from dpfl.integrations.ray import RayExecutor
     from dpfl.sim.loop import Trainer
@@ -497,7 +497,7 @@ _CLUSTER_DRIVER = textwrap.dedent(
     with RayExecutor(address, num_workers=2, startup_timeout=60) as ex:
         for name in tc.NAMES:
             trainer = Trainer(
-                tc._algorithm(name),
+                tc.contract_algorithm(name),
                 ledger=PrivacyLedger(None),
                 seed=7,
                 execution=ex,
@@ -506,7 +506,7 @@ _CLUSTER_DRIVER = textwrap.dedent(
             trainer.run(tc.ROUNDS)
             result[name] = {
                 "weights": trainer.algorithm.weights.tolist(),
-                "ledger": tc._ledger_json(trainer),
+                "ledger": tc.ledger_json(trainer),
             }
         result["_workers"] = ex.node_ids()
         alive = [n for n in ray.nodes() if n["Alive"]]
@@ -565,7 +565,7 @@ def test_a_run_over_two_ray_nodes_equals_the_in_process_run(tmp_path):
         assert result["_ips"] == ["127.0.0.1", "127.0.0.1"]  # loopback only
         assert sorted(result["_workers"]) == sorted(result["_nodes"])  # one each
         for name in NAMES:
-            local = _trainer(name)
+            local = contract_trainer(name)
             local.run(ROUNDS)
             torch.testing.assert_close(
                 torch.tensor(result[name]["weights"]),
@@ -573,7 +573,7 @@ def test_a_run_over_two_ray_nodes_equals_the_in_process_run(tmp_path):
                 atol=SPECS[name][3],
                 rtol=0,
             )
-            want = json.loads(json.dumps(_ledger_json(local)))
+            want = json.loads(json.dumps(ledger_json(local)))
             assert result[name]["ledger"] == want, name
         # The command line on the same cluster gives the in-process run.
         runs = tmp_path / "runs"

@@ -2,7 +2,7 @@
 ghost and cohort kernels without editing dpfl.
 
 Tolerance: float32; clipped sums and norms against a per-example autograd loop
-at atol 1e-5 (rtol 1e-4), as in tests/test_gradients.py.
+at atol 1e-5 (rtol 1e-4), as in tests/sim/test_gradients.py.
 """
 
 from __future__ import annotations

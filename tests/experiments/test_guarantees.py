@@ -27,7 +27,7 @@ from dpfl.cli.main import main
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.experiments.presets import PRESET_DIR
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRESETS = PRESET_DIR
 
 

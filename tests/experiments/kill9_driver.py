@@ -1,6 +1,7 @@
-"""Driver of tests/test_kill9.py: one ``dpfl train`` or ``dpfl resume`` per process.
+"""Driver of tests/experiments/test_kill9.py: one ``dpfl train`` or ``resume``.
 
-``python tests/kill9_driver.py train CONFIG.yaml`` or ``... resume RUN_DIR``:
+``python tests/experiments/kill9_driver.py train CONFIG.yaml`` (or ``resume
+RUN_DIR``), one per process:
 what the command line's ``train``/``resume`` do (:func:`dpfl.experiments.run`,
 :func:`dpfl.experiments.resume`), without the accuracy figure the command line
 draws at the end, so that a trial spends its time in rounds and file writes.

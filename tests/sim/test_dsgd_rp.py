@@ -1,7 +1,7 @@
 """DP-DSGD with random participation: the paper's round, guards, unbiasedness.
 
 Determinism, resume, loop = batched and the budget guard are checked for
-every algorithm by tests/test_contract.py; this file checks what is DP-DSGD's
+every algorithm by tests/sim/test_contract.py; this file checks what is DP-DSGD's
 own.
 """
 

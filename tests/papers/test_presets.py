@@ -18,7 +18,7 @@ from dpfl.experiments.presets import PRESET_DIR, list_presets
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted(PRESET_DIR.glob("*.yaml"))
 
 

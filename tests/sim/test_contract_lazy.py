@@ -31,9 +31,8 @@ from __future__ import annotations
 import functools
 
 import pytest
-import torch
-
 import test_contract
+import torch
 
 pytestmark = pytest.mark.slow
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_data import ADULT_TEST, ADULT_TRAIN, isolate_search, write_mnist_dir
 
 from dpfl.data import (
     REAL_DATASETS,
@@ -19,7 +20,6 @@ from dpfl.data import (
     locate,
 )
 from dpfl.errors import DpflError, InvalidParameterError
-from test_data import ADULT_TEST, ADULT_TRAIN, isolate_search, write_mnist_dir
 
 # Three writers; pixels are multiples of 1/255 as LEAF's preprocessing
 # (``vec / 255`` of 8-bit grey levels) and TFF's files store them.
