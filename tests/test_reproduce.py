@@ -6,6 +6,8 @@ precision (2 decimals for μ, 3 significant figures for σ).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from dpfl.cli.main import main
@@ -85,11 +87,15 @@ def test_run_experiment_bands_over_seeds(tmp_path):
         (("p = 0.5", ()), ("p = 1", ("algorithm.params.checkin_probability=1.0",))),
         seeds=2,
         target=0.0,
+        printed=(("p = 1", rep.Printed(0.5, "Figure 2"), "a stand-in"),),
     )
     text, figures = run_experiment(exp, tmp_path, jobs=1)
+    assert "beside the paper's printed accuracy" in text
+    assert "| p = 1 | 0." in text and "(2 seeds) | 0.5 | Figure 2 |" in text
     assert [f.name for f in figures] == ["experiment.png"]
     assert (tmp_path / "experiment.pdf").is_file()
-    lines = [line for line in text.splitlines() if line.startswith("| p = ")]
+    first = text.split("beside the paper's printed accuracy")[0]
+    lines = [line for line in first.splitlines() if line.startswith("| p = ")]
     assert len(lines) == 2
     for line in lines:
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -168,3 +174,57 @@ def test_random_participation_figure_4_table_sets_balle_beside_the_analyses():
     assert "rp-fig4-balle-comparison" in {
         f.stem for f in dsgd_rp._random_participation_figures()
     }
+
+
+def test_every_report_sets_every_variant_beside_a_printed_accuracy():
+    # Each paper module declares what its paper printed for every variant it
+    # runs, at every scale, with why the measured value differs.
+    for key, paper in PAPERS.items():
+        for scale in rep.SCALES:
+            exp = paper.experiment(scale)
+            table = rep.printed_table(exp, None)
+            assert len(table.rows) == len(exp.variants), (key, scale)
+            for row in _rows(table):
+                assert row["measured final test accuracy"] == "not run"
+                assert row["where the paper prints it"] != (
+                    "the paper prints no accuracy for it"
+                ), (key, scale, row["variant"])
+                assert len(str(row["why they differ"])) > 20, (key, scale)
+
+
+def test_printed_accuracies_quote_the_papers_tables():
+    from dpfl.papers import dp_fedavg
+
+    # Geyer et al. Table 1 (ACC column) and Zheng et al. Tables 1 and 3 ("Test
+    # Acc" / "Top-1 Acc", in percent there, fractions here), quoted exactly.
+    assert [dp_fedavg.PRINTED[k].accuracy for k in ("non-dp", 100, 1000, 10000)] == [
+        0.97,
+        0.78,
+        0.92,
+        0.96,
+    ]
+    assert prifedsync.PRINTED[("mnist", 0.5, 1.0)].accuracy == 0.9002
+    assert prifedsync.PRINTED[("mnist", 0.5, 0.75)].accuracy == 0.9011
+    assert prifedsync.PRINTED[("cifar10", 0.5, 1.0)].accuracy == 0.5207
+    # random participation draws its accuracies without a number
+    assert all(p.accuracy is None for p in dsgd_rp.PRINTED.values())
+
+
+def test_printed_table_sets_measured_mean_and_sd_beside_the_printed_value():
+    exp = Experiment(
+        "x",
+        "ms-pafl-tabular",
+        (),
+        (("a", ()), ("b", ())),
+        seeds=2,
+        printed=(("a", rep.Printed(0.78, "Table 1, K = 100"), "another dataset"),),
+    )
+    rows = _rows(rep.printed_table(exp, {"a": (0.7, 0.01, 2), "b": (0.5, 0.1, 2)}))
+    assert rows[0]["measured final test accuracy"] == "0.7 ± 0.01 (2 seeds)"
+    assert rows[0]["paper's printed accuracy"] == 0.78
+    assert rows[0]["measured − printed"] == pytest.approx(-0.08)
+    assert rows[0]["why they differ"] == "another dataset"
+    assert rows[1]["where the paper prints it"] == "the paper prints no accuracy for it"
+    bad = dataclasses.replace(exp, printed=(("c", rep.Printed(None, "Fig. 1"), "?"),))
+    with pytest.raises(InvalidParameterError, match="variants the experiment lacks"):
+        rep.printed_table(bad, None)

@@ -13,7 +13,13 @@ and writes one markdown report, ``OUT/PAPER/report.md``, with
    computations), each written as PNG, PDF and SVG;
 3. its headline experiments at a chosen scale, every variant over several
    seeds (:func:`dpfl.experiments.sweep.run_sweep`), with a table (mean ± sd
-   of the final accuracy, ε spent, wall time) and a figure with seed bands.
+   of the final accuracy, ε spent, wall time) and a figure with seed bands;
+4. the measured accuracy (mean ± sd over seeds) of each variant beside the
+   accuracy the paper printed for it (:class:`Printed`, declared by the
+   paper's module), with where the paper prints it and why the two differ
+   (another dataset, another σ, fewer rounds, an unsound printed ε replaced
+   by the proven one). Every report has this table, also when the experiment
+   is not run.
 
 Scales: ``smoke`` (seconds per run, on the bundled 8 × 8 digits and the
 tabular stand-in: checks that every part runs), ``default`` (the largest scale
@@ -40,11 +46,13 @@ __all__ = [
     "SCALES",
     "Experiment",
     "Figure",
+    "Printed",
     "Reproduction",
     "Table",
     "agrees",
     "axes",
     "cell",
+    "printed_table",
     "run_experiment",
     "write_report",
 ]
@@ -115,6 +123,25 @@ class Figure:
 
 
 @dataclasses.dataclass(frozen=True)
+class Printed:
+    """An accuracy a paper printed, quoted to compare against, never used.
+
+    Attributes
+    ----------
+    accuracy : float or None
+        The printed test accuracy as a fraction (0.78 for "78%"); None where
+        the paper only draws the curve or its numbers are lost from its text
+        (``source`` says which).
+    source : str
+        Where the paper prints it: its table or figure and the row
+        (``"Table 1, K = 100, δ' = 1e-3"``).
+    """
+
+    accuracy: float | None
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Experiment:
     """A paper's headline experiment at one scale: variants of one preset.
 
@@ -135,6 +162,11 @@ class Experiment:
     target : float or None
         An accuracy whose first round (of the seeds' mean curve) the table
         reports, as the paper's "rounds to reach X%" tables do.
+    printed : tuple of (str, Printed, str)
+        The paper's accuracies beside the variants: a variant's label, what
+        the paper printed for the setting it reproduces, and why the measured
+        accuracy differs at this scale. A variant without an entry is listed
+        as one the paper prints nothing for.
     """
 
     caption: str
@@ -144,6 +176,7 @@ class Experiment:
     seeds: int
     note: str = ""
     target: float | None = None
+    printed: tuple[tuple[str, Printed, str], ...] = ()
 
 
 def cell(v: Any) -> str:
@@ -218,6 +251,7 @@ def run_experiment(
     if base.exists():  # a fresh run each time the report is written
         shutil.rmtree(base)
     rows = []
+    measured: dict[str, tuple[Any, Any, Any]] = {}
     curves: dict[str, tuple[list[float], list[float], list[float], int]] = {}
     for i, (label, overrides) in enumerate(experiment.variants):
         start = time.perf_counter()
@@ -230,6 +264,11 @@ def run_experiment(
         )
         seconds = time.perf_counter() - start
         (row,) = result.rows
+        measured[label] = (
+            row.get("test_accuracy_mean"),
+            row.get("test_accuracy_sd"),
+            row.get("seeds"),
+        )
         per_seed = [
             {
                 int(r["round"]): float(r["test_accuracy"])
@@ -315,7 +354,71 @@ def run_experiment(
     text = table.to_markdown() + "".join(
         f"\n![experiment]({p.name})\n" for p in figures
     )
+    text += "\n" + printed_table(experiment, measured).to_markdown()
     return text, figures
+
+
+def printed_table(
+    experiment: Experiment, measured: dict[str, tuple[Any, Any, Any]] | None
+) -> Table:
+    """The measured accuracy of each variant beside the paper's printed one.
+
+    Parameters
+    ----------
+    experiment : Experiment
+        Its variants and :attr:`Experiment.printed`.
+    measured : dict or None
+        Variant label to (mean, sd, seeds) of the final test accuracy; None
+        when the experiment was not run.
+
+    Returns
+    -------
+    Table
+        One row per variant: measured mean ± sd (seeds), the printed value,
+        where the paper prints it, the difference and why they differ.
+    """
+    printed = {label: (p, why) for label, p, why in experiment.printed}
+    unknown = sorted(set(printed) - {label for label, _ in experiment.variants})
+    if unknown:
+        raise InvalidParameterError(
+            f"printed accuracies name variants the experiment lacks: {unknown}"
+        )
+    rows = []
+    for label, _ in experiment.variants:
+        mean, sd, n = (None, None, None) if measured is None else measured[label]
+        if measured is None:
+            got = "not run"
+        else:
+            got = _pm(mean, sd) + (f" ({n} seeds)" if n else "")
+        if label not in printed:
+            rows.append(
+                [label, got, None, "the paper prints no accuracy for it", None, "—"]
+            )
+            continue
+        p, why = printed[label]
+        diff = (
+            mean - p.accuracy
+            if p.accuracy is not None and isinstance(mean, int | float)
+            else None
+        )
+        rows.append([label, got, p.accuracy, p.source, diff, why])
+    return Table(
+        "Measured accuracy (mean ± sd over seeds) beside the paper's printed accuracy",
+        [
+            "variant",
+            "measured final test accuracy",
+            "paper's printed accuracy",
+            "where the paper prints it",
+            "measured − printed",
+            "why they differ",
+        ],
+        rows,
+        [
+            "Printed values are quoted from the paper to compare against; nothing "
+            "measured is taken from them. — : the paper prints no number there "
+            "(a curve only, or a value lost from its text)."
+        ],
+    )
 
 
 def _pm(mean: Any, sd: Any) -> str:
@@ -421,8 +524,8 @@ def write_report(
             f"([PDF]({fig.stem}.pdf), [SVG]({fig.stem}.svg))\n"
         )
     parts.append(f"_Accounting recomputed in {time.perf_counter() - t0:.1f} s._\n")
+    exp = spec.experiment(scale)
     if experiment:
-        exp = spec.experiment(scale)
         if jobs is None and scale == "smoke":
             jobs = 1
         t1 = time.perf_counter()
@@ -433,6 +536,9 @@ def write_report(
             f"_Experiment: {time.perf_counter() - t1:.0f} s on this machine. "
             f"Reproduce: `dpfl reproduce {key} --scale {scale}`._\n"
         )
+    else:
+        parts.append(f"## Experiment ({scale} scale): not run\n")
+        parts.append(printed_table(exp, None).to_markdown())
     if spec.missing:
         parts.append("## Not reproduced here\n")
         parts.extend(f"- {m}" for m in spec.missing)
