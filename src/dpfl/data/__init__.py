@@ -36,6 +36,7 @@ from dpfl.data.partition import (
     equal_size,
     federate,
     iid,
+    label_subsets,
     natural,
     shards,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "federate_torch",
     "get_dataset",
     "iid",
+    "label_subsets",
     "load_adult",
     "load_cifar10",
     "load_csv",

@@ -144,6 +144,7 @@ _FEDERATE_TYPES: dict[str, Any] = {
     "records_per_client": int | None,
     "min_size": int,
     "allow_repeats": bool,
+    "labels_per_client": int,
 }
 
 
@@ -208,7 +209,7 @@ def get_dataset(name: str, **kwargs: Any) -> FederatedDataset:
         data with client ids, else ``"iid"``; ``num_clients`` default 10, or
         all ids for ``"natural"``; ``seed`` default 0, ``shards_per_client``,
         ``beta``, ``records_per_client``, ``min_size``, ``allow_repeats``,
-        ``client_test_records``).
+        ``labels_per_client``, ``client_test_records``).
 
     Returns
     -------
