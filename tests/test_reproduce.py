@@ -32,7 +32,12 @@ def test_ms_pafl_report_reproduces_the_reference_example(tmp_path):
     assert "| Theorem 3 (moments, paper) | 0.3325 |" in report
     assert "| 0.1543 |" in report
     assert "| 1000 | 0.1 | 0.5 | 0.01348 | 2.787e-09 |" in report
-    for stem in ("ms-pafl-fig3-central-vs-local", "ms-pafl-fig4-total-vs-p-gamma"):
+    for stem in (
+        "ms-pafl-fig3-central-vs-local",
+        "ms-pafl-fig4-total-vs-p-gamma",
+        "ms-pafl-fig5-local-total-vs-rounds",
+        "ms-pafl-fig6-global-total-vs-batch",
+    ):
         for suffix in (".png", ".pdf", ".svg"):
             assert (tmp_path / "ms-pafl" / f"{stem}{suffix}").is_file()
         assert f"![{stem}]({stem}.png)" in report
@@ -228,3 +233,29 @@ def test_printed_table_sets_measured_mean_and_sd_beside_the_printed_value():
     bad = dataclasses.replace(exp, printed=(("c", rep.Printed(None, "Fig. 1"), "?"),))
     with pytest.raises(InvalidParameterError, match="variants the experiment lacks"):
         rep.printed_table(bad, None)
+
+
+def test_ms_pafl_experiment_pairs_wor_with_wr_and_draws_figure_2(tmp_path):
+    # Li et al. Figure 2 (a) WOR, (b) WR: every check-in probability is run
+    # with local batches without and with replacement, the baseline beside.
+    from dpfl.experiments.config import load_config
+    from dpfl.experiments.presets import find_preset
+    from dpfl.papers import ms_pafl
+
+    for scale in rep.SCALES:
+        exp = ms_pafl._ms_pafl_experiment(scale)
+        by = {}
+        for label, overrides in exp.variants:
+            config = load_config(find_preset(exp.preset), [*exp.overrides, *overrides])
+            params = config.algorithm.params
+            by[label] = (params.checkin_probability, params.replacement)
+        for p in (0.1, 0.5, 1.0):
+            assert by[f"MS-PAFL WOR, p = {p}"] == (p, False)
+            assert by[f"MS-PAFL WR, p = {p}"] == (p, True)
+        assert exp.figure is not None
+    assert ms_pafl._ms_pafl_experiment("paper").preset == "ms-pafl-adult"
+    measured = {
+        label: (0.5 + 0.1 * i, 0.01, 2) for i, (label, _) in enumerate(exp.variants)
+    }
+    fig = rep.Figure(exp.figure.stem, "", lambda f: exp.figure.draw(f, measured))
+    assert fig.write(tmp_path).is_file()

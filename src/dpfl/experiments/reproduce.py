@@ -167,6 +167,10 @@ class Experiment:
         the paper printed for the setting it reproduces, and why the measured
         accuracy differs at this scale. A variant without an entry is listed
         as one the paper prints nothing for.
+    figure : Figure or None
+        A figure of the measured results (the paper's own layout, e.g. final
+        accuracy against a parameter): its ``draw(fig, measured)`` gets the
+        variants' (mean, sd, seeds) of the final test accuracy by label.
     """
 
     caption: str
@@ -177,6 +181,7 @@ class Experiment:
     note: str = ""
     target: float | None = None
     printed: tuple[tuple[str, Printed, str], ...] = ()
+    figure: Figure | None = None
 
 
 def cell(v: Any) -> str:
@@ -354,6 +359,13 @@ def run_experiment(
     text = table.to_markdown() + "".join(
         f"\n![experiment]({p.name})\n" for p in figures
     )
+    if experiment.figure is not None:
+        own = experiment.figure
+        path = Figure(
+            own.stem, own.caption, lambda fig: own.draw(fig, measured), own.size
+        ).write(folder)
+        figures.append(path)
+        text += f"\n![{own.stem}]({path.name})\n\n{own.caption}\n"
     text += "\n" + printed_table(experiment, measured).to_markdown()
     return text, figures
 
