@@ -218,6 +218,7 @@ def run_experiment(
     *,
     seeds: int | None = None,
     jobs: int | None = None,
+    name: str = "experiment",
 ) -> tuple[str, list[Path]]:
     """Run every variant of ``experiment`` over its seeds; return markdown and figures.
 
@@ -237,6 +238,9 @@ def run_experiment(
         Override the experiment's number of seeds.
     jobs : int, optional
         Runs at a time (:func:`~dpfl.experiments.sweep.run_sweep`'s ``jobs``).
+    name : str
+        The runs' folder and the figure's file name (``folder/NAME/``,
+        ``NAME.png``).
 
     Returns
     -------
@@ -252,7 +256,7 @@ def run_experiment(
 
     n = experiment.seeds if seeds is None else seeds
     preset = find_preset(experiment.preset)
-    base = folder / "experiment"
+    base = folder / name
     if base.exists():  # a fresh run each time the report is written
         shutil.rmtree(base)
     rows = []
@@ -324,7 +328,7 @@ def run_experiment(
         figures = [
             p
             for p in plot_sweep(
-                folder / "experiment.png",
+                folder / f"{name}.png",
                 curves=curves,
                 finals={},
                 x_label="variant",
@@ -352,13 +356,11 @@ def run_experiment(
         [
             f"Preset `{experiment.preset}`, with `--set` "
             + (", ".join(f"`{o}`" for o in experiment.overrides) or "nothing")
-            + f"; seeds 0-{n - 1}; each variant's runs are in experiment/v*/.",
+            + f"; seeds 0-{n - 1}; each variant's runs are in {name}/v*/.",
             *([experiment.note] if experiment.note else []),
         ],
     )
-    text = table.to_markdown() + "".join(
-        f"\n![experiment]({p.name})\n" for p in figures
-    )
+    text = table.to_markdown() + "".join(f"\n![{name}]({p.name})\n" for p in figures)
     if experiment.figure is not None:
         own = experiment.figure
         path = Figure(
@@ -468,6 +470,10 @@ class Reproduction:
         What the report does not reproduce, and why.
     aliases : tuple of str
         Other names ``dpfl reproduce`` accepts (the scheme's, the algorithm's).
+    more : callable or None
+        ``more(scale)``: further experiments at a scale, run after the
+        headline one (e.g. a second data set's table), each in its own
+        folder ``experiment-2``, ``experiment-3``, ...
     """
 
     key: str
@@ -477,6 +483,12 @@ class Reproduction:
     experiment: Callable[[str], Experiment]
     missing: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
+    more: Callable[[str], tuple[Experiment, ...]] | None = None
+
+    def experiments(self, scale: str) -> tuple[Experiment, ...]:
+        """Every experiment at ``scale``: the headline one, then :attr:`more`'s."""
+        extra = self.more(scale) if self.more is not None else ()
+        return (self.experiment(scale), *extra)
 
 
 def write_report(
@@ -536,21 +548,23 @@ def write_report(
             f"([PDF]({fig.stem}.pdf), [SVG]({fig.stem}.svg))\n"
         )
     parts.append(f"_Accounting recomputed in {time.perf_counter() - t0:.1f} s._\n")
-    exp = spec.experiment(scale)
-    if experiment:
-        if jobs is None and scale == "smoke":
-            jobs = 1
+    if jobs is None and scale == "smoke":
+        jobs = 1
+    for i, exp in enumerate(spec.experiments(scale)):
+        heading = f"## Experiment ({scale} scale)" if i == 0 else f"## {exp.caption}"
+        if not experiment:
+            parts.append(f"{heading}: not run\n")
+            parts.append(printed_table(exp, None).to_markdown())
+            continue
         t1 = time.perf_counter()
-        text, _ = run_experiment(exp, folder, seeds=seeds, jobs=jobs)
-        parts.append(f"## Experiment ({scale} scale)\n")
+        name = "experiment" if i == 0 else f"experiment-{i + 1}"
+        text, _ = run_experiment(exp, folder, seeds=seeds, jobs=jobs, name=name)
+        parts.append(f"{heading}\n")
         parts.append(text)
         parts.append(
             f"_Experiment: {time.perf_counter() - t1:.0f} s on this machine. "
             f"Reproduce: `dpfl reproduce {key} --scale {scale}`._\n"
         )
-    else:
-        parts.append(f"## Experiment ({scale} scale): not run\n")
-        parts.append(printed_table(exp, None).to_markdown())
     if spec.missing:
         parts.append("## Not reproduced here\n")
         parts.extend(f"- {m}" for m in spec.missing)
