@@ -263,3 +263,31 @@ def test_ms_pafl_experiment_pairs_wor_with_wr_and_draws_figure_2(tmp_path):
     }
     fig = rep.Figure(exp.figure.stem, "", lambda f: exp.figure.draw(f, measured))
     assert fig.write(tmp_path).is_file()
+
+
+@pytest.mark.slow  # six 2-round runs of the tabular stand-in, about 15 s
+def test_run_experiment_tunes_each_variant_on_its_grid(tmp_path):
+    # a learning rate of 1e-6 cannot move the model in 2 rounds; 0.5 can: the
+    # grid's table lists both values' seed-0 accuracy and the variant runs at
+    # the better one
+    exp = Experiment(
+        "tuned",
+        "ms-pafl-tabular",
+        ("rounds=2", "eval_every=1", "privacy.epsilon=.inf"),
+        (("p = 1", ("algorithm.params.checkin_probability=1.0",)),),
+        seeds=2,
+        tune=("algorithm.params.learning_rate", (1e-6, 0.5)),
+    )
+    text, _ = run_experiment(exp, tmp_path, jobs=1)
+    assert "chosen per variant from the grid [1e-06, 0.5]" in text
+    (line,) = [
+        r
+        for r in text.splitlines()
+        if r.startswith("| p = 1 |") and "0.5 |" in r and r.rstrip().endswith("| 0.5 |")
+    ]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert float(cells[2]) > float(cells[1])  # 0.5 beat 1e-6 on seed 0
+    from dpfl.experiments.config import load_config
+
+    run = next((tmp_path / "experiment" / "v0").rglob("config.yaml"))
+    assert load_config(run, []).algorithm.params.learning_rate == 0.5

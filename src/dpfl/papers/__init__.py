@@ -139,8 +139,12 @@ def check_reproduction(paper: str, scale: str) -> str:
     lines = []
     for exp in spec.experiments(scale):
         preset = find_preset(exp.preset)
+        grid = (
+            [()] if exp.tune is None else [(f"{exp.tune[0]}={v}",) for v in exp.tune[1]]
+        )
         for _, overrides in exp.variants:
-            load_config(preset, [*exp.overrides, *overrides])
+            for tuned in grid:  # every value of the tuning grid, too
+                load_config(preset, [*exp.overrides, *overrides, *tuned])
         labels = ", ".join(label for label, _ in exp.variants)
         lines.append(
             f"preset {exp.preset} ({preset}), {len(exp.variants)} variants "
