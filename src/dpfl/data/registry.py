@@ -7,16 +7,13 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+from dpfl.data.adult import load_adult
+from dpfl.data.cifar10 import load_cifar10
 from dpfl.data.dataset import Dataset, FederatedDataset
-from dpfl.data.loaders import (
-    load_adult,
-    load_cifar10,
-    load_digits,
-    load_femnist,
-    load_mnist,
-)
-from dpfl.data.sources import load_csv, load_idx_files, load_npz
+from dpfl.data.femnist import load_femnist
+from dpfl.data.loaders import load_digits, load_mnist
 from dpfl.data.synthetic import synthetic, synthetic_images
+from dpfl.data.user_files import load_csv, load_idx_files, load_npz
 from dpfl.errors import DpflError, InvalidParameterError
 
 __all__ = ["DATASETS", "dataset_options", "get_dataset"]
