@@ -261,7 +261,9 @@ def test_ms_pafl_experiment_pairs_wor_with_wr_and_draws_figure_2(tmp_path):
     measured = {
         label: (0.5 + 0.1 * i, 0.01, 2) for i, (label, _) in enumerate(exp.variants)
     }
-    fig = rep.Figure(exp.figure.stem, "", lambda f: exp.figure.draw(f, measured))
+    fig = rep.Figure(
+        exp.figure.stem, "", lambda f: exp.figure.draw(f, measured=measured)
+    )
     assert fig.write(tmp_path).is_file()
 
 

@@ -34,6 +34,7 @@ compare against; nothing dpfl reports is taken from them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -46,8 +47,10 @@ __all__ = [
     "SCALES",
     "Experiment",
     "Figure",
+    "Measured",
     "Printed",
     "Reproduction",
+    "ResultFigure",
     "Table",
     "agrees",
     "axes",
@@ -122,6 +125,32 @@ class Figure:
         return path
 
 
+#: The measured final test accuracy of an experiment's variants: label to
+#: (mean, sd, seeds), each None where no run reported it.
+Measured = dict[str, tuple[Any, Any, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultFigure:
+    """A figure of an experiment's measured results, in the paper's layout.
+
+    Attributes
+    ----------
+    stem, caption : str
+        As :class:`Figure`'s.
+    draw : callable
+        ``draw(fig, measured=...)`` fills a matplotlib figure from the
+        variants' final accuracies (:data:`Measured`).
+    size : (float, float)
+        Figure size in inches.
+    """
+
+    stem: str
+    caption: str
+    draw: Callable[..., None]
+    size: tuple[float, float] = (11.0, 3.8)
+
+
 @dataclasses.dataclass(frozen=True)
 class Printed:
     """An accuracy a paper printed, quoted to compare against, never used.
@@ -176,10 +205,9 @@ class Experiment:
         choice. The choice reads the test set, as a paper's hyperparameter
         search reported on the test set does: optimistic alike for every
         variant.
-    figure : Figure or None
+    figure : ResultFigure or None
         A figure of the measured results (the paper's own layout, e.g. final
-        accuracy against a parameter): its ``draw(fig, measured)`` gets the
-        variants' (mean, sd, seeds) of the final test accuracy by label.
+        accuracy against a parameter).
     """
 
     caption: str
@@ -191,7 +219,7 @@ class Experiment:
     target: float | None = None
     printed: tuple[tuple[str, Printed, str], ...] = ()
     tune: tuple[str, tuple[float, ...]] | None = None
-    figure: Figure | None = None
+    figure: ResultFigure | None = None
 
 
 def cell(v: Any) -> str:
@@ -270,15 +298,15 @@ def run_experiment(
     if base.exists():  # a fresh run each time the report is written
         shutil.rmtree(base)
     rows = []
-    measured: dict[str, tuple[Any, Any, Any]] = {}
+    measured: Measured = {}
     curves: dict[str, tuple[list[float], list[float], list[float], int]] = {}
     tuned: list[list[Any]] = []
     for i, (label, overrides) in enumerate(experiment.variants):
         start = time.perf_counter()
         if experiment.tune is not None:
-            key, values = experiment.tune
+            key, grid = experiment.tune
             scores = []
-            for j, value in enumerate(values):
+            for j, value in enumerate(grid):
                 trial = run_sweep(
                     preset,
                     [0],
@@ -288,7 +316,7 @@ def run_experiment(
                 )
                 acc = trial.rows[0].get("test_accuracy_mean")
                 scores.append(acc if isinstance(acc, int | float) else -math.inf)
-            best = values[max(range(len(values)), key=lambda j: scores[j])]
+            best = grid[max(range(len(grid)), key=lambda j: scores[j])]
             overrides = (*overrides, f"{key}={best}")
             tuned.append([label, *scores, best])
         result = run_sweep(
@@ -389,14 +417,14 @@ def run_experiment(
     )
     text = table.to_markdown() + "".join(f"\n![{name}]({p.name})\n" for p in figures)
     if experiment.tune is not None:
-        key, values = experiment.tune
+        key, grid = experiment.tune
         short = key.rsplit(".", 1)[-1]
         text += (
             "\n"
             + Table(
-                f"`{key}` chosen per variant from the grid {list(values)}: final "
+                f"`{key}` chosen per variant from the grid {list(grid)}: final "
                 "test accuracy of seed 0 at each value",
-                ["variant", *(f"{short} = {v:g}" for v in values), "chosen"],
+                ["variant", *(f"{short} = {v:g}" for v in grid), "chosen"],
                 tuned,
                 [
                     "Each variant's seeds then ran at the chosen value (the table "
@@ -407,7 +435,10 @@ def run_experiment(
     if experiment.figure is not None:
         own = experiment.figure
         path = Figure(
-            own.stem, own.caption, lambda fig: own.draw(fig, measured), own.size
+            own.stem,
+            own.caption,
+            functools.partial(own.draw, measured=measured),
+            own.size,
         ).write(folder)
         figures.append(path)
         text += f"\n![{own.stem}]({path.name})\n\n{own.caption}\n"
@@ -415,9 +446,7 @@ def run_experiment(
     return text, figures
 
 
-def printed_table(
-    experiment: Experiment, measured: dict[str, tuple[Any, Any, Any]] | None
-) -> Table:
+def printed_table(experiment: Experiment, measured: Measured | None) -> Table:
     """The measured accuracy of each variant beside the paper's printed one.
 
     Parameters
@@ -440,7 +469,7 @@ def printed_table(
         raise InvalidParameterError(
             f"printed accuracies name variants the experiment lacks: {unknown}"
         )
-    rows = []
+    rows: list[list[Any]] = []
     for label, _ in experiment.variants:
         mean, sd, n = (None, None, None) if measured is None else measured[label]
         if measured is None:

@@ -22,8 +22,10 @@ from dpfl.errors import DpflError
 from dpfl.experiments.reproduce import (
     Experiment,
     Figure,
+    Measured,
     Printed,
     Reproduction,
+    ResultFigure,
     Table,
     axes,
 )
@@ -547,7 +549,7 @@ def _ms_pafl_figures() -> list[Figure]:
 PRINTED = Printed(None, "Figure 2 (Adult; a curve, its numbers lost from the text)")
 
 
-def _fig2(fig: Any, measured: dict[str, tuple[Any, Any, Any]]) -> None:
+def _fig2(fig: Any, measured: Measured) -> None:
     """Figure 2's panels from the experiment's final accuracies by variant."""
     base = measured.get("DP-FedAvg baseline (p = 1, no private part)", (None,))[0]
     for ax, name in zip(axes(fig, 2), ("WOR", "WR")):
@@ -591,7 +593,7 @@ def _ms_pafl_experiment(scale: str) -> Experiment:
             ),
         ),
     )
-    figure = Figure(
+    figure = ResultFigure(
         "ms-pafl-fig2-accuracy-vs-p",
         "Figure 2 of the paper, measured: final test accuracy (mean ± sd over "
         "seeds) against the check-in probability p, (a) batches without "
