@@ -145,6 +145,18 @@ def test_ms_pafl_adult_runs_on_files_in_adults_format(tmp_path, monkeypatch):
     from dpfl.data import get_dataset
 
     config = load_config(PRESET_DIR / "ms-pafl-adult.yaml", [])
-    data = get_dataset("adult", num_clients=100, **config.data.options)
+    assert config.data.partition == "label-subsets"
+    data = get_dataset(
+        "adult",
+        num_clients=100,
+        partition=config.data.partition,
+        **config.data.options,
+    )
     assert tuple(data.input_shape) == (14,)
+    # every client holds one of the two labels, 3 records each (Li et al. §V-B:
+    # uniformly distributed, each client holding a subset of the labels)
+    labels = np.asarray(data.labels)
+    per_client = [labels[np.asarray(i)] for i in data.client_indices]
+    assert {len(set(c.tolist())) for c in per_client} == {1}
+    assert 2 <= min(map(len, per_client)) <= max(map(len, per_client)) <= 4
     assert 0.0 <= result.metrics["test_accuracy"] <= 1.0

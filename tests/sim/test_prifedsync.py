@@ -509,3 +509,50 @@ def test_personalised_models_beat_the_global_model_on_label_shards():
     _run(alg, 40)
     m = alg.evaluate()
     assert m["personal_test_accuracy"] > m["global_test_accuracy"] + 0.2
+
+
+# -- learning-rate decay (the paper's CIFAR-10 schedule) ------------------------
+def test_lr_decay_follows_each_clients_own_step_count_sgd():
+    # lr * decay ** (t // every), t the client's local steps so far
+    alg = _algorithm(optimizer="sgd", lr_decay=0.5, lr_decay_steps=2)
+    theta = torch.zeros(3, 4, dtype=torch.float64)
+    steps = torch.tensor([0, 2, 5])
+    new = alg._local_update(theta, torch.ones_like(theta), None, None, steps)
+    expected = -0.05 * torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)
+    assert torch.allclose(new, expected[:, None].expand(3, 4))
+    assert steps.tolist() == [1, 3, 6]
+
+
+def test_lr_decay_matches_torch_adam_with_a_step_schedule():
+    # independent reference: torch.optim.Adam whose lr is set before each step
+    # to lr * 0.9 ** (t // 3) (Zheng et al.'s "x0.99 every 10 epochs", scaled)
+    alg = _algorithm(optimizer="adam", lr_decay=0.9, lr_decay_steps=3)
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(1, 5, generator=gen, dtype=torch.float64) for _ in range(8)]
+    theta = torch.zeros(1, 5, dtype=torch.float64)
+    m1, m2 = torch.zeros_like(theta), torch.zeros_like(theta)
+    steps = torch.zeros(1, dtype=torch.long)
+    ref = torch.zeros(5, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.Adam([ref], lr=0.05)
+    for t, g in enumerate(grads):
+        theta = alg._local_update(theta, g, m1, m2, steps)
+        for group in opt.param_groups:
+            group["lr"] = 0.05 * 0.9 ** (t // 3)
+        ref.grad = g[0].clone()
+        opt.step()
+    assert torch.allclose(theta[0], ref.detach(), rtol=1e-10, atol=1e-12)
+    # and without the decay the path differs
+    plain = _algorithm(optimizer="adam")
+    theta2 = torch.zeros(1, 5, dtype=torch.float64)
+    z1, z2 = torch.zeros_like(theta2), torch.zeros_like(theta2)
+    s2 = torch.zeros(1, dtype=torch.long)
+    for g in grads:
+        theta2 = plain._local_update(theta2, g, z1, z2, s2)
+    assert not torch.allclose(theta2, theta)
+
+
+def test_lr_decay_is_validated():
+    with pytest.raises(InvalidParameterError, match="lr_decay"):
+        PriFedSyncParams(lr_decay=1.5)
+    with pytest.raises(InvalidParameterError, match="lr_decay_steps"):
+        PriFedSyncParams(lr_decay_steps=0)

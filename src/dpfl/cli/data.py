@@ -26,12 +26,8 @@ _BUILT_IN = {
 
 def _list(args: argparse.Namespace) -> int:
     from dpfl.data.fetch import SOURCES, default_root
-    from dpfl.data.loaders import (
-        DEBIAN_FASHION_MNIST_DIR,
-        REAL_DATASETS,
-        DatasetNotFoundError,
-        locate,
-    )
+    from dpfl.data.loaders import DEBIAN_FASHION_MNIST_DIR, DatasetNotFoundError
+    from dpfl.data.locate import REAL_DATASETS, locate
 
     root = args.root
     print("dpfl looks for a data set's files in, in order:")

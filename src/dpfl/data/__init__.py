@@ -10,44 +10,38 @@ dataset (:func:`federate_torch`) or files (:func:`load_csv`,
 :func:`load_npz`, :func:`load_idx_files`).
 """
 
+from dpfl.data.adult import load_adult
+from dpfl.data.cifar10 import load_cifar10
 from dpfl.data.dataset import (
     Dataset,
     FederatedDataset,
     LazyFeatures,
     ScaledUint8Features,
 )
+from dpfl.data.federate import client_test_split, federate
+from dpfl.data.femnist import load_femnist
 from dpfl.data.loaders import (
     DEBIAN_FASHION_MNIST_DIR,
     IDX_KINDS,
-    REAL_DATASETS,
     DatasetNotFoundError,
-    load_adult,
-    load_cifar10,
     load_digits,
-    load_femnist,
     load_idx,
     load_mnist,
-    locate,
 )
+from dpfl.data.locate import REAL_DATASETS, locate
 from dpfl.data.partition import (
-    client_test_split,
     dirichlet,
     dirichlet_per_client,
     equal_size,
-    federate,
     iid,
+    label_subsets,
     natural,
     shards,
 )
 from dpfl.data.registry import DATASETS, get_dataset
-from dpfl.data.sources import (
-    federate_clients,
-    federate_torch,
-    load_csv,
-    load_idx_files,
-    load_npz,
-)
+from dpfl.data.sources import federate_clients, federate_torch
 from dpfl.data.synthetic import ProceduralImages, synthetic, synthetic_images
+from dpfl.data.user_files import load_csv, load_idx_files, load_npz
 
 __all__ = [
     "DATASETS",
@@ -69,6 +63,7 @@ __all__ = [
     "federate_torch",
     "get_dataset",
     "iid",
+    "label_subsets",
     "load_adult",
     "load_cifar10",
     "load_csv",

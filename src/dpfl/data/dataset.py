@@ -191,7 +191,7 @@ class Dataset:
             each client's own test records are its ``client_test_indices``
             (unless ``client_test_records`` asks for drawn ones).
         """
-        from dpfl.data.partition import federate
+        from dpfl.data.federate import federate
 
         if partition is None:
             partition = "natural" if self.client_ids is not None else "iid"

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from dpfl.data.loaders import DatasetNotFoundError, locate
+from dpfl.data.loaders import DatasetNotFoundError
+from dpfl.data.locate import locate
 from dpfl.errors import DpflError, InvalidParameterError
 
 __all__ = [

@@ -7,16 +7,13 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+from dpfl.data.adult import load_adult
+from dpfl.data.cifar10 import load_cifar10
 from dpfl.data.dataset import Dataset, FederatedDataset
-from dpfl.data.loaders import (
-    load_adult,
-    load_cifar10,
-    load_digits,
-    load_femnist,
-    load_mnist,
-)
-from dpfl.data.sources import load_csv, load_idx_files, load_npz
+from dpfl.data.femnist import load_femnist
+from dpfl.data.loaders import load_digits, load_mnist
 from dpfl.data.synthetic import synthetic, synthetic_images
+from dpfl.data.user_files import load_csv, load_idx_files, load_npz
 from dpfl.errors import DpflError, InvalidParameterError
 
 __all__ = ["DATASETS", "dataset_options", "get_dataset"]
@@ -144,6 +141,7 @@ _FEDERATE_TYPES: dict[str, Any] = {
     "records_per_client": int | None,
     "min_size": int,
     "allow_repeats": bool,
+    "labels_per_client": int,
 }
 
 
@@ -208,7 +206,7 @@ def get_dataset(name: str, **kwargs: Any) -> FederatedDataset:
         data with client ids, else ``"iid"``; ``num_clients`` default 10, or
         all ids for ``"natural"``; ``seed`` default 0, ``shards_per_client``,
         ``beta``, ``records_per_client``, ``min_size``, ``allow_repeats``,
-        ``client_test_records``).
+        ``labels_per_client``, ``client_test_records``).
 
     Returns
     -------

@@ -13,7 +13,13 @@ and writes one markdown report, ``OUT/PAPER/report.md``, with
    computations), each written as PNG, PDF and SVG;
 3. its headline experiments at a chosen scale, every variant over several
    seeds (:func:`dpfl.experiments.sweep.run_sweep`), with a table (mean ± sd
-   of the final accuracy, ε spent, wall time) and a figure with seed bands.
+   of the final accuracy, ε spent, wall time) and a figure with seed bands;
+4. the measured accuracy (mean ± sd over seeds) of each variant beside the
+   accuracy the paper printed for it (:class:`Printed`, declared by the
+   paper's module), with where the paper prints it and why the two differ
+   (another dataset, another σ, fewer rounds, an unsound printed ε replaced
+   by the proven one). Every report has this table, also when the experiment
+   is not run.
 
 Scales: ``smoke`` (seconds per run, on the bundled 8 × 8 digits and the
 tabular stand-in: checks that every part runs), ``default`` (the largest scale
@@ -28,6 +34,7 @@ compare against; nothing dpfl reports is taken from them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -40,11 +47,15 @@ __all__ = [
     "SCALES",
     "Experiment",
     "Figure",
+    "Measured",
+    "Printed",
     "Reproduction",
+    "ResultFigure",
     "Table",
     "agrees",
     "axes",
     "cell",
+    "printed_table",
     "run_experiment",
     "write_report",
 ]
@@ -114,6 +125,51 @@ class Figure:
         return path
 
 
+#: The measured final test accuracy of an experiment's variants: label to
+#: (mean, sd, seeds), each None where no run reported it.
+Measured = dict[str, tuple[Any, Any, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultFigure:
+    """A figure of an experiment's measured results, in the paper's layout.
+
+    Attributes
+    ----------
+    stem, caption : str
+        As :class:`Figure`'s.
+    draw : callable
+        ``draw(fig, measured=...)`` fills a matplotlib figure from the
+        variants' final accuracies (:data:`Measured`).
+    size : (float, float)
+        Figure size in inches.
+    """
+
+    stem: str
+    caption: str
+    draw: Callable[..., None]
+    size: tuple[float, float] = (11.0, 3.8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Printed:
+    """An accuracy a paper printed, quoted to compare against, never used.
+
+    Attributes
+    ----------
+    accuracy : float or None
+        The printed test accuracy as a fraction (0.78 for "78%"); None where
+        the paper only draws the curve or its numbers are lost from its text
+        (``source`` says which).
+    source : str
+        Where the paper prints it: its table or figure and the row
+        (``"Table 1, K = 100, δ' = 1e-3"``).
+    """
+
+    accuracy: float | None
+    source: str
+
+
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     """A paper's headline experiment at one scale: variants of one preset.
@@ -135,6 +191,23 @@ class Experiment:
     target : float or None
         An accuracy whose first round (of the seeds' mean curve) the table
         reports, as the paper's "rounds to reach X%" tables do.
+    printed : tuple of (str, Printed, str)
+        The paper's accuracies beside the variants: a variant's label, what
+        the paper printed for the setting it reproduces, and why the measured
+        accuracy differs at this scale. A variant without an entry is listed
+        as one the paper prints nothing for.
+    tune : (str, tuple of float) or None
+        A small grid for one setting, chosen per variant: ``(key, values)``
+        (e.g. ``("algorithm.params.learning_rate", (0.005, 0.02))``). Each
+        variant first runs every value with seed 0 and keeps the one with the
+        highest final test accuracy (the first on a tie); its seeds then run
+        with that value. The report lists every value's accuracy and the
+        choice. The choice reads the test set, as a paper's hyperparameter
+        search reported on the test set does: optimistic alike for every
+        variant.
+    figure : ResultFigure or None
+        A figure of the measured results (the paper's own layout, e.g. final
+        accuracy against a parameter).
     """
 
     caption: str
@@ -144,6 +217,9 @@ class Experiment:
     seeds: int
     note: str = ""
     target: float | None = None
+    printed: tuple[tuple[str, Printed, str], ...] = ()
+    tune: tuple[str, tuple[float, ...]] | None = None
+    figure: ResultFigure | None = None
 
 
 def cell(v: Any) -> str:
@@ -180,6 +256,7 @@ def run_experiment(
     *,
     seeds: int | None = None,
     jobs: int | None = None,
+    name: str = "experiment",
 ) -> tuple[str, list[Path]]:
     """Run every variant of ``experiment`` over its seeds; return markdown and figures.
 
@@ -199,6 +276,9 @@ def run_experiment(
         Override the experiment's number of seeds.
     jobs : int, optional
         Runs at a time (:func:`~dpfl.experiments.sweep.run_sweep`'s ``jobs``).
+    name : str
+        The runs' folder and the figure's file name (``folder/NAME/``,
+        ``NAME.png``).
 
     Returns
     -------
@@ -214,13 +294,31 @@ def run_experiment(
 
     n = experiment.seeds if seeds is None else seeds
     preset = find_preset(experiment.preset)
-    base = folder / "experiment"
+    base = folder / name
     if base.exists():  # a fresh run each time the report is written
         shutil.rmtree(base)
     rows = []
+    measured: Measured = {}
     curves: dict[str, tuple[list[float], list[float], list[float], int]] = {}
+    tuned: list[list[Any]] = []
     for i, (label, overrides) in enumerate(experiment.variants):
         start = time.perf_counter()
+        if experiment.tune is not None:
+            key, grid = experiment.tune
+            scores = []
+            for j, value in enumerate(grid):
+                trial = run_sweep(
+                    preset,
+                    [0],
+                    overrides=[*experiment.overrides, *overrides, f"{key}={value}"],
+                    out=base / f"v{i}-tune{j}",
+                    jobs=jobs,
+                )
+                acc = trial.rows[0].get("test_accuracy_mean")
+                scores.append(acc if isinstance(acc, int | float) else -math.inf)
+            best = grid[max(range(len(grid)), key=lambda j: scores[j])]
+            overrides = (*overrides, f"{key}={best}")
+            tuned.append([label, *scores, best])
         result = run_sweep(
             preset,
             list(range(n)),
@@ -230,6 +328,11 @@ def run_experiment(
         )
         seconds = time.perf_counter() - start
         (row,) = result.rows
+        measured[label] = (
+            row.get("test_accuracy_mean"),
+            row.get("test_accuracy_sd"),
+            row.get("seeds"),
+        )
         per_seed = [
             {
                 int(r["round"]): float(r["test_accuracy"])
@@ -280,7 +383,7 @@ def run_experiment(
         figures = [
             p
             for p in plot_sweep(
-                folder / "experiment.png",
+                folder / f"{name}.png",
                 curves=curves,
                 finals={},
                 x_label="variant",
@@ -308,14 +411,100 @@ def run_experiment(
         [
             f"Preset `{experiment.preset}`, with `--set` "
             + (", ".join(f"`{o}`" for o in experiment.overrides) or "nothing")
-            + f"; seeds 0-{n - 1}; each variant's runs are in experiment/v*/.",
+            + f"; seeds 0-{n - 1}; each variant's runs are in {name}/v*/.",
             *([experiment.note] if experiment.note else []),
         ],
     )
-    text = table.to_markdown() + "".join(
-        f"\n![experiment]({p.name})\n" for p in figures
-    )
+    text = table.to_markdown() + "".join(f"\n![{name}]({p.name})\n" for p in figures)
+    if experiment.tune is not None:
+        key, grid = experiment.tune
+        short = key.rsplit(".", 1)[-1]
+        text += (
+            "\n"
+            + Table(
+                f"`{key}` chosen per variant from the grid {list(grid)}: final "
+                "test accuracy of seed 0 at each value",
+                ["variant", *(f"{short} = {v:g}" for v in grid), "chosen"],
+                tuned,
+                [
+                    "Each variant's seeds then ran at the chosen value (the table "
+                    "above). The choice reads the test set, alike for every variant."
+                ],
+            ).to_markdown()
+        )
+    if experiment.figure is not None:
+        own = experiment.figure
+        path = Figure(
+            own.stem,
+            own.caption,
+            functools.partial(own.draw, measured=measured),
+            own.size,
+        ).write(folder)
+        figures.append(path)
+        text += f"\n![{own.stem}]({path.name})\n\n{own.caption}\n"
+    text += "\n" + printed_table(experiment, measured).to_markdown()
     return text, figures
+
+
+def printed_table(experiment: Experiment, measured: Measured | None) -> Table:
+    """The measured accuracy of each variant beside the paper's printed one.
+
+    Parameters
+    ----------
+    experiment : Experiment
+        Its variants and :attr:`Experiment.printed`.
+    measured : dict or None
+        Variant label to (mean, sd, seeds) of the final test accuracy; None
+        when the experiment was not run.
+
+    Returns
+    -------
+    Table
+        One row per variant: measured mean ± sd (seeds), the printed value,
+        where the paper prints it, the difference and why they differ.
+    """
+    printed = {label: (p, why) for label, p, why in experiment.printed}
+    unknown = sorted(set(printed) - {label for label, _ in experiment.variants})
+    if unknown:
+        raise InvalidParameterError(
+            f"printed accuracies name variants the experiment lacks: {unknown}"
+        )
+    rows: list[list[Any]] = []
+    for label, _ in experiment.variants:
+        mean, sd, n = (None, None, None) if measured is None else measured[label]
+        if measured is None:
+            got = "not run"
+        else:
+            got = _pm(mean, sd) + (f" ({n} seeds)" if n else "")
+        if label not in printed:
+            rows.append(
+                [label, got, None, "the paper prints no accuracy for it", None, "—"]
+            )
+            continue
+        p, why = printed[label]
+        diff = (
+            mean - p.accuracy
+            if p.accuracy is not None and isinstance(mean, int | float)
+            else None
+        )
+        rows.append([label, got, p.accuracy, p.source, diff, why])
+    return Table(
+        "Measured accuracy (mean ± sd over seeds) beside the paper's printed accuracy",
+        [
+            "variant",
+            "measured final test accuracy",
+            "paper's printed accuracy",
+            "where the paper prints it",
+            "measured − printed",
+            "why they differ",
+        ],
+        rows,
+        [
+            "Printed values are quoted from the paper to compare against; nothing "
+            "measured is taken from them. — : the paper prints no number there "
+            "(a curve only, or a value lost from its text)."
+        ],
+    )
 
 
 def _pm(mean: Any, sd: Any) -> str:
@@ -353,6 +542,10 @@ class Reproduction:
         What the report does not reproduce, and why.
     aliases : tuple of str
         Other names ``dpfl reproduce`` accepts (the scheme's, the algorithm's).
+    more : callable or None
+        ``more(scale)``: further experiments at a scale, run after the
+        headline one (e.g. a second data set's table), each in its own
+        folder ``experiment-2``, ``experiment-3``, ...
     """
 
     key: str
@@ -362,6 +555,12 @@ class Reproduction:
     experiment: Callable[[str], Experiment]
     missing: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
+    more: Callable[[str], tuple[Experiment, ...]] | None = None
+
+    def experiments(self, scale: str) -> tuple[Experiment, ...]:
+        """Every experiment at ``scale``: the headline one, then :attr:`more`'s."""
+        extra = self.more(scale) if self.more is not None else ()
+        return (self.experiment(scale), *extra)
 
 
 def write_report(
@@ -421,13 +620,18 @@ def write_report(
             f"([PDF]({fig.stem}.pdf), [SVG]({fig.stem}.svg))\n"
         )
     parts.append(f"_Accounting recomputed in {time.perf_counter() - t0:.1f} s._\n")
-    if experiment:
-        exp = spec.experiment(scale)
-        if jobs is None and scale == "smoke":
-            jobs = 1
+    if jobs is None and scale == "smoke":
+        jobs = 1
+    for i, exp in enumerate(spec.experiments(scale)):
+        heading = f"## Experiment ({scale} scale)" if i == 0 else f"## {exp.caption}"
+        if not experiment:
+            parts.append(f"{heading}: not run\n")
+            parts.append(printed_table(exp, None).to_markdown())
+            continue
         t1 = time.perf_counter()
-        text, _ = run_experiment(exp, folder, seeds=seeds, jobs=jobs)
-        parts.append(f"## Experiment ({scale} scale)\n")
+        name = "experiment" if i == 0 else f"experiment-{i + 1}"
+        text, _ = run_experiment(exp, folder, seeds=seeds, jobs=jobs, name=name)
+        parts.append(f"{heading}\n")
         parts.append(text)
         parts.append(
             f"_Experiment: {time.perf_counter() - t1:.0f} s on this machine. "

@@ -110,10 +110,10 @@ def reproduce(paper: str, **options: Any) -> Path:
 def check_reproduction(paper: str, scale: str) -> str:
     """Check ``paper``'s experiment at ``scale`` without running it.
 
-    Every variant's configuration (its preset with the scale's and the
-    variant's overrides) is read and validated, as ``dpfl train --check``
-    reads one: keys, types, ranges and the privacy settings. Nothing is
-    written and no data is read.
+    Every variant's configuration of every experiment at the scale (its
+    preset with the scale's and the variant's overrides) is read and
+    validated, as ``dpfl train --check`` reads one: keys, types, ranges and
+    the privacy settings. Nothing is written and no data is read.
 
     Parameters
     ----------
@@ -125,7 +125,7 @@ def check_reproduction(paper: str, scale: str) -> str:
     Returns
     -------
     str
-        One line: the preset, the variants and the seeds.
+        One line: each experiment's preset, variants and seeds.
 
     Raises
     ------
@@ -136,12 +136,18 @@ def check_reproduction(paper: str, scale: str) -> str:
     from dpfl.experiments.presets import find_preset
 
     spec = _reproduction(paper)
-    exp = spec.experiment(scale)
-    preset = find_preset(exp.preset)
-    for _, overrides in exp.variants:
-        load_config(preset, [*exp.overrides, *overrides])
-    labels = ", ".join(label for label, _ in exp.variants)
-    return (
-        f"valid: preset {exp.preset} ({preset}), {len(exp.variants)} variants "
-        f"({labels}) x {exp.seeds} seeds at scale {scale}"
-    )
+    lines = []
+    for exp in spec.experiments(scale):
+        preset = find_preset(exp.preset)
+        grid = (
+            [()] if exp.tune is None else [(f"{exp.tune[0]}={v}",) for v in exp.tune[1]]
+        )
+        for _, overrides in exp.variants:
+            for tuned in grid:  # every value of the tuning grid, too
+                load_config(preset, [*exp.overrides, *overrides, *tuned])
+        labels = ", ".join(label for label, _ in exp.variants)
+        lines.append(
+            f"preset {exp.preset} ({preset}), {len(exp.variants)} variants "
+            f"({labels}) x {exp.seeds} seeds"
+        )
+    return "valid: " + "; ".join(lines) + f" at scale {scale}"

@@ -23,6 +23,7 @@ import dpfl.papers.report as report
 from dpfl.experiments.reproduce import (
     Experiment,
     Figure,
+    Printed,
     Reproduction,
     Table,
     axes,
@@ -309,6 +310,24 @@ _NO_NOISE = (
 )
 
 
+#: Table 1's printed accuracies (MNIST, ε = 8), by the row they quote.
+PRINTED = {
+    "non-dp": Printed(0.97, "Table 1, non-DP, K = 100 (CR 380)"),
+    100: Printed(0.78, "Table 1, K = 100, δ' = 1e-3 (CR 11)"),
+    1000: Printed(0.92, "Table 1, K = 1000, δ' = 1e-5 (CR 54)"),
+    10000: Printed(0.96, "Table 1, K = 10000, δ' = 1e-6 (CR 412)"),
+}
+
+#: Why every DP row differs from the printed one: the paper's "ε = 8" is the
+#: moments accountant's Poisson reading of a fixed cohort, with a median norm
+#: released without noise.
+_UNSOUND = (
+    "the paper's ε = 8 reads the fixed cohort as Poisson sampling and releases "
+    "the median norm unnoised (not a proven bound; the report's table gives the "
+    "proven σ for the same rounds), kept here to train at the paper's σ"
+)
+
+
 def _dp_fedavg_experiment(scale: str) -> Experiment:
     if scale == "smoke":
         return Experiment(
@@ -322,6 +341,20 @@ def _dp_fedavg_experiment(scale: str) -> Experiment:
             ),
             seeds=2,
             note="digits, 100 clients with 2 label shards, logistic regression.",
+            printed=(
+                (
+                    "DP (σ = 4)",
+                    PRINTED[100],
+                    "8 x 8 digits instead of MNIST, logistic regression instead of "
+                    "the CNN, 3 rounds instead of 11, σ = 4 instead of 1.1933",
+                ),
+                (
+                    "non-private",
+                    PRINTED["non-dp"],
+                    "8 x 8 digits instead of MNIST, logistic regression, 3 rounds "
+                    "instead of 380",
+                ),
+            ),
         )
     if scale == "default":
         return Experiment(
@@ -338,6 +371,21 @@ def _dp_fedavg_experiment(scale: str) -> Experiment:
             note="Fashion-MNIST stands in for MNIST; an MLP 784-200-10 for the CNN "
             "(1.66 M parameters: on a shared 2-core CPU not one round of E = 1 "
             "finished in 8 minutes).",
+            printed=(
+                (
+                    "DP (σ = 1.1933)",
+                    PRINTED[100],
+                    "Fashion-MNIST (harder) instead of MNIST, an MLP instead of the "
+                    "CNN, E = 1 and η = 0.003 (the paper's grid-searched settings "
+                    "are not reported); " + _UNSOUND,
+                ),
+                (
+                    "no noise (median clipping kept)",
+                    PRINTED["non-dp"],
+                    "Fashion-MNIST instead of MNIST, an MLP, 11 rounds (the DP "
+                    "row's) instead of 380, clipping kept",
+                ),
+            ),
         )
     return Experiment(
         "Table 1, K = 100: DP-FedAvg with the paper's stop rule, McMahan et al.'s CNN",
@@ -345,8 +393,23 @@ def _dp_fedavg_experiment(scale: str) -> Experiment:
         (),
         (("DP (σ = 1.1933)", ()), ("no noise", _NO_NOISE)),
         seeds=3,
-        note="Fashion-MNIST, E = 5. K = 1000/10000: presets dp-fedavg-fmnist-k1000 "
-        "and -k10000 (label shards with records repeated across clients).",
+        note="Fashion-MNIST, E = 1, η = 0.003 (E = 5, η = 0.05 diverged). K = "
+        "1000/10000: presets dp-fedavg-fmnist-k1000 and -k10000 (label shards with "
+        "records repeated across clients).",
+        printed=(
+            (
+                "DP (σ = 1.1933)",
+                PRINTED[100],
+                "Fashion-MNIST (harder) instead of MNIST; E = 1, η = 0.003 (the "
+                "paper's grid-searched settings are not reported); " + _UNSOUND,
+            ),
+            (
+                "no noise",
+                PRINTED["non-dp"],
+                "Fashion-MNIST instead of MNIST; 11 rounds (the DP row's) instead "
+                "of 380",
+            ),
+        ),
     )
 
 

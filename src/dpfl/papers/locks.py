@@ -21,7 +21,14 @@ from typing import Any
 
 import dpfl.papers.report as report
 from dpfl.errors import DpflError
-from dpfl.experiments.reproduce import Experiment, Figure, Reproduction, Table, axes
+from dpfl.experiments.reproduce import (
+    Experiment,
+    Figure,
+    Printed,
+    Reproduction,
+    Table,
+    axes,
+)
 from dpfl.papers.base import Paper, add_budget, add_common
 from dpfl.papers.report import Report
 
@@ -259,6 +266,18 @@ def _locks_figures() -> list[Figure]:
     ]
 
 
+#: Figure 1 draws LOCKS against uniform sampling on MNIST; every number of
+#: the paper's experiments (K, E, the noise multipliers) is lost from its text.
+PRINTED = {
+    v: Printed(None, f"Figure 1 ({v}, MNIST; a curve, its numbers lost from the text)")
+    for v in ("LOCKS", "uniform")
+}
+
+
+def _locks_printed(why: str) -> tuple[tuple[str, Printed, str], ...]:
+    return tuple((v, PRINTED[v], why) for v in ("LOCKS", "uniform"))
+
+
 def _locks_experiment(scale: str) -> Experiment:
     # as preset locks-fmnist-uniform: norms that carry nothing, every
     # one the floor, so with m2 = K (100 clients in both presets) p2 = 1
@@ -278,6 +297,10 @@ def _locks_experiment(scale: str) -> Experiment:
             (("LOCKS", ()), ("uniform", uniform)),
             seeds=2,
             note="digits, 100 clients (iid), logistic regression.",
+            printed=_locks_printed(
+                "8 x 8 digits instead of MNIST, 3 rounds; the paper's settings are "
+                "lost, so its curve cannot be set up"
+            ),
         )
     return Experiment(
         "Figure 1: LOCKS against uniform client sampling at the same client noise "
@@ -289,6 +312,11 @@ def _locks_experiment(scale: str) -> Experiment:
         note="Fashion-MNIST stands in for MNIST; the paper's K, E and noise "
         "multipliers are lost from its text (the preset's are dpfl's choices). "
         "150 rounds at either scale.",
+        printed=_locks_printed(
+            "Fashion-MNIST instead of MNIST; the paper's K, E and noise multipliers "
+            "are lost, so its curve cannot be set up (presets locks-fmnist and "
+            "locks-fmnist-uniform compare at equal uploads and ε)"
+        ),
     )
 
 

@@ -141,6 +141,17 @@ class PriFedSyncParams(AlgorithmParams):
     weight_decay : float
         L2 penalty added to the noisy gradient (torch's ``weight_decay``;
         post-processing, no privacy cost).
+    lr_decay : float
+        Step decay of the learning rate, in (0, 1]: a client's step ``t``
+        (counted over all its local steps so far, across rounds) uses
+        ``learning_rate * lr_decay ** (t // lr_decay_steps)``. 1 (the
+        default) keeps it constant. The paper's CIFAR-10 schedule, "decayed
+        by a factor of 0.99 every 10 epochs", is ``lr_decay: 0.99`` with
+        ``lr_decay_steps`` = 10 epochs of the client's local steps
+        (10 n_i / B = 312 for n_i = 500, B = 16). Post-processing: no
+        privacy cost.
+    lr_decay_steps : int
+        Local steps of a client between two decays (>= 1).
     helper : {"interpolation", "identity"}
         Helper model ``F_i``: interpolation (eq. 2.1) or the global model.
     interpolation_weight : float or tuple of float
@@ -166,6 +177,8 @@ class PriFedSyncParams(AlgorithmParams):
     betas: tuple[float, float] = (0.9, 0.999)
     adam_epsilon: float = 1e-8
     weight_decay: float = 0.0
+    lr_decay: float = 1.0
+    lr_decay_steps: int = 1
     helper: str = "interpolation"
     interpolation_weight: float | tuple[float, ...] = 0.1
     aggregation_rate: float = 1.0
@@ -198,6 +211,11 @@ class PriFedSyncParams(AlgorithmParams):
         self._set("betas", betas)
         self._set("adam_epsilon", check_positive("adam_epsilon", self.adam_epsilon))
         self._set("weight_decay", check_nonnegative("weight_decay", self.weight_decay))
+        self._set("lr_decay", check_probability("lr_decay", self.lr_decay))
+        self._set(
+            "lr_decay_steps",
+            check_count("lr_decay_steps", self.lr_decay_steps, minimum=1),
+        )
         if self.helper not in HELPERS:
             raise InvalidParameterError(
                 f"helper must be one of {HELPERS}; got {self.helper!r}"
@@ -427,8 +445,15 @@ class PriFedSync(FederatedAlgorithm):
         p = self.params
         if p.weight_decay:
             grad = grad + p.weight_decay * theta
+        # the step's learning rate relative to learning_rate, per row, from
+        # the client's steps so far (lr_decay); both steps are linear in it
+        scale = None
+        if p.lr_decay < 1.0:
+            decays = torch.div(steps, p.lr_decay_steps, rounding_mode="floor")
+            scale = torch.pow(p.lr_decay, decays.to(theta.dtype))
+            scale = scale.reshape(-1, *([1] * (theta.dim() - 1)))
         if m1 is not None and m2 is not None:
-            return cohort_adam_step(
+            new = cohort_adam_step(
                 theta,
                 grad,
                 m1,
@@ -438,8 +463,10 @@ class PriFedSync(FederatedAlgorithm):
                 betas=p.betas,
                 eps=p.adam_epsilon,
             )
+            return new if scale is None else theta + scale * (new - theta)
         steps += 1
-        return theta - p.learning_rate * grad
+        rate = p.learning_rate if scale is None else p.learning_rate * scale
+        return theta - rate * grad
 
     def _start(
         self, tasks: Sequence[Task]
