@@ -467,7 +467,7 @@ def _ms_pafl_figures() -> list[Figure]:
             ax.legend(fontsize="small")
 
     def fig6(fig: Any) -> None:
-        from dpfl.accounting import checkin
+        from dpfl.accounting import checkin, checkin_global
 
         (ax,) = axes(fig, 1)
         batches = [8, 16, 32, 64, 128]
@@ -478,7 +478,7 @@ def _ms_pafl_figures() -> list[Figure]:
                 gamma = checkin.subsampling_ratio(
                     batch_size=b, dataset_size=_N, replacement=replacement
                 )
-                e, d = checkin.central_round(
+                e, d = checkin_global.central_round(
                     epsilon=0.5,
                     delta=1e-5,
                     clients=100,
@@ -487,7 +487,7 @@ def _ms_pafl_figures() -> list[Figure]:
                     xi=0.5,
                 )
                 totals.append(
-                    checkin.global_total(
+                    checkin_global.global_total(
                         eps_max=e, delta_max=d, rounds=rounds, delta_slack=1e-5
                     )[0]
                 )
