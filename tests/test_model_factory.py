@@ -293,3 +293,29 @@ def test_a_worker_imports_the_users_modules_and_refuses_another_file(tmp_path, m
     # built-in models and losses name no module of the user's
     builtin = tiny_config(tmp_path)
     assert code_of(build_algorithm(builtin, build_dataset(builtin))) == []
+
+
+def test_the_docs_example_is_a_valid_run(tmp_path, monkeypatch):
+    # the module and configuration of "Your own model and loss in a
+    # configuration" (docs/getting-started.md), as a user copies them
+    import yaml
+
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    section = page.split("### Your own model and loss in a configuration")[1]
+    section = section.split("\n### ")[0]
+    (module,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    config = re.findall(r"```yaml\n(.*?)```", section, flags=re.S)[0]
+    (tmp_path / "mymodels.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        tree = yaml.safe_load(config)
+        tree["output_dir"] = str(tmp_path / "runs")
+        # a given sigma: the page's --check calibrates it (2.385, tens of seconds)
+        tree["privacy"].update(noise_multiplier=2.385)
+        prepared = prepare(config_from_dict(tree))
+        assert prepared.parameters == 2410  # what the page says --check prints
+        assert "2410 model parameters, noise multiplier 2.385" in section.replace(
+            "\n# ", " "
+        )
+    finally:
+        sys.modules.pop("mymodels", None)
