@@ -74,6 +74,22 @@ def test_the_configuration_records_the_factorys_file(tmp_path, mod):
     assert builtin["loss"] is None
 
 
+def test_naming_a_factory_anew_takes_its_file_as_it_is(tmp_path, mod):
+    # a recorded hash belongs to the factory named when it was recorded: a
+    # --set or a sweep point that names a model anew drops it
+    path = tmp_path / "code" / f"{mod}.py"
+    recorded = config_from_dict(_factory_tree(tmp_path, mod)).to_dict()
+    path.write_text(path.read_text() + "\n# edited\n")
+    with pytest.raises(ConfigError, match="changed since the configuration"):
+        config_from_dict(recorded)
+    again = config_from_dict(recorded, [f"model.factory={mod}:make_model"])
+    assert again.model.factory_sha256 == _sha(path)
+    builtin = config_from_dict(
+        recorded, ["model.factory=null", "model.name=mlp", "model.options={}"]
+    )
+    assert builtin.to_dict()["model"] == {"name": "mlp", "options": {}}
+
+
 @pytest.mark.parametrize(
     ("section", "message"),
     [
