@@ -271,14 +271,22 @@ def _sha_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def test_a_sweep_of_two_variants_in_worker_processes(tmp_path, mod):
-    # spawned workers import the factory as this process does (sys.path)
+@pytest.mark.parametrize(
+    "jobs",
+    [
+        1,
+        # spawned worker processes import the factory as this process does
+        # (they get its sys.path); slow: each imports torch (30+ s here)
+        pytest.param(2, marks=pytest.mark.slow),
+    ],
+)
+def test_a_sweep_of_two_variants(tmp_path, mod, jobs):
     result = run_sweep(
         _factory_tree(tmp_path, mod),
         [0],
         grid={"model.options.hidden": [3, 5]},
         out=tmp_path / "sweep",
-        jobs=2,
+        jobs=jobs,
     )
     assert [r.get("error") for r in result.runs] == [None, None]
     for r, hidden in zip(result.runs, [3, 5], strict=True):
