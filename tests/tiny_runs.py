@@ -94,3 +94,69 @@ def tiny_config(
     }
     tree.update(top)
     return config_from_dict(tree)
+
+
+#: A module of a user's own model and loss, as a user writes it (no dpfl
+#: import): the factories a configuration names as ``MODULE:make_model``.
+USER_CODE = """
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, features: int, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(features, hidden)
+        self.out = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.hidden(x.flatten(1))))
+
+
+def make_model(input_shape, num_classes, hidden: int = 8):
+    return Net(math.prod(input_shape), hidden, num_classes)
+
+
+def three_outputs(input_shape):
+    return Net(math.prod(input_shape), 4, 3)
+
+
+class SmoothedLoss:
+    def __init__(self, smoothing: float) -> None:
+        self.smoothing = smoothing
+
+    def __call__(self, output, target):
+        return F.cross_entropy(output, target, label_smoothing=self.smoothing)
+
+
+def make_loss(smoothing: float = 0.0):
+    return SmoothedLoss(smoothing)
+
+
+def mse():
+    return lambda output, target: F.mse_loss(output, target)
+"""
+
+
+def user_code(folder: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Write :data:`USER_CODE` as a fresh module in ``folder``; its name.
+
+    The folder goes on ``sys.path`` (for this process) and ``PYTHONPATH`` (for
+    the processes a test starts), as a user's own code would be; the name is
+    new for every call, since Python imports a module name once per process
+    (and keeps it: a test that changes the file imports it only once).
+    """
+    import os
+    import uuid
+
+    name = f"user_models_{uuid.uuid4().hex[:10]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.py").write_text(USER_CODE)
+    monkeypatch.syspath_prepend(str(folder))
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([src, str(folder), *rest]))
+    return name

@@ -46,7 +46,7 @@ from dpfl.experiments.config import config_from_dict  # noqa: E402
 from dpfl.integrations import flower as fl  # noqa: E402
 from dpfl.sim.randomness import client_key  # noqa: E402
 from dpfl.sim.secure_noise import KEY_FILE, read_key_file  # noqa: E402
-from tiny_runs import run_key  # noqa: E402
+from tiny_runs import run_key, user_code  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
@@ -81,7 +81,15 @@ MODEL = {"locks": "logistic_regression", "ms-pafl": "logistic_regression"}
 DELTA = {"dp-fedavg": 1e-3, "locks": 1e-3}
 
 
-def _config(out: Path, algorithm: str, *, rounds: int = 3, epsilon: float = 50.0):
+def _config(
+    out: Path,
+    algorithm: str,
+    *,
+    rounds: int = 3,
+    epsilon: float = 50.0,
+    code: dict | None = None,
+):
+    """The run; ``code``: ``model`` and ``loss`` sections of the user's code."""
     return config_from_dict(
         {
             "name": algorithm,
@@ -102,6 +110,7 @@ def _config(out: Path, algorithm: str, *, rounds: int = 3, epsilon: float = 50.0
                 "epsilon": epsilon,
                 "delta": DELTA.get(algorithm, 1e-5),
             },
+            **(code or {}),
         }
     )
 
@@ -339,6 +348,40 @@ def test_a_node_refuses_clients_it_does_not_host(tmp_path, task_identity):
     assert _entries(strategy.run_dir) == []  # refused (error replies): abandoned
 
 
+def _user_code(tmp: Path, monkeypatch) -> tuple[dict, Path]:
+    """``model`` and ``loss`` sections of a fresh module of the user's; its file."""
+    mod = user_code(tmp / "code", monkeypatch)
+    sections = {
+        "model": {"factory": f"{mod}:make_model", "options": {"hidden": 6}},
+        "loss": {"factory": f"{mod}:make_loss", "options": {"smoothing": 0.1}},
+    }
+    return sections, tmp / "code" / f"{mod}.py"
+
+
+def test_a_model_and_loss_of_the_users_code_through_flower(
+    tmp_path, monkeypatch, task_identity
+):
+    # the ClientApp builds its replica from the configuration the server
+    # sends: it imports the user's module itself, and the run is the simulator's
+    code, path = _user_code(tmp_path, monkeypatch)
+    strategy, _ = _flower_in_process(tmp_path, "dsgd-rp", rounds=2, code=code)
+    _assert_same_run(
+        strategy.run_dir, _simulated(tmp_path, "dsgd-rp", rounds=2, code=code)
+    )
+    assert "hidden.weight" in _weights(strategy.run_dir)  # the factory's model
+    # a node holding another version of the file refuses its tasks (the
+    # configuration carries the server's SHA-256): every round is abandoned
+    # before the server step, and nothing is charged (central noise)
+    strategy = fl.DpflStrategy(
+        _config(tmp_path / "other", "dsgd-rp", rounds=2, code=code)
+    )
+    path.write_text(path.read_text() + "\n# another version on the nodes\n")
+    strategy.start(LocalGrid(fl.client_app()))
+    summary = json.loads((strategy.run_dir / "flower.json").read_text())
+    assert summary["abandoned"] == [0, 1]
+    assert _entries(strategy.run_dir) == []
+
+
 def test_untrusted_dsgd_is_refused_not_silently_centralised(tmp_path):
     tree = _config(tmp_path, "dsgd-rp").to_dict()
     tree["algorithm"]["params"]["server"] = "untrusted"
@@ -480,13 +523,14 @@ def _free_port() -> int:
 
 
 _SIMULATION = """
+import json
 import sys
 from pathlib import Path
 from flwr.simulation import run_simulation
 sys.path[:0] = [{tests!r}, str(Path({tests!r}).parent)]  # test_flower, tiny_runs
 import test_flower as t
 from dpfl.integrations import flower as fl
-config = t._config(Path({out!r}), {algorithm!r})
+config = t._config(Path({out!r}), {algorithm!r}, code=json.loads({code!r}))
 run_simulation(
     server_app=fl.server_app(lambda context: config, round_timeout=120),
     client_app=fl.client_app(),
@@ -499,13 +543,13 @@ run_simulation(
 """
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("algorithm", ["dp-fedavg", "dsgd-rp"])
-def test_simulation_engine_equals_the_simulator(algorithm, tmp_path):
+def _simulation_engine(tmp_path: Path, algorithm: str, code: dict | None) -> Path:
+    """The run folder of a Flower simulation (its engine on Ray) of the run."""
     script = _SIMULATION.format(
         tests=str(Path(__file__).parent),
         out=str(tmp_path / "flower"),
         algorithm=algorithm,
+        code=json.dumps(code),
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", script],
@@ -522,7 +566,24 @@ def test_simulation_engine_equals_the_simulator(algorithm, tmp_path):
         _stop([proc])
     run_dir = tmp_path / "flower" / algorithm
     assert (run_dir / "flower.json").exists(), out[-4000:]
+    return run_dir
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("algorithm", ["dp-fedavg", "dsgd-rp"])
+def test_simulation_engine_equals_the_simulator(algorithm, tmp_path):
+    run_dir = _simulation_engine(tmp_path, algorithm, None)
     _assert_same_run(run_dir, _simulated(tmp_path, algorithm))
+
+
+@pytest.mark.integration
+def test_simulation_engine_with_the_users_model_and_loss(tmp_path, monkeypatch):
+    # the ClientApps run in the engine's Ray workers, which import the user's
+    # module from PYTHONPATH (inherited from the process that starts Ray)
+    code, _ = _user_code(tmp_path, monkeypatch)
+    run_dir = _simulation_engine(tmp_path, "dsgd-rp", code)
+    assert "hidden.weight" in _weights(run_dir)
+    _assert_same_run(run_dir, _simulated(tmp_path, "dsgd-rp", code=code))
 
 
 class Federation:

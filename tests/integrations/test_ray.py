@@ -7,7 +7,7 @@ fit it at once. The multi-node test (``-m integration``) starts a head node
 and a second node as separate processes and drives them from separate
 processes, so it never meets the module's instance.
 
-Every algorithm of the contract (``test_contract.SPECS``) is checked: the
+Every algorithm of the contract (``contract_cases.SPECS``) is checked: the
 same ledger exactly, the same weights to the tolerance SPECS states.
 """
 
@@ -51,7 +51,7 @@ from dpfl.integrations.ray import (  # noqa: E402
     start_local,
 )
 from dpfl.sim.loop import Trainer  # noqa: E402
-from tiny_runs import run_key  # noqa: E402
+from tiny_runs import run_key, user_code  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
@@ -605,3 +605,60 @@ def test_a_run_over_two_ray_nodes_equals_the_in_process_run(tmp_path):
         for fh in logs:
             fh.close()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.integration
+def test_a_model_and_loss_of_the_users_code_run_on_ray_workers(tmp_path, monkeypatch):
+    # `dpfl train` with execution: ray, its model and loss from a module of the
+    # user's (on PYTHONPATH, which the local instance's workers inherit): the
+    # workers import it, check its file against the driver's, and the run is
+    # the in-process run
+    mod = user_code(tmp_path / "code", monkeypatch)
+    tree = _run_tree(tmp_path, "ray", "batched")
+    tree.update(
+        rounds=2,
+        eval_every=2,
+        model={"factory": f"{mod}:make_model", "options": {"hidden": 6}},
+        loss={"factory": f"{mod}:make_loss", "options": {"smoothing": 0.1}},
+        algorithm={
+            "name": "dsgd-rp",
+            "params": {
+                "participation_probability": 0.5,
+                "record_probability": 0.5,
+                "learning_rate": 0.5,
+            },
+        },
+    )
+    config = tmp_path / "run.yaml"
+    config.write_text(json.dumps(tree))  # JSON is YAML
+    cli = subprocess.run(
+        [sys.executable, "-m", "dpfl.cli", "train", str(config), "--no-progress"]
+        + ["--set", "execution=ray", "--set", "ray.num_workers=2"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert "2 workers ready" in cli.stderr
+    runs = tmp_path / "runs"
+    with run_key(runs / "ray"):
+        whole = run(config_from_dict({**tree, "name": "whole"}), progress=False)
+    # the same rounds charged, entry by entry, but for the hash chain, which
+    # covers each round's model digest: two shares sum the cohort's updates
+    # in another order than one batch, so the models agree to float rounding
+    mine, want = (
+        [
+            {k: v for k, v in e.items() if k != "chain"}
+            for e in PrivacyLedger.load(d / "ledger.json").to_json()["entries"]
+        ]
+        for d in (runs / "ray", whole.run_dir)
+    )
+    assert mine == want and len(mine) == 2
+    a = torch.load(runs / "ray" / "checkpoint.pt", weights_only=True)
+    b = torch.load(whole.run_dir / "checkpoint.pt", weights_only=True)
+    for k, v in b["trainer"]["algorithm"]["model"].items():
+        torch.testing.assert_close(
+            a["trainer"]["algorithm"]["model"][k], v, atol=1e-5, rtol=0
+        )

@@ -11,7 +11,9 @@ From a configuration (:class:`~dpfl.experiments.config.RunConfig`):
 ========================  =====================================================
 :func:`build_dataset`     the federated data (``data``; the partition seeded by
                           ``seed``)
-:func:`build_model`       the model (``model``; initial weights from ``seed``)
+:func:`build_model`       the model (``model``: a built-in one or the user's
+                          factory; initial weights from ``seed``)
+:func:`build_loss`        the user's loss (``loss``; none: the built-in one)
 :func:`resolve_device`    ``device`` (``auto``: CUDA when available)
 :func:`~dpfl.experiments.privacy.resolve_privacy`
                           the privacy settings checked against the algorithm
@@ -77,9 +79,11 @@ __all__ = [
     "build_algorithm",
     "build_dataset",
     "build_executor",
+    "build_loss",
     "build_model",
     "build_trainer",
     "check_model_accepts",
+    "make_model",
     "prepare",
     "resolve_device",
     "run_callbacks",
@@ -137,25 +141,93 @@ def build_dataset(config: RunConfig) -> FederatedDataset:
     return dataset
 
 
+def make_model(config: RunConfig, dataset: FederatedDataset) -> nn.Module:
+    """The configured model for ``dataset``, with torch's current randomness.
+
+    A built-in model by name (:func:`dpfl.models.build_model`), or the
+    user's ``model.factory`` (:mod:`dpfl.experiments.factory`) called with
+    ``model.options`` and, when its signature takes them, the data's
+    ``input_shape`` and ``num_classes``. :func:`build_model` seeds it.
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        If the factory fails or returns something other than a
+        ``torch.nn.Module`` (naming ``model.factory``).
+    """
+    from torch import nn
+
+    from dpfl.experiments.factory import call_factory, load_factory
+    from dpfl.models import build_model as build
+
+    section = config.model
+    if section.factory is None:
+        named: nn.Module = build(
+            str(section.name),
+            input_shape=dataset.input_shape,
+            num_classes=dataset.num_classes,
+            **section.options,
+        )
+        return named
+    factory = load_factory(section.factory, "model.factory", section.factory_sha256)
+    model = call_factory(
+        "model.factory",
+        factory,
+        section.options,
+        {
+            "input_shape": tuple(int(n) for n in dataset.input_shape),
+            "num_classes": int(dataset.num_classes),
+        },
+    )
+    if not isinstance(model, nn.Module):
+        raise InvalidParameterError(
+            f"model.factory {section.factory!r} must return a torch.nn.Module; "
+            f"got {type(model).__name__}"
+        )
+    return model
+
+
 def build_model(config: RunConfig, dataset: FederatedDataset) -> nn.Module:
-    """The run's model (:func:`dpfl.models.build_model`), shaped for ``dataset``.
+    """The run's model (:func:`make_model`), shaped for ``dataset``.
 
     Its initial weights come from the run's ``seed``, drawn in a forked torch
     generator (the process' global generator is left as it was).
     """
     import torch
 
-    from dpfl.models import build_model as build
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        model: nn.Module = build(
-            config.model.name,
-            input_shape=dataset.input_shape,
-            num_classes=dataset.num_classes,
-            **config.model.options,
+        return make_model(config, dataset)
+
+
+def build_loss(config: RunConfig) -> Callable[[Any, Any], Any] | None:
+    """The run's training loss: ``loss.factory`` called with ``loss.options``.
+
+    Returns
+    -------
+    callable or None
+        ``loss(output, target)``; ``None`` without a ``loss`` section (the
+        algorithm's built-in loss, :func:`dpfl.models.classification_loss`).
+
+    Raises
+    ------
+    dpfl.errors.InvalidParameterError
+        If the factory fails or returns something that is not callable.
+    """
+    if config.loss is None:
+        return None
+    from dpfl.experiments.factory import call_factory, load_factory
+
+    section = config.loss
+    factory = load_factory(section.factory, "loss.factory", section.factory_sha256)
+    loss = call_factory("loss.factory", factory, section.options)
+    if not callable(loss):
+        raise InvalidParameterError(
+            f"loss.factory {section.factory!r} must return the loss, a callable "
+            f"loss(output, target); got {type(loss).__name__}"
         )
-    return model
+    out: Callable[[Any, Any], Any] = loss
+    return out
 
 
 def build_algorithm(
@@ -177,10 +249,12 @@ def build_algorithm(
     Returns
     -------
     FederatedAlgorithm
-        On the configuration's device (:func:`resolve_device`).
+        On the configuration's device (:func:`resolve_device`), training
+        with the configured loss (:func:`build_loss`).
     """
     from dpfl.sim.algorithms import build_algorithm as build
 
+    loss = build_loss(config)
     return build(
         config.algorithm.name,
         config.algorithm.params,
@@ -189,6 +263,7 @@ def build_algorithm(
         noise_multiplier=config.privacy.noise_multiplier or 0.0,
         device=resolve_device(config.device),
         max_clients=config.max_clients,
+        **({} if loss is None else {"loss_fn": loss}),
     )
 
 
@@ -348,8 +423,28 @@ def prepare(config: RunConfig, *, started: bool = False) -> Prepared:
     if dataset.test_labels is None or len(dataset.test_labels) == 0:
         log.info("the data has no test set: no test loss or accuracy is reported")
     config = resolve_privacy(config, dataset, started=started)
-    parameters = checks.check_model_size(config, dataset, resolve_device(config.device))
-    algorithm = build_algorithm(config, dataset)
+    device = resolve_device(config.device)
+    parameters = checks.check_model_size(config, dataset, device)
+    model = build_model(config, dataset)
+    if config.model.factory is not None or config.loss is not None:
+        # the user's code: its output against the data's classes, and the
+        # loss on it, in one line before anything runs
+        from dpfl.models import classification_loss
+
+        loss = config.loss
+        check_model_accepts(
+            model,
+            dataset,
+            device,
+            build_loss(config) or classification_loss,
+            names=(
+                config.model.label,
+                "the built-in loss (classification_loss)"
+                if loss is None
+                else f"loss.factory {loss.factory!r}",
+            ),
+        )
+    algorithm = build_algorithm(config, dataset, model=model)
     return Prepared(config, dataset, algorithm, int(parameters))
 
 
@@ -558,6 +653,8 @@ def check_model_accepts(
     data: FederatedDataset,
     device: str,
     loss_fn: Callable[[Any, Any], Any] | None = None,
+    *,
+    names: tuple[str, str] = ("model", "loss_fn"),
 ) -> None:
     """One forward pass (and loss) on two training records, so a mismatch is named.
 
@@ -565,11 +662,27 @@ def check_model_accepts(
     or a loss that cannot compare its output with the data's labels (an MSE
     loss given class labels), is refused at once, in one line.
 
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model.
+    data : FederatedDataset
+        The data (two records of its largest client are used).
+    device : str
+        Where to compute.
+    loss_fn : callable or None
+        ``loss_fn(output, target)``, checked on the output (``None``: not
+        checked).
+    names : tuple of (str, str)
+        How the messages name the model and the loss (e.g. the configuration
+        keys that give them).
+
     Raises
     ------
     dpfl.errors.InvalidParameterError
         If the forward pass fails, its output is not ``[batch, num_classes]``
-        scores, or ``loss_fn`` fails on that output and the records' labels.
+        scores (or ``[batch]`` binary logits for 2 classes), or ``loss_fn``
+        fails on that output and the records' labels.
     """
     import numpy as np
     import torch
@@ -586,17 +699,23 @@ def check_model_accepts(
     except (RuntimeError, ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise InvalidParameterError(
-            f"model must accept the data's records (shape {tuple(x.shape[1:])}, "
+            f"{names[0]} must accept the data's records (shape {tuple(x.shape[1:])}, "
             f"dtype {x.dtype}); a forward pass on 2 of them failed: "
             f"{type(exc).__name__}: {first}"
         ) from None
     finally:
         model.train(training)
     classes = int(data.num_classes)
-    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[1] < classes:
+    binary = isinstance(out, torch.Tensor) and out.ndim == 1 and classes == 2
+    if not binary and (
+        not isinstance(out, torch.Tensor)
+        or out.ndim != 2
+        or out.shape[0] != x.shape[0]
+        or out.shape[1] < classes
+    ):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out)
         raise InvalidParameterError(
-            f"model must output [batch, num_classes] scores for the data's "
+            f"{names[0]} must output [batch, num_classes] scores for the data's "
             f"{classes} classes; got output of shape {shape} for a batch of 2"
         )
     if loss_fn is None:
@@ -612,7 +731,7 @@ def check_model_accepts(
     except (RuntimeError, ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise InvalidParameterError(
-            f"loss_fn must take the model's output (shape {tuple(out.shape)}) and "
+            f"{names[1]} must take the model's output (shape {tuple(out.shape)}) and "
             f"the data's labels (shape {tuple(y.shape)}, dtype {y.dtype}: class "
             "indices) and return the batch's mean loss; on 2 records it failed: "
             f"{type(exc).__name__}: {first}. A regression loss such as MSE needs "

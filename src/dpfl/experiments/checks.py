@@ -243,28 +243,30 @@ def _seconds_per_normal() -> float:
 
 
 def model_parameters(config: RunConfig, dataset: Any) -> int:
-    """The model's parameter count, built on the ``meta`` device (no memory)."""
+    """The model's parameter count, built on the ``meta`` device (no memory).
+
+    A factory of the user's that cannot build on the ``meta`` device (one
+    that loads weights, say) is built on the CPU instead, seeded as the run
+    seeds it.
+    """
     import torch
 
-    from dpfl.models import build_model
+    from dpfl.experiments.build import build_model, make_model
 
     try:
         with torch.device("meta"):
-            model = build_model(
-                config.model.name,
-                input_shape=dataset.input_shape,
-                num_classes=dataset.num_classes,
-                **config.model.options,
-            )
-    except (RuntimeError, OverflowError) as exc:
-        if "overflow" not in str(exc).lower():
+            model = make_model(config, dataset)
+    except Exception as exc:
+        if "overflow" in str(exc).lower():
+            # a layer's element count past what an index holds (2^63)
+            raise ConfigError(
+                f"{config.model.label} with these model.options is too large to "
+                "exist (a layer's element count overflows 64 bits); use a "
+                "smaller model"
+            ) from None
+        if config.model.factory is None:
             raise
-        # a layer's element count past what an index holds (2^63)
-        raise ConfigError(
-            f"model {config.model.name!r} with these model.options is too large "
-            "to exist (a layer's element count overflows 64 bits); use a smaller "
-            "model"
-        ) from None
+        model = build_model(config, dataset)
     return int(sum(p.numel() for p in model.parameters()))
 
 
@@ -288,7 +290,7 @@ def check_model_size(config: RunConfig, dataset: Any, device: str = "cpu") -> in
     free = available_memory(device)
     if need > free:
         raise ConfigError(
-            f"model {config.model.name!r} with these model.options has {d:.3g} "
+            f"{config.model.label} with these model.options has {d:.3g} "
             f"parameters; a round holds about {_gb(need)} of them (the model, its "
             f"update and about {held:.3g} clients' parameters and gradients at "
             f"once) and {device} has {_gb(free)} available: use a smaller model "
@@ -298,7 +300,7 @@ def check_model_size(config: RunConfig, dataset: Any, device: str = "cpu") -> in
         seconds = d * _seconds_per_normal()
         if seconds > MAX_NOISE_SECONDS:
             raise ConfigError(
-                f"model {config.model.name!r} with these model.options has {d:.3g} "
+                f"{config.model.label} with these model.options has {d:.3g} "
                 f"parameters: one round's secure noise alone would take about "
                 f"{seconds:.0f} s on this machine (at least one model-sized "
                 f"draw), more than {MAX_NOISE_SECONDS:g} s; use a smaller model"

@@ -1,12 +1,12 @@
 """Run configuration: one frozen dataclass tree, read from YAML, overridden by flags.
 
 A run is described by a :class:`RunConfig` whose sections are
-:class:`DataConfig`, :class:`ModelConfig`, :class:`AlgorithmConfig`,
-:class:`PrivacyConfig` and :class:`RayConfig`. :func:`load_config` reads a
-YAML file, applies ``--set key.sub=value`` overrides (values parsed as YAML,
-so ``0.5`` is a float, ``null`` is ``None`` and ``[64, 32]`` a list) and
-validates the result; :meth:`RunConfig.to_dict` gives back plain data for
-writing the resolved configuration of a run.
+:class:`DataConfig`, :class:`ModelConfig`, :class:`LossConfig` (optional),
+:class:`AlgorithmConfig`, :class:`PrivacyConfig` and :class:`RayConfig`.
+:func:`load_config` reads a YAML file, applies ``--set key.sub=value``
+overrides (values parsed as YAML, so ``0.5`` is a float, ``null`` is ``None``
+and ``[64, 32]`` a list) and validates the result; :meth:`RunConfig.to_dict`
+gives back plain data for writing the resolved configuration of a run.
 
 Every error names the dotted key and the value found: an unknown key comes with
 the closest known key (``difflib``), a wrong type with the expected type, an
@@ -56,12 +56,14 @@ from dpfl.experiments.config_schema import (
     one_of,
 )
 from dpfl.experiments.config_yaml import apply_overrides, read_config_file
+from dpfl.experiments.factory import check_factory_options, load_factory
 from dpfl.sim.executors import EXECUTION_NAMES
 
 __all__ = [
     "AlgorithmConfig",
     "ConfigError",
     "DataConfig",
+    "LossConfig",
     "ModelConfig",
     "PrivacyConfig",
     "RayConfig",
@@ -234,20 +236,155 @@ class DataConfig:
                 )
 
 
+#: The keywords a model factory is given by dpfl when its signature takes them.
+_MODEL_PASSED = {
+    "input_shape": "the data (its records' shape)",
+    "num_classes": "the data (its number of classes)",
+}
+
+
+def _sha256(v: Any) -> str | None:
+    if v is None or (len(v) == 64 and all(c in "0123456789abcdef" for c in v)):
+        return None
+    return "must be null (take the file as it is) or 64 lowercase hex digits"
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The model: a name of :func:`dpfl.models.build_model` and its keywords."""
+    """The model: a built-in one by ``name``, or the user's own by ``factory``.
 
-    name: str = "mlp"
+    Attributes
+    ----------
+    name : str or None
+        A name of :func:`dpfl.models.build_model` (``"mlp"`` when neither
+        ``name`` nor ``factory`` is given).
+    factory : str or None
+        ``"package.module:function"``: a callable of the user's code that
+        returns a ``torch.nn.Module``, imported from this Python's
+        ``sys.path`` (:mod:`dpfl.experiments.factory`); called with
+        ``options`` and, when its signature takes them, ``input_shape`` (one
+        record's shape) and ``num_classes`` (of the data). Exclusive with
+        ``name``.
+    options : dict
+        Keywords of the model class or of the factory, checked against its
+        signature.
+    factory_sha256 : str or None
+        SHA-256 of the file that defines ``factory``. ``None``: filled in
+        when the configuration is read (the run records it in ``config.yaml``
+        and ``run.json``); given: the file must have it, else the
+        configuration is refused naming the file (a run resumes only with
+        the code it started with).
+    """
+
+    name: str | None = None
+    factory: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    factory_sha256: str | None = field(None, _sha256)
 
     def __post_init__(self) -> None:
-        from dpfl.models.registry import model_options
+        if self.factory is None:
+            if self.factory_sha256 is not None:
+                raise ConfigError(
+                    "model.factory_sha256 is read only with model.factory (the "
+                    f"hash of the factory's file); got {shown(self.factory_sha256)}"
+                )
+            if self.name is None:
+                object.__setattr__(self, "name", "mlp")
+            from dpfl.models.registry import model_options
 
-        schema = model_options(self.name)
-        if schema is not None:  # an unknown name: build_model lists the names
-            checked = check_options("model.options", self.options, schema, {})
-            object.__setattr__(self, "options", checked)
+            schema = model_options(str(self.name))
+            if schema is not None:  # an unknown name: build_model lists the names
+                checked = check_options("model.options", self.options, schema, {})
+                object.__setattr__(self, "options", checked)
+            return
+        if self.name is not None:
+            raise ConfigError(
+                "model.name and model.factory are exclusive (a built-in model, or "
+                f"your own); got name {shown(self.name)} and factory "
+                f"{shown(self.factory)}"
+            )
+        found = load_factory(self.factory, "model.factory", self.factory_sha256)
+        checked = check_factory_options("model", found.obj, self.options, _MODEL_PASSED)
+        object.__setattr__(self, "options", checked)
+        object.__setattr__(self, "factory_sha256", found.sha256)
+
+    @property
+    def label(self) -> str:
+        """How messages name the model: ``model 'mlp'``, ``model.factory 'm:f'``."""
+        if self.factory is not None:
+            return f"model.factory {self.factory!r}"
+        return f"model {self.name!r}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: ``name`` and ``options`` (or ``factory`` in ``name``'s place).
+
+        A factory's section also holds ``factory_sha256``.
+        """
+        if self.factory is None:
+            return {"name": self.name, "options": dict(self.options)}
+        return {
+            "factory": self.factory,
+            "options": dict(self.options),
+            "factory_sha256": self.factory_sha256,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """The training loss, from the user's code (absent: the built-in loss).
+
+    Without a ``loss`` section the loss is
+    :func:`dpfl.models.classification_loss` (softmax cross-entropy, or binary
+    cross-entropy for a one-logit output).
+
+    Attributes
+    ----------
+    factory : str
+        ``"package.module:function"``: a callable that, called with
+        ``options``, returns the loss ``loss(output, target)``, the batch's
+        mean (e.g. ``"torch.nn:CrossEntropyLoss"`` with ``options:
+        {label_smoothing: 0.1}``). Imported as ``model.factory`` is.
+    options : dict
+        Keywords of the factory, checked against its signature.
+    factory_sha256 : str or None
+        SHA-256 of the file that defines ``factory``, as
+        ``model.factory_sha256``.
+    """
+
+    factory: str
+    options: dict[str, Any] = field(default_factory=dict)
+    factory_sha256: str | None = field(None, _sha256)
+
+    def __post_init__(self) -> None:
+        found = load_factory(self.factory, "loss.factory", self.factory_sha256)
+        checked = check_factory_options("loss", found.obj, self.options, {})
+        object.__setattr__(self, "options", checked)
+        object.__setattr__(self, "factory_sha256", found.sha256)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: ``factory``, ``options``, ``factory_sha256``."""
+        return {
+            "factory": self.factory,
+            "options": dict(self.options),
+            "factory_sha256": self.factory_sha256,
+        }
+
+
+def _build_loss_config(data: Any, prefix: str) -> LossConfig | None:
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"{prefix.rstrip('.')} must be a mapping (factory, options) or null; "
+            f"got {shown(data)}"
+        )
+    if "factory" not in data:
+        raise ConfigError(
+            f"{prefix}factory is required in a loss section ('package.module:"
+            "function'; leave the section out for the built-in loss); got none"
+        )
+    out: LossConfig = build_section(LossConfig, data, prefix)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,6 +550,9 @@ class RunConfig:
         Number of rounds T (the budget is for all T rounds).
     data, model, algorithm, privacy
         The sections.
+    loss : LossConfig or None
+        The training loss from the user's code (``None``: the built-in
+        classification loss).
     eval_every : int
         Evaluate (and compute ε spent) every this many rounds (and at the end).
     checkpoint_every : int
@@ -441,6 +581,7 @@ class RunConfig:
     )
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig | None = field(None, build=_build_loss_config)
     algorithm: AlgorithmConfig = field(
         default_factory=lambda: _build_algorithm_config({}, "algorithm."),
         build=lambda value, prefix: _build_algorithm_config(value or {}, prefix),
@@ -492,6 +633,8 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """Return the configuration as plain data (YAML/JSON ready)."""
         out = dataclasses.asdict(self)
+        out["model"] = self.model.to_dict()
+        out["loss"] = None if self.loss is None else self.loss.to_dict()
         out["algorithm"] = self.algorithm.to_dict()
         return out
 
@@ -507,7 +650,7 @@ class RunConfig:
 
 def _plain(changes: Mapping[str, Any]) -> dict[str, Any]:
     def plain(v: Any) -> Any:
-        if isinstance(v, AlgorithmConfig):
+        if isinstance(v, AlgorithmConfig | ModelConfig | LossConfig):
             return v.to_dict()
         is_instance = dataclasses.is_dataclass(v) and not isinstance(v, type)
         return dataclasses.asdict(v) if is_instance else v

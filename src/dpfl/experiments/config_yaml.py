@@ -33,9 +33,24 @@ __all__ = [
 ]
 
 
+#: Keys that name a model or loss anew: setting one drops its section's
+#: recorded ``factory_sha256`` (the hash of the factory named before), so the
+#: file of the one named now is taken as it is.
+_NAMING_KEYS = ("model.name", "model.factory", "loss.factory")
+
+
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set ``tree[a][b]...`` for ``dotted`` = ``"a.b..."``, making sections."""
+    """Set ``tree[a][b]...`` for ``dotted`` = ``"a.b..."``, making sections.
+
+    Setting ``model.name``, ``model.factory`` or ``loss.factory`` drops the
+    section's ``factory_sha256``: a recorded hash belongs to the factory
+    named when it was recorded (a sweep over ``model.factory``, or a run's
+    ``config.yaml`` reused with another factory, takes the new one's file as
+    it is).
+    """
     parts = dotted.split(".")
+    if dotted in _NAMING_KEYS and isinstance(tree.get(parts[0]), dict):
+        tree[parts[0]].pop("factory_sha256", None)
     node = tree
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)

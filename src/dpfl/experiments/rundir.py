@@ -13,8 +13,9 @@
     writer owns them.
 ``run.json`` (:func:`write_manifest`, :func:`check_frozen`, :func:`check_identity`)
     Written when a run starts: the run's *identity*. Its *frozen* definition
-    (the ``data``, ``model``, ``algorithm`` and ``privacy`` sections with σ
-    as calibrated, ``seed`` and ``rounds``: :data:`FROZEN_KEYS`); the
+    (the ``data``, ``model``, ``loss``, ``algorithm`` and ``privacy``
+    sections with σ as calibrated, a model's or loss's factory with the
+    SHA-256 of its file, ``seed`` and ``rounds``: :data:`FROZEN_KEYS`); the
     fingerprint of its secret key (:func:`key_fingerprint`, an HMAC of a
     fixed label under the key: it names the key without revealing it); the
     fingerprint of its data (:func:`data_fingerprint`: every training and
@@ -27,8 +28,9 @@
     checkpoint carries the run digest, the ledger's entry count and chain
     hash when it was taken. ``dpfl resume`` refuses, in one line naming the
     file: a ``config.yaml`` whose frozen keys differ from ``run.json``
-    (naming them); a key or data other than the run's; a noise stream this
-    dpfl lacks; a ledger or checkpoint of another run; a checkpoint whose
+    (naming them); a factory whose file changed (naming the file, as the
+    configuration is read); a key or data other than the run's; a noise
+    stream this dpfl lacks; a ledger or checkpoint of another run; a checkpoint whose
     model is not the one the ledger recorded for its round; and a missing
     ledger beside a run that started.
 ``secret.key`` (:func:`create_run_key`, :func:`read_run_key`)
@@ -120,8 +122,12 @@ RUN_FILES = (LEDGER, CHECKPOINT, MANIFEST, KEY_FILE)
 #: Top-level config keys fixed when a run starts. The others (``name``,
 #: ``output_dir``, ``execution``, ``ray``, ``device``, ``max_clients``,
 #: ``eval_every``, ``checkpoint_every``) say where and how the run is
-#: computed, not what it releases.
-FROZEN_KEYS = ("data", "model", "algorithm", "privacy", "seed", "rounds")
+#: computed, not what it releases. A model or loss of the user's code is
+#: recorded with the SHA-256 of the file that defines it (``factory_sha256``).
+FROZEN_KEYS = ("data", "model", "loss", "algorithm", "privacy", "seed", "rounds")
+#: Frozen keys recorded only when set: a run without them has the identity
+#: (and run digest) it had before they existed.
+_FROZEN_WHEN_SET = ("loss",)
 
 #: Files of a run folder written through a temporary file and a rename.
 _ATOMIC = (
@@ -249,9 +255,12 @@ def frozen(tree: dict[str, Any]) -> dict[str, Any]:
 
     Normalised through JSON (tuples become lists), as it is written.
     """
-    out: dict[str, Any] = json.loads(
-        json.dumps({k: tree.get(k) for k in FROZEN_KEYS}, allow_nan=True)
-    )
+    kept = {
+        k: tree.get(k)
+        for k in FROZEN_KEYS
+        if k not in _FROZEN_WHEN_SET or tree.get(k) is not None
+    }
+    out: dict[str, Any] = json.loads(json.dumps(kept, allow_nan=True))
     return out
 
 

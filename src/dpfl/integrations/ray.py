@@ -12,7 +12,11 @@ How a round runs:
 * each worker (a Ray actor) builds a replica of the algorithm from its
   :meth:`~dpfl.sim.algorithms.base.FederatedAlgorithm.blueprint` once, the
   first time it serves that algorithm; the blueprint travels once, through
-  the object store (``ray.put``);
+  the object store (``ray.put``), with the modules of the user's code it
+  names (a ``model.factory``'s module, say) and their files' SHA-256: a
+  worker imports each from its own environment and refuses one it cannot
+  import or whose file differs from the driver's
+  (:func:`~dpfl.integrations.ray_worker.check_code`);
 * the driver puts the round's weights in the object store once, cuts the
   cohort into consecutive shares (:func:`~dpfl.sim.executors.shares`) and
   sends each worker its share's tasks and the *keys* of its share's random
@@ -57,6 +61,7 @@ from dpfl.integrations.ray_worker import (
     RayWorker,
     WireArray,
     actor_class,
+    code_of,
     unwire_messages,
     wire_task,
 )
@@ -504,7 +509,9 @@ class RayExecutor:
         if not self._actors:
             self._start_actors(ray)
         if self._algorithm is None or self._algorithm() is not algorithm:
-            self._blueprint = [ray.put(algorithm.blueprint())]
+            # the blueprint, and the user's modules it names (a worker imports
+            # and checks them before unpickling it)
+            self._blueprint = [ray.put(algorithm.blueprint()), code_of(algorithm)]
             self._key = uuid.uuid4().hex
             self._algorithm = weakref.ref(algorithm)
             log.info("Ray: the workers will build a replica of %s", algorithm.name)
@@ -666,6 +673,11 @@ class RayExecutor:
                     ray.kill(self._actors[i], no_restart=True)
                 self._actors[i] = self._new_actor(ray)
                 pending[self._submit(i, jobs[i], weights_ref)] = i
+            except ray.exceptions.RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, DpflError):  # a worker's refusal: its line
+                    raise DpflError(str(cause)) from None
+                raise
         clock["wait"] = time.perf_counter() - fetching
         clock["get"] = clock["wait"] + fetching
         return parts

@@ -6,25 +6,40 @@ blueprint, and runs one share of a round's client steps. Tasks and messages
 travel with their tensors as numpy arrays (:class:`WireArray`,
 :func:`wire_task`, :func:`wire_messages` and their inverses), which Ray ships
 out of band.
+
+The blueprint names the model's and loss's classes and functions by their
+modules, so a worker imports the user's code (a ``model.factory``'s module,
+say) from its own environment: :func:`code_of` lists those modules with the
+SHA-256 of their files on the driver, and :func:`check_code`, run by a worker
+before it unpickles a blueprint, refuses a module it cannot import or whose
+file differs, in one line naming it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
+import inspect
 import os
 import resource
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from dpfl.errors import DpflError
 
 if TYPE_CHECKING:
     import torch
 
-    from dpfl.sim.algorithms.base import Messages, Task
+    from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages, Task
 
 __all__ = [
     "RayWorker",
     "WireArray",
     "actor_class",
+    "check_code",
+    "code_of",
     "unwire_messages",
     "unwire_task",
     "wire_messages",
@@ -130,6 +145,84 @@ def unwire_messages(wire: Mapping[str, Any], device: str) -> Messages:
     )
 
 
+# -- the user's code ------------------------------------------------------------------
+#: Packages every worker has as the driver has them (dpfl and torch are
+#: installed on every node) or that come with Python.
+_INSTALLED = frozenset({"dpfl", "torch", *sys.stdlib_module_names})
+
+
+def code_of(algorithm: FederatedAlgorithm) -> list[tuple[str, str]]:
+    """The modules of the user's code a replica of ``algorithm`` needs.
+
+    The modules that define the model's layers (every submodule's class) and
+    the loss (its function, or its class), outside dpfl, torch and Python's
+    own, each with the SHA-256 of its file here.
+
+    Returns
+    -------
+    list of (str, str)
+        ``(module name, sha256)``, sorted by name.
+    """
+    from dpfl.experiments.factory import file_sha256
+
+    found: list[Any] = [type(m) for m in algorithm.model.modules()]
+    loss = algorithm.loss_fn
+    while isinstance(loss, functools.partial):
+        loss = loss.func
+    found.append(
+        loss if inspect.isfunction(loss) or inspect.isclass(loss) else type(loss)
+    )
+    names = {getattr(obj, "__module__", None) for obj in found}
+    out: list[tuple[str, str]] = []
+    for name in sorted(n for n in names if isinstance(n, str)):
+        if name.partition(".")[0] in _INSTALLED:
+            continue
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path and str(path).endswith(".py"):
+            out.append((name, file_sha256(path)))
+    return out
+
+
+def check_code(code: Sequence[tuple[str, str]], where: str) -> None:
+    """Import each module of :func:`code_of` here; its file must be the driver's.
+
+    Parameters
+    ----------
+    code : sequence of (str, str)
+        :func:`code_of`'s list, from the driver.
+    where : str
+        This worker, as messages name it (its node's address).
+
+    Raises
+    ------
+    dpfl.errors.DpflError
+        One line naming the module and what to do: it cannot be imported
+        here, or its file here is not the driver's.
+    """
+    from dpfl.experiments.factory import file_sha256
+
+    for name, sha in code:
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise DpflError(
+                f"a Ray worker on {where} cannot import module {name!r}, which "
+                f"defines the run's model or loss ({type(exc).__name__}: {first}): "
+                "every node needs it importable as the driver has it (an "
+                "installed package, or its folder on PYTHONPATH when the node "
+                "starts)"
+            ) from None
+        path = getattr(module, "__file__", None)
+        if path is None or file_sha256(path) != sha:
+            raise DpflError(
+                f"{path} on the Ray worker on {where} is not the driver's file of "
+                f"module {name!r} (its SHA-256 differs), which defines the run's "
+                "model or loss: every node needs the same code; install the same "
+                "version everywhere"
+            )
+
+
 # -- the worker ----------------------------------------------------------------------
 class RayWorker:
     """A Ray actor holding one replica of the algorithm it serves.
@@ -174,6 +267,8 @@ class RayWorker:
             import ray
 
             self._replica = None  # free the previous one first
+            if len(blueprint) > 1:  # the user's code, before unpickling it
+                check_code(blueprint[1], ray.util.get_node_ip_address())
             self._replica = ray.get(blueprint[0]).build(self._device)
             self._key = key
         tasks = [unwire_task(t, self._device) for t in tasks]

@@ -25,6 +25,11 @@ Clients (:func:`client_app`, in each SuperNode's ClientApp)
     configuration the server sends: record-level per-sample clipping for
     DP-DSGD and PriFedSync, client-side noise for LOCKS and MS-PAFL and
     PriFedSync, the clipped local update for DP-FedAvg.
+    A model or loss of the user's code (``model.factory``,
+    ``loss.factory``) is imported by each ClientApp from its own
+    environment, and its file must be the one the server recorded (the
+    configuration carries its SHA-256): a node that cannot import it, or
+    holds another version, refuses its tasks with a line naming the file.
 
 Node and client mapping
 -----------------------

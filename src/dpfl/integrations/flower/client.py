@@ -13,6 +13,7 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
+from dpfl.errors import DpflError
 from dpfl.experiments import build
 from dpfl.experiments.config import RunConfig, config_from_dict
 from dpfl.experiments.privacy import resolve_privacy
@@ -65,11 +66,24 @@ def client_step_message(
     Returns
     -------
     Message
-        The reply (or an error reply naming why a task was refused).
+        The reply (or an error reply naming why a task was refused: a node
+        that cannot import the configuration's ``model.factory`` or
+        ``loss.factory``, or whose file of it differs from the server's,
+        refuses every task).
     """
     pid = int(context.node_config.get(PARTITION_ID, 0))
     num = int(context.node_config.get(NUM_PARTITIONS, 1))
-    config = config_from_dict(yaml.safe_load(str(message.content["dpfl"]["config"])))
+    try:
+        # a model or loss of the user's code is imported here, and its file
+        # must be the server's (the configuration carries its SHA-256)
+        config = config_from_dict(
+            yaml.safe_load(str(message.content["dpfl"]["config"]))
+        )
+    except DpflError as exc:
+        return Message(
+            Error(REFUSED, f"the server's run configuration is refused here: {exc}"),
+            reply_to=message,
+        )
     if pinned is not None and client_fingerprint(config) != pinned:
         return Message(
             Error(REFUSED, "the server's run configuration is not this node's"),
