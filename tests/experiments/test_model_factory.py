@@ -30,7 +30,7 @@ from dpfl.experiments import ConfigError, config_from_dict, resume, run, run_swe
 from dpfl.experiments.build import build_algorithm, build_dataset, prepare
 from tiny_runs import tiny_config, user_code
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
