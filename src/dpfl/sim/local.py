@@ -32,7 +32,8 @@ from torch.func import functional_call
 from dpfl._validate import check_count, check_positive, check_probability
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.grad import LossFn, batched_client_grads, check_finite
-from dpfl.sim.objectives import LocalObjective
+from dpfl.sim.grad.cohort import cohort_sgd_inplace, fused_sgd_supported
+from dpfl.sim.objectives import Erm, LocalObjective
 
 __all__ = [
     "client_local_sgd",
@@ -473,14 +474,27 @@ def cohort_local_sgd(
             f"{len(counts)} and {len(rngs)}"
         )
     orders = pad_orders([epoch_orders(r, int(n), epochs) for r, n in zip(rngs, counts)])
+    plain = objective is None or type(objective) is Erm  # no regulariser
+    if plain and fused_sgd_supported(model):
+        return _fused_local_sgd(
+            model,
+            stacked_params,
+            x_pad,
+            y_pad,
+            orders,
+            batch_size=batch_size,
+            learning_rate=check_positive("learning_rate", learning_rate),
+            loss_fn=loss_fn,
+            max_clients=max_clients,
+        )
     stacked = dict(stacked_params)
     rows = torch.arange(m, device=x_pad.device)[:, None]
     for epoch in orders:
         for batch in _batches(epoch, batch_size):
+            if not (batch >= 0).any():  # no client has a record left (host check)
+                continue
             idx = torch.as_tensor(batch, device=x_pad.device)
             mask = idx >= 0
-            if not bool(mask.any()):
-                continue
             safe = idx.clamp(min=0)
             before = stacked
             stacked = cohort_sgd_step(
@@ -504,4 +518,61 @@ def cohort_local_sgd(
                         stacked[k] = stacked[k] - step * moved.view(shape).to(
                             step.dtype
                         )
+    return stacked
+
+
+def _fused_local_sgd(
+    model: nn.Module,
+    stacked_params: Mapping[str, torch.Tensor],
+    x_pad: torch.Tensor,
+    y_pad: torch.Tensor,
+    orders: np.ndarray,
+    *,
+    batch_size: int,
+    learning_rate: float,
+    loss_fn: LossFn,
+    max_clients: int | None,
+) -> Params:
+    """:func:`cohort_local_sgd` of an all-``nn.Linear`` model, with the step fused.
+
+    The same batches and steps (each epoch's records gathered once, each
+    batch a view), with every step one :func:`cohort_sgd_inplace` into a copy
+    of the stacked parameters. Which clients have a full batch is known on
+    the host from the orders, so a step where every client has one takes no
+    mask at all and nothing waits on the device; the parameters are checked
+    to be finite once, at the end (a non-finite gradient leaves them
+    non-finite).
+    """
+    m, n_max = int(orders.shape[1]), int(orders.shape[2])
+    full = int((orders[0] >= 0).sum(1).min()) if m else 0  # records of the smallest
+    chunk = m if max_clients is None else max_clients
+    device = x_pad.device
+    stacked = {k: v.detach().clone() for k, v in stacked_params.items()}
+    dtype = next(iter(stacked.values())).dtype
+    rows = torch.arange(m, device=device)[:, None]
+    for epoch in orders:
+        idx = torch.as_tensor(np.maximum(epoch, 0), device=device)
+        xe, ye = x_pad[rows, idx], y_pad[rows, idx]
+        for start in range(0, n_max, batch_size):
+            stop = min(start + batch_size, n_max)
+            scale: torch.Tensor | float
+            if stop <= full:  # every client has a full batch
+                scale = -learning_rate / (stop - start)
+            else:
+                valid = epoch[:, start:stop] >= 0
+                sizes = valid.sum(1)
+                if not sizes.any():
+                    continue
+                per = valid * (-learning_rate / np.maximum(sizes, 1))[:, None]
+                scale = torch.as_tensor(per.reshape(-1), device=device).to(dtype)
+            cohort_sgd_inplace(
+                model,
+                stacked,
+                xe[:, start:stop],
+                ye[:, start:stop],
+                scale,
+                loss_fn=loss_fn,
+                chunk=chunk,
+            )
+    check_finite(stacked, "client gradient (the local model after the steps)")
     return stacked

@@ -195,11 +195,17 @@ class Trainer:
         default the current :data:`~dpfl.sim.secure_noise.STREAM_VERSION`).
         A resumed run passes the version it started with, so that it draws
         what the uninterrupted run drew.
+    diagnostics : bool
+        Compute the algorithm's round diagnostics (extra metrics, e.g.
+        DP-FedAvg's between-client variance) in every round. ``False``
+        (default): only in the rounds :meth:`fit` evaluates.
 
     Attributes
     ----------
     round : int
         Rounds completed.
+    diagnostics : bool
+        As given; may be changed between rounds.
     stream_version : str
         The secure noise stream drawn from (as given).
 
@@ -219,6 +225,7 @@ class Trainer:
         secure_noise: bool = True,
         noise_key: bytes | None = None,
         stream_version: str = _keys.STREAM_VERSION,
+        diagnostics: bool = False,
     ) -> None:
         if not isinstance(algorithm, FederatedAlgorithm):
             raise InvalidParameterError(
@@ -257,6 +264,8 @@ class Trainer:
             )
         self.executor = executor(execution) if isinstance(execution, str) else execution
         self.round = 0
+        self.diagnostics = bool(diagnostics)
+        self._evaluated_next = False  # set by fit for the rounds it evaluates
 
     def step(self) -> RoundReport:
         """Run one round: :meth:`begin_round`, the executor, :meth:`finish_round`.
@@ -338,6 +347,7 @@ class Trainer:
         # The server step computes on the algorithm's device, whatever device
         # the shares were computed on (a replica elsewhere, a remote worker).
         messages = messages.to(alg.weights.device)
+        alg.diagnostics = self.diagnostics or self._evaluated_next
         metrics = alg.server_step(cohort, messages, plan.server)
         if not bool(alg.weights.isfinite().all()):
             raise NonFiniteUpdateError(
@@ -581,6 +591,8 @@ class Trainer:
                 begun.append(cb)
             with deferred_interrupt(log) as flag:
                 while self.round < rounds:
+                    after = self.round + 1  # diagnostics where fit evaluates
+                    self._evaluated_next = after % eval_every == 0 or after == rounds
                     try:
                         report = run_round()
                     except BudgetExceededError as exc:
@@ -629,6 +641,7 @@ class Trainer:
             state.error = exc
             raise
         finally:
+            self._evaluated_next = False
             for cb in begun:
                 cb.on_fit_end(state)
         return FitResult(

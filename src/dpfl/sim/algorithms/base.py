@@ -456,6 +456,15 @@ class FederatedAlgorithm(PrivacyHooks):
         cross-entropy, or binary cross-entropy for a one-logit model
         (:func:`dpfl.models.classification_loss`).
 
+    Attributes
+    ----------
+    diagnostics : bool
+        Whether the next server step also computes the round's diagnostics
+        (extra metrics that cost passes over the cohort's updates, e.g.
+        DP-FedAvg's between-client variance); ``False`` by default. The
+        :class:`~dpfl.sim.loop.Trainer` sets it for the rounds it evaluates
+        (or every round, when built with ``diagnostics=True``).
+
     Raises
     ------
     dpfl.errors.InvalidParameterError
@@ -506,6 +515,7 @@ class FederatedAlgorithm(PrivacyHooks):
         )
         self.loss_fn = loss_fn
         self.dataset = dataset
+        self.diagnostics = False
         self._blueprint_args = {
             "noise_multiplier": self.noise_multiplier,
             "max_clients": self.max_clients,

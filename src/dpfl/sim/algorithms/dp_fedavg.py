@@ -79,7 +79,10 @@ number.
 ``m_t/K`` and divides by the *expected* cohort m_t; the event is
 ``ClientPoisson(m_t/K, Gaussian(σ))``, for which the Poisson reading is valid.
 
-**Diagnostics** (Geyer §3, on the cohort's *unclipped* updates, averaged over
+**Diagnostics** (computed when the algorithm's ``diagnostics`` is set: on
+the rounds a :class:`~dpfl.sim.loop.Trainer` evaluates, or every round when
+it is built with ``diagnostics=True``; Geyer §3, on the cohort's *unclipped*
+updates, averaged over
 all P model parameters — the paper's q×p for one weight matrix): between-client
 variance ``V_c = (1/P) Σ_j (1/m) Σ_k (Δw^k_j − μ_j)²`` and update scale
 ``U_s = (1/P) Σ_j μ_j²`` with ``μ = (1/m) Σ_k Δw^k``; communication cost
@@ -559,7 +562,7 @@ class DpFedAvg(FederatedAlgorithm):
 
     def _clipped(self, update: torch.Tensor, task: Task) -> Message:
         """Clip ``update`` (``[d]``) to the task's bound, if any; send ζ = ‖Δw‖."""
-        norm = float(torch.linalg.vector_norm(update.double()))
+        norm = float(torch.linalg.vector_norm(update))
         clip = task.options.get("clip")
         if clip is not None and norm > clip:
             update = update * (clip / norm)
@@ -588,7 +591,7 @@ class DpFedAvg(FederatedAlgorithm):
         if not tasks:
             return Messages.stack([], weights)
         updates, _ = self.local_sgd_updates(weights, tasks, streams, **self._local())
-        norms = torch.linalg.vector_norm(updates.double(), dim=1)
+        norms = torch.linalg.vector_norm(updates, dim=1).double()
         clips = [t.options.get("clip") for t in tasks]
         if all(c is not None for c in clips):
             bound = torch.tensor(clips, dtype=torch.float64, device=norms.device)
@@ -668,12 +671,12 @@ class DpFedAvg(FederatedAlgorithm):
         else:  # median of all-zero updates: nothing to send
             factor = torch.zeros_like(norms)
         factor_v = factor.to(device=vectors.device, dtype=vectors.dtype)[:, None]
-        if p.clipping == "median":
-            unclipped, clipped = vectors, vectors * factor_v
-        else:  # clipped by the clients; scale back for the diagnostics
-            clipped = vectors
-            unclipped = vectors / factor_v if m_real and bound > 0 else vectors
-        if m_real:
+        clipped = vectors * factor_v if p.clipping == "median" else vectors
+        if m_real and self.diagnostics:
+            # clipped by the clients (fixed, adaptive): scale back
+            unclipped = (
+                vectors / factor_v if p.clipping != "median" and bound > 0 else vectors
+            )
             metrics["between_client_variance"] = between_client_variance(unclipped)
             metrics["update_scale"] = update_scale(unclipped)
             metrics["update_norm_median"] = float(torch.quantile(norms, 0.5))
