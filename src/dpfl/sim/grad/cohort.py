@@ -332,7 +332,9 @@ def cohort_sgd_inplace(
         m = int(xb[sl].shape[0])
         layers = _cohort_layer_grads(model, p, xb[sl], yb[sl], loss_fn)
         records = layer_records(layers, info, p)
-        f = scale if not isinstance(scale, torch.Tensor) else scale[s * b : s * b + m * b]
+        f = scale
+        if isinstance(scale, torch.Tensor):
+            f = scale[s * b : s * b + m * b]
         for name, record in records.items():
             _add_client_sums(p, name, record, f, m)
 
