@@ -231,6 +231,8 @@ def epoch_orders(rng: np.random.Generator, num_records: int, epochs: int) -> np.
     """
     n = check_count("num_records", num_records, minimum=0)
     e = check_count("epochs", epochs, minimum=1)
+    if e == 1:  # the same draw, without the stack
+        return rng.permutation(n).astype(np.int64, copy=False)[None]
     return np.stack([rng.permutation(n) for _ in range(e)]).astype(np.int64)
 
 
@@ -297,6 +299,8 @@ def pad_cohort(
             f"(and of y, {y.shape[0]}); got {sizes[:10]}"
         )
     m, n_max = len(sizes), max(sizes)
+    if n_max * m == x.shape[0]:  # every client has n_max records: no padding
+        return x.reshape(m, n_max, *x.shape[1:]), y.reshape(m, n_max, *y.shape[1:])
     slots = torch.as_tensor(
         np.concatenate(
             [j * n_max + np.arange(n, dtype=np.int64) for j, n in enumerate(sizes)]
@@ -419,6 +423,7 @@ def cohort_local_sgd(
     loss_fn: LossFn = F.cross_entropy,
     max_clients: int | None = None,
     objective: LocalObjective | None = None,
+    out: Mapping[str, torch.Tensor] | None = None,
 ) -> Params:
     """A cohort's E epochs of mini-batch SGD, every step one batched call.
 
@@ -453,6 +458,10 @@ def cohort_local_sgd(
     objective : LocalObjective, optional
         As in :func:`client_local_sgd`, anchored at each client's starting
         row; a client with no record in a step takes no step at all.
+    out : mapping of str to torch.Tensor, optional
+        Writable ``[m, *shape]`` tensors, one per parameter, that receive
+        the result (they may be ``stacked_params`` themselves, e.g. views of
+        one flat buffer); the result is then ``out``.
 
     Returns
     -------
@@ -486,6 +495,7 @@ def cohort_local_sgd(
             learning_rate=check_positive("learning_rate", learning_rate),
             loss_fn=loss_fn,
             max_clients=max_clients,
+            out=out,
         )
     stacked = dict(stacked_params)
     rows = torch.arange(m, device=x_pad.device)[:, None]
@@ -518,7 +528,11 @@ def cohort_local_sgd(
                         stacked[k] = stacked[k] - step * moved.view(shape).to(
                             step.dtype
                         )
-    return stacked
+    if out is None:
+        return stacked
+    for k, v in out.items():
+        v.copy_(stacked[k])
+    return dict(out)
 
 
 def _fused_local_sgd(
@@ -532,6 +546,7 @@ def _fused_local_sgd(
     learning_rate: float,
     loss_fn: LossFn,
     max_clients: int | None,
+    out: Mapping[str, torch.Tensor] | None,
 ) -> Params:
     """:func:`cohort_local_sgd` of an all-``nn.Linear`` model, with the step fused.
 
@@ -547,7 +562,13 @@ def _fused_local_sgd(
     full = int((orders[0] >= 0).sum(1).min()) if m else 0  # records of the smallest
     chunk = m if max_clients is None else max_clients
     device = x_pad.device
-    stacked = {k: v.detach().clone() for k, v in stacked_params.items()}
+    if out is None:
+        stacked = {k: v.detach().clone() for k, v in stacked_params.items()}
+    else:
+        stacked = dict(out)
+        for k, v in stacked.items():
+            if v.data_ptr() != stacked_params[k].data_ptr():
+                v.copy_(stacked_params[k])
     dtype = next(iter(stacked.values())).dtype
     rows = torch.arange(m, device=device)[:, None]
     for epoch in orders:

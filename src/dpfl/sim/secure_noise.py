@@ -256,7 +256,7 @@ def derive_key(key: bytes, label: str, *indices: int) -> bytes:
     check_key("key", key)
     msg = b"dpfl/" + label.encode() + b"\x00"
     msg += b"".join(int(i).to_bytes(8, "little") for i in indices)
-    return hmac.new(key, msg, hashlib.sha256).digest()
+    return hmac.digest(key, msg, "sha256")  # one-shot HMAC (same bytes as hmac.new)
 
 
 def index_rng(key: bytes) -> np.random.Generator:

@@ -46,7 +46,7 @@ from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.models.losses import classification_loss
 from dpfl.sim.algorithms.privacy import PrivacyHooks
 from dpfl.sim.evaluation import evaluate_model
-from dpfl.sim.grad import check_finite, stack_params
+from dpfl.sim.grad import check_finite
 from dpfl.sim.local import client_local_sgd, cohort_local_sgd, pad_cohort
 from dpfl.sim.objectives import LocalObjective
 from dpfl.sim.randomness import Streams
@@ -657,9 +657,12 @@ class FederatedAlgorithm(PrivacyHooks):
         counts = [len(r) for r in rows]
         x, y = self.client_data(np.concatenate(rows))
         x_pad, y_pad = pad_cohort(x, y, counts)
-        stacked = cohort_local_sgd(
+        # the clients' models are rows of one [m, d] buffer, trained in place
+        flat = weights.expand(len(tasks), -1).clone()
+        stacked = self.unflatten(flat)
+        cohort_local_sgd(
             self.model,
-            stack_params(self.unflatten(weights), len(tasks)),
+            stacked,
             x_pad,
             y_pad,
             counts,
@@ -670,8 +673,9 @@ class FederatedAlgorithm(PrivacyHooks):
             loss_fn=self.loss_fn,
             max_clients=self.max_clients,
             objective=objective,
+            out=stacked,
         )
-        return self.flatten(stacked, lead=1) - weights, counts
+        return flat.sub_(weights), counts
 
     # -- the server's last seams: optimiser, then apply -------------------------------
     def server_update(

@@ -544,13 +544,40 @@ class DpFedAvg(FederatedAlgorithm):
         self.clip_bound = float(self.params.clip)
         self.communication_cost = 0
         self.objective = make_objective(self.params.local_objective)
+        # by cohort size m_t: a round builds no sampler (O(K) checks) or event
+        self._samplers: dict[int, FixedCohortSampler | PoissonClientSampler] = {}
+        self._events: dict[int, Event] = {}
+
+    def event(self, round_index: int = 0) -> Event | None:
+        """The event of round ``round_index`` (made once per cohort size m_t)."""
+        if not self.private:
+            return None
+        m = self.params.cohort_at(round_index, self.stats.num_clients)
+        found = self._events.get(m)
+        if found is None:
+            found = super().event(round_index)
+            assert found is not None
+            self._events[m] = found
+        return found
+
+    def _round_sampler(
+        self, round_index: int
+    ) -> FixedCohortSampler | PoissonClientSampler:
+        """:meth:`sampler` of round ``round_index``, made once per cohort size."""
+        m = self.params.cohort_at(round_index, self.stats.num_clients)
+        found = self._samplers.get(m)
+        if found is None:
+            found = self._samplers[m] = self.sampler(
+                self.params, self.stats, round_index
+            )
+        return found
 
     # -- Algorithm 1, one round -----------------------------------------------------
     def select(self, round_index: int, server: Streams) -> Cohort:
         """Z_t ← m_t of K clients (or each w.p. m_t/K); send w_t and, if known, S."""
         p = self.params
         m = p.cohort_at(round_index, self.stats.num_clients)
-        sample = self.sampler(p, self.stats, round_index).sample(server.rng)
+        sample = self._round_sampler(round_index).sample(server.rng)
         # The client clips when the bound is known before the round.
         options = {} if p.clipping == "median" else {"clip": self.clip_bound}
         tasks = [Task(int(k), options=options) for k in sample.clients]
