@@ -170,7 +170,7 @@ def test_sampler_matches_an_independent_scalar_implementation():
     # float64 ulps between libm and torch's vectorised functions).
     stream_key = sn.derive_key(KEY, "noise")
     g = sn.SecureGenerator(KEY)
-    assert g.version == sn.STREAM_VERSION == "chacha20-v2"
+    assert g.version == sn.STREAM_VERSION == "chacha20-v3"
     first = normals(g, 20_000).numpy()
     second = normals(g, 3000).numpy()  # draw 1
     for i in (0, 1, 2, 1023, 1024, 1025, 8191, 8192, 19_999):
@@ -647,3 +647,36 @@ def test_a_run_records_its_stream_and_resumes_with_it(tmp_path, monkeypatch):
     monkeypatch.setattr(sn, "STREAM_VERSIONS", (sn.STREAM_VERSION,))
     with pytest.raises(DpflError, match="'shake256-v1', which this dpfl does not"):
         resume(config.run_dir, progress=False)
+
+
+def test_keyed_orders_are_the_documented_sort_of_shake128_words():
+    # Independent construction from the docstring: SHAKE-128 of
+    # "dpfl/order" ‖ 0 ‖ key ‖ e, n little-endian 64-bit words, positions
+    # sorted by word (ties by position); exact.
+    import hashlib
+    import struct
+
+    n = 37
+    got = sn.keyed_orders(KEY, n, 3)
+    for e in range(3):
+        raw = hashlib.shake_128(
+            b"dpfl/order\x00" + KEY + e.to_bytes(8, "little")
+        ).digest(8 * n)
+        words = struct.unpack(f"<{n}Q", raw)
+        want = sorted(range(n), key=lambda i: (words[i], i))
+        assert got[e].tolist() == want
+    assert sorted(got[0].tolist()) == list(range(n))
+    assert sn.keyed_orders(KEY, 0, 1).shape == (1, 0)
+
+
+def test_client_orders_by_stream_version():
+    # v3 streams draw keyed orders; v2 streams (runs started before v3) still
+    # draw theirs from the index generator, so they resume as they ran.
+    from dpfl.sim.local import epoch_orders
+    from dpfl.sim.randomness import Streams
+
+    v3 = Streams.from_key(KEY, stream_version="chacha20-v3")
+    v2 = Streams.from_key(KEY, stream_version="chacha20-v2")
+    assert v3.epoch_orders(20, 2).tolist() == sn.keyed_orders(KEY, 20, 2).tolist()
+    want = epoch_orders(sn.index_rng(KEY), 20, 2)
+    assert v2.epoch_orders(20, 2).tolist() == want.tolist()

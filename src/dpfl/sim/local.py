@@ -326,12 +326,13 @@ def client_local_sgd(
     x: torch.Tensor,
     y: torch.Tensor,
     *,
-    rng: np.random.Generator,
+    rng: np.random.Generator | None = None,
     epochs: int,
     batch_size: int,
     learning_rate: float,
     loss_fn: LossFn = F.cross_entropy,
     objective: LocalObjective | None = None,
+    orders: np.ndarray | None = None,
 ) -> Params:
     """One client's E epochs of mini-batch SGD from ``params`` (the reference).
 
@@ -348,8 +349,8 @@ def client_local_sgd(
         Starting parameters (not modified).
     x, y : torch.Tensor
         The client's features ``[n, ...]`` and targets ``[n, ...]``.
-    rng : numpy.random.Generator
-        The client's own generator (draws the epoch orders).
+    rng : numpy.random.Generator, optional
+        The client's own generator (draws the epoch orders); or ``orders``.
     epochs : int
         E >= 1.
     batch_size : int
@@ -362,6 +363,9 @@ def client_local_sgd(
         A regulariser whose gradient (at the current parameters, anchored at
         ``params``) is added to each step's data gradient
         (:mod:`dpfl.sim.objectives`); default none.
+    orders : numpy.ndarray, optional
+        ``[E, n]`` visiting orders drawn already (e.g.
+        :meth:`dpfl.sim.randomness.Streams.epoch_orders`), instead of ``rng``.
 
     Returns
     -------
@@ -375,7 +379,7 @@ def client_local_sgd(
     """
     batch_size = check_count("batch_size", batch_size, minimum=1)
     learning_rate = check_positive("learning_rate", learning_rate)
-    orders = epoch_orders(rng, x.shape[0], epochs)
+    orders = _orders_of(rng, orders, x.shape[0], epochs)
     w = {k: v.detach().clone() for k, v in params.items()}
     buffers = dict(model.named_buffers())
     for epoch in orders:
@@ -394,6 +398,27 @@ def client_local_sgd(
                 for (k, v), g in zip(leaves.items(), grads)
             }
     return w
+
+
+def _orders_of(
+    rng: np.random.Generator | None,
+    orders: np.ndarray | None,
+    num_records: int,
+    epochs: int,
+) -> np.ndarray:
+    """A client's ``[E, n]`` orders: given, or drawn from ``rng`` (exactly one)."""
+    if (rng is None) == (orders is None):
+        raise InvalidParameterError("give exactly one of rng and orders")
+    if orders is None:
+        assert rng is not None
+        return epoch_orders(rng, num_records, epochs)
+    out = np.asarray(orders, dtype=np.int64)
+    if out.shape != (epochs, num_records):
+        raise InvalidParameterError(
+            f"orders must have shape ({epochs}, {num_records}) (epochs, records); "
+            f"got {out.shape}"
+        )
+    return out
 
 
 def _regulariser_step(
@@ -416,7 +441,7 @@ def cohort_local_sgd(
     y_pad: torch.Tensor,
     counts: Sequence[int],
     *,
-    rngs: Sequence[np.random.Generator],
+    rngs: Sequence[np.random.Generator] | None = None,
     epochs: int,
     batch_size: int,
     learning_rate: float,
@@ -424,6 +449,7 @@ def cohort_local_sgd(
     max_clients: int | None = None,
     objective: LocalObjective | None = None,
     out: Mapping[str, torch.Tensor] | None = None,
+    orders: Sequence[np.ndarray] | None = None,
 ) -> Params:
     """A cohort's E epochs of mini-batch SGD, every step one batched call.
 
@@ -443,8 +469,8 @@ def cohort_local_sgd(
         ``[m, n_max, ...]`` padded records (:func:`pad_cohort`).
     counts : sequence of int
         Real records of each client (the rest of its row is padding).
-    rngs : sequence of numpy.random.Generator
-        Each client's own generator, in cohort order.
+    rngs : sequence of numpy.random.Generator, optional
+        Each client's own generator, in cohort order; or ``orders``.
     epochs : int
         E >= 1.
     batch_size : int
@@ -462,6 +488,9 @@ def cohort_local_sgd(
         Writable ``[m, *shape]`` tensors, one per parameter, that receive
         the result (they may be ``stacked_params`` themselves, e.g. views of
         one flat buffer); the result is then ``out``.
+    orders : sequence of numpy.ndarray, optional
+        Each client's ``[E, n_j]`` visiting orders, drawn already, instead of
+        ``rngs``.
 
     Returns
     -------
@@ -477,12 +506,26 @@ def cohort_local_sgd(
     """
     batch_size = check_count("batch_size", batch_size, minimum=1)
     m = x_pad.shape[0]
-    if len(counts) != m or len(rngs) != m:
+    if (rngs is None) == (orders is None):
+        raise InvalidParameterError("give exactly one of rngs and orders")
+    given = rngs if rngs is not None else orders
+    assert given is not None
+    if len(counts) != m or len(given) != m:
         raise InvalidParameterError(
-            f"counts and rngs must have one entry per client ({m}); got "
-            f"{len(counts)} and {len(rngs)}"
+            f"counts and rngs (or orders) must have one entry per client ({m}); "
+            f"got {len(counts)} and {len(given)}"
         )
-    orders = pad_orders([epoch_orders(r, int(n), epochs) for r, n in zip(rngs, counts)])
+    padded = pad_orders(
+        [
+            _orders_of(
+                rngs[j] if rngs is not None else None,
+                orders[j] if orders is not None else None,
+                int(counts[j]),
+                epochs,
+            )
+            for j in range(m)
+        ]
+    )
     plain = objective is None or type(objective) is Erm  # no regulariser
     if plain and fused_sgd_supported(model):
         return _fused_local_sgd(
@@ -490,7 +533,7 @@ def cohort_local_sgd(
             stacked_params,
             x_pad,
             y_pad,
-            orders,
+            padded,
             batch_size=batch_size,
             learning_rate=check_positive("learning_rate", learning_rate),
             loss_fn=loss_fn,
@@ -499,7 +542,7 @@ def cohort_local_sgd(
         )
     stacked = dict(stacked_params)
     rows = torch.arange(m, device=x_pad.device)[:, None]
-    for epoch in orders:
+    for epoch in padded:
         for batch in _batches(epoch, batch_size):
             if not (batch >= 0).any():  # no client has a record left (host check)
                 continue

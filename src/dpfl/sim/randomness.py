@@ -40,7 +40,9 @@ import torch
 
 from dpfl._validate import check_count
 from dpfl.errors import InvalidParameterError
+from dpfl.sim.local import epoch_orders
 from dpfl.sim.secure_noise import (
+    KEYED_ORDER_VERSIONS,
     STREAM_VERSION,
     NoiseGenerator,
     SecureGenerator,
@@ -48,6 +50,7 @@ from dpfl.sim.secure_noise import (
     check_stream_version,
     derive_key,
     index_rng,
+    keyed_orders,
 )
 
 __all__ = [
@@ -70,7 +73,8 @@ class Streams:
     Attributes
     ----------
     rng : numpy.random.Generator
-        For index draws (participants, batches, orders).
+        For index draws (participants, batches, orders); from a key, made on
+        first use.
     generator : torch.Generator or SecureGenerator
         For noise draws (:func:`dpfl.sim.secure_noise.fill_normal_`): a
         :class:`~dpfl.sim.secure_noise.SecureGenerator` when the streams come
@@ -88,14 +92,14 @@ class Streams:
         "_device",
         "_generator",
         "_key",
+        "_rng",
         "_torch_seed",
-        "rng",
         "stream_version",
     )
 
     def __init__(
         self,
-        rng: np.random.Generator,
+        rng: np.random.Generator | None,
         generator: NoiseGenerator | None = None,
         *,
         torch_seed: int | None = None,
@@ -107,7 +111,9 @@ class Streams:
             raise InvalidParameterError(
                 "Streams needs a generator, a torch_seed or a key"
             )
-        self.rng = rng
+        if rng is None and key is None:
+            raise InvalidParameterError("Streams needs an rng or a key")
+        self._rng = rng
         self._generator = generator
         self._torch_seed = torch_seed
         self._key = key
@@ -124,9 +130,35 @@ class Streams:
     ) -> Streams:
         """A party's secure streams from its derived key (:func:`client_key`)."""
         key = check_key("key", key)
-        return cls(
-            index_rng(key), key=key, device=device, stream_version=stream_version
-        )
+        return cls(None, key=key, device=device, stream_version=stream_version)
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The index generator (from a key: made on first use, ``index_rng``)."""
+        if self._rng is None:
+            assert self._key is not None
+            self._rng = index_rng(self._key)
+        return self._rng
+
+    def epoch_orders(self, num_records: int, epochs: int) -> np.ndarray:
+        """The party's visiting orders of its ``num_records`` records, per epoch.
+
+        Under a stream version of
+        :data:`~dpfl.sim.secure_noise.KEYED_ORDER_VERSIONS` (secure streams),
+        :func:`~dpfl.sim.secure_noise.keyed_orders` of the party's key; else
+        one permutation per epoch from :attr:`rng`
+        (:func:`dpfl.sim.local.epoch_orders`).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[epochs, num_records]`` int64.
+        """
+        n = check_count("num_records", num_records, minimum=0)
+        e = check_count("epochs", epochs, minimum=1)
+        if self._key is not None and self.stream_version in KEYED_ORDER_VERSIONS:
+            return keyed_orders(self._key, n, e)
+        return epoch_orders(self.rng, n, e)
 
     @property
     def generator(self) -> NoiseGenerator:

@@ -23,7 +23,10 @@ the run's key: it can compute that client's noise in that round and nothing
 else (HMAC is a pseudo-random function, so one derived key says nothing about
 another).
 
-**The stream** (version ``"chacha20-v2"``, :data:`STREAM_VERSION`). Draw
+**The stream** (versions ``"chacha20-v2"`` and ``"chacha20-v3"``, the
+current :data:`STREAM_VERSION`: the two draw the same noise; in v3 a client's
+visiting orders of its records come from :func:`keyed_orders`, in v2 from its
+index generator). Draw
 ``d`` of a stream is the ChaCha20 keystream (RFC 8439: 20 rounds, 32-bit
 block counter, 96-bit nonce) under the stream key with nonce ``d`` (8
 little-endian bytes, then 4 zero bytes), the block counter starting at 0:
@@ -119,9 +122,11 @@ except ImportError:  # pragma: no cover - exercised where cryptography is absent
     _OPENSSL = False
 
 __all__ = [
+    "CHACHA_VERSIONS",
     "GROUP",
     "GUARD_SAMPLES",
     "KEY_BYTES",
+    "KEYED_ORDER_VERSIONS",
     "KEY_FILE",
     "MAX_DRAW",
     "STREAM_VERSION",
@@ -134,6 +139,7 @@ __all__ = [
     "fill_normal_",
     "fill_normal_rows_",
     "index_rng",
+    "keyed_orders",
     "load_or_create_key",
     "new_key",
     "noise_kernel",
@@ -153,9 +159,14 @@ KEY_FILE = "secret.key"
 GUARD_SAMPLES = 4
 
 #: The stream a new run draws from (recorded in its ``run.json``).
-STREAM_VERSION = "chacha20-v2"
+STREAM_VERSION = "chacha20-v3"
 #: Every stream this dpfl can draw, oldest first (a run resumes with its own).
-STREAM_VERSIONS = ("shake256-v1", "chacha20-v2")
+STREAM_VERSIONS = ("shake256-v1", "chacha20-v2", "chacha20-v3")
+#: The versions whose noise is the ChaCha20 stream (v3 differs from v2 only in
+#: how a client's epoch orders are drawn: :func:`keyed_orders`).
+CHACHA_VERSIONS = ("chacha20-v2", "chacha20-v3")
+#: The versions whose clients draw their epoch orders with :func:`keyed_orders`.
+KEYED_ORDER_VERSIONS = ("chacha20-v3",)
 
 #: Outputs per group of the ChaCha20 stream (32 KiB of keystream, 512 blocks).
 GROUP = 1024
@@ -267,6 +278,44 @@ def index_rng(key: bytes) -> np.random.Generator:
     """
     entropy = int.from_bytes(derive_key(key, "index"), "little")
     return np.random.default_rng(np.random.SeedSequence(entropy))
+
+
+def keyed_orders(key: bytes, num_records: int, epochs: int) -> np.ndarray:
+    """A party's visiting orders of its records, one per epoch (``chacha20-v3``).
+
+    Epoch ``e``'s order is the stable ``argsort`` of ``n`` little-endian
+    64-bit words of ``SHAKE-128("dpfl/order" ‖ 0 ‖ key ‖ e)`` (``e`` as 8
+    little-endian bytes): a uniformly random permutation (up to ties among
+    64-bit words, probability below ``n²/2⁶⁵``, broken by position), which
+    nobody without the party's key can compute. It costs one hash and one
+    sort, where a seeded numpy generator costs a seed expansion first.
+
+    Parameters
+    ----------
+    key : bytes
+        The party's derived key (:func:`dpfl.sim.randomness.client_key`).
+    num_records : int
+        n >= 0.
+    epochs : int
+        E >= 1.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``[E, n]`` int64; row ``e`` is a permutation of ``0 .. n-1``.
+    """
+    key = check_key("key", key)
+    n = int(num_records)
+    out = np.empty((int(epochs), n), dtype=np.int64)
+    for e in range(int(epochs)):
+        words = np.frombuffer(
+            hashlib.shake_128(b"dpfl/order\x00" + key + e.to_bytes(8, "little")).digest(
+                8 * n
+            ),
+            dtype="<u8",
+        )
+        out[e] = np.argsort(words, kind="stable")
+    return out
 
 
 # -- shake256-v1 ----------------------------------------------------------------------
@@ -1063,7 +1112,7 @@ def fill_normal_rows_(
         and out.stride(1) == 1
         and 0 < out.shape[1] <= MAX_DRAW
         and all(
-            isinstance(g, SecureGenerator) and g.version == "chacha20-v2"
+            isinstance(g, SecureGenerator) and g.version in CHACHA_VERSIONS
             for g in generators
         )
         else None

@@ -620,7 +620,8 @@ class FederatedAlgorithm(PrivacyHooks):
         """One client's E epochs of local SGD from ``weights``: its update and size.
 
         The reference of :meth:`local_sgd_updates` (orders from the client's
-        own ``streams.rng``; :func:`dpfl.sim.local.client_local_sgd`).
+        own streams, :meth:`~dpfl.sim.randomness.Streams.epoch_orders`;
+        :func:`dpfl.sim.local.client_local_sgd`).
         """
         x, y = self.client_data(self.client_rows(task.client))
         final = client_local_sgd(
@@ -628,7 +629,7 @@ class FederatedAlgorithm(PrivacyHooks):
             self.unflatten(weights),
             x,
             y,
-            rng=streams.rng,
+            orders=streams.epoch_orders(int(x.shape[0]), epochs),
             epochs=epochs,
             batch_size=batch_size,
             learning_rate=learning_rate,
@@ -666,7 +667,7 @@ class FederatedAlgorithm(PrivacyHooks):
             x_pad,
             y_pad,
             counts,
-            rngs=[s.rng for s in streams],
+            orders=[s.epoch_orders(n, epochs) for s, n in zip(streams, counts)],
             epochs=epochs,
             batch_size=batch_size,
             learning_rate=learning_rate,
