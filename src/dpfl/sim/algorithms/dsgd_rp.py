@@ -307,6 +307,7 @@ class DsgdRandomParticipation(FederatedAlgorithm):
                 "clip must be given (> 0) when noise_multiplier > 0; got None"
             )
         self._sampler = self.sampler(p, self.stats)
+        self._event: Event | None = None  # every round's, made once
         self.availability = ClientAvailability(
             num_clients=self.stats.num_clients,
             model=p.availability,
@@ -354,6 +355,14 @@ class DsgdRandomParticipation(FederatedAlgorithm):
                 "use larger probabilities"
             )
         return 1.0 / expected
+
+    def event(self, round_index: int = 0) -> Event | None:
+        """The round's event: the same every round, so made once (no O(N) work)."""
+        if not self.private:
+            return None
+        if self._event is None:
+            self._event = self._sampler.event(self.noise_multiplier)
+        return self._event
 
     # -- Algorithm 1, one round -----------------------------------------------------
     def select(self, round_index: int, server: Streams) -> Cohort:
