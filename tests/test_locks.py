@@ -22,7 +22,7 @@ from dpfl.sim.algorithms.base import DataStats, Task
 from dpfl.sim.algorithms.locks import Locks, LocksParams, recorded_max_p2
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import client_streams
-from dpfl.sim.sampling import TwoStageSampler
+from dpfl.sim.sampling_checkin import TwoStageSampler
 
 PRESET = Path(__file__).resolve().parents[1] / "presets" / "locks-digits.yaml"
 

@@ -24,7 +24,7 @@ from dpfl.sim.batches import draw_local_batches
 from dpfl.sim.executors import LoopExecutor
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import client_streams
-from dpfl.sim.sampling import CheckInSampler
+from dpfl.sim.sampling_checkin import CheckInSampler
 
 KEY = bytes(range(32))  # one secure-noise key: the same run twice
 

@@ -22,7 +22,7 @@ from dpfl.sim.algorithms.base import DataStats, Task
 from dpfl.sim.algorithms.prifedsync import PriFedSync, PriFedSyncParams
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import client_streams
-from dpfl.sim.sampling import SyncSampler
+from dpfl.sim.sampling_checkin import SyncSampler
 
 DELTA = 1e-5
 PRESETS = Path(__file__).resolve().parents[1] / "presets"

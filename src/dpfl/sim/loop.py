@@ -70,7 +70,8 @@ from dpfl.errors import (
     InvalidParameterError,
     NonFiniteUpdateError,
 )
-from dpfl.sim import secure_noise as _keys
+from dpfl.sim import keys as _keys
+from dpfl.sim import secure_noise as _streams
 from dpfl.sim.algorithms.base import Cohort, FederatedAlgorithm, Messages
 from dpfl.sim.callbacks import Callback, FitResult, FitState, check_callbacks
 from dpfl.sim.executors import Executor, executor
@@ -187,7 +188,7 @@ class Trainer:
         the seed can draw the noise again and subtract it: not for release).
     noise_key : bytes or None
         The run's secret 32-byte key (secure mode); ``None``: a fresh one
-        (:func:`~dpfl.sim.secure_noise.new_key`). Keep it to resume the run;
+        (:func:`~dpfl.sim.keys.new_key`). Keep it to resume the run;
         never publish it (it de-noises every round). Never stored in
         :meth:`state_dict`.
     stream_version : str
@@ -224,7 +225,7 @@ class Trainer:
         execution: str | Executor = "batched",
         secure_noise: bool = True,
         noise_key: bytes | None = None,
-        stream_version: str = _keys.STREAM_VERSION,
+        stream_version: str = _streams.STREAM_VERSION,
         diagnostics: bool = False,
     ) -> None:
         if not isinstance(algorithm, FederatedAlgorithm):
@@ -252,7 +253,7 @@ class Trainer:
                 "noise_key is for secure_noise=True (reproducible noise derives "
                 "from the seed)"
             )
-        self.stream_version = _keys.check_stream_version(
+        self.stream_version = _streams.check_stream_version(
             "stream_version", stream_version
         )
         self.noise_key: bytes | None = None

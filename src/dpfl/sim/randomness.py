@@ -40,17 +40,14 @@ import torch
 
 from dpfl._validate import check_count
 from dpfl.errors import InvalidParameterError
+from dpfl.sim.keys import check_key, derive_key, index_rng, keyed_orders
 from dpfl.sim.local import epoch_orders
 from dpfl.sim.secure_noise import (
     KEYED_ORDER_VERSIONS,
     STREAM_VERSION,
     NoiseGenerator,
     SecureGenerator,
-    check_key,
     check_stream_version,
-    derive_key,
-    index_rng,
-    keyed_orders,
 )
 
 __all__ = [
@@ -145,7 +142,7 @@ class Streams:
 
         Under a stream version of
         :data:`~dpfl.sim.secure_noise.KEYED_ORDER_VERSIONS` (secure streams),
-        :func:`~dpfl.sim.secure_noise.keyed_orders` of the party's key; else
+        :func:`~dpfl.sim.keys.keyed_orders` of the party's key; else
         one permutation per epoch from :attr:`rng`
         (:func:`dpfl.sim.local.epoch_orders`).
 

@@ -30,7 +30,7 @@ The noise on the sum is ``sqrt(m)·σC`` for ``m`` participants.
 
 **Availability (N_t ≤ N).** Clients go offline (§3): ``availability`` draws
 the round's online clients from the server's round generator, never from the
-data (:class:`dpfl.sim.sampling.ClientAvailability`: ``"bernoulli"``, each
+data (:class:`dpfl.sim.availability.ClientAvailability`: ``"bernoulli"``, each
 online w.p. ``availability_rate``; ``"fixed"``, ``available_clients`` of them
 uniformly), and only online clients may join. The server knows who is online
 and scales by ``1/(p q n_t)``, ``n_t`` the records of the online clients
@@ -89,6 +89,7 @@ from dpfl.sim.algorithms.base import (
     Task,
     register,
 )
+from dpfl.sim.availability import AVAILABILITY_MODELS, ClientAvailability
 from dpfl.sim.grad import check_finite, clipped_grad_sum
 from dpfl.sim.privatize import (
     CentralGaussian,
@@ -97,12 +98,7 @@ from dpfl.sim.privatize import (
     Privatizer,
 )
 from dpfl.sim.randomness import Streams
-from dpfl.sim.sampling import (
-    AVAILABILITY_MODELS,
-    ClientAvailability,
-    CohortRecordSampler,
-    PoissonParticipationSampler,
-)
+from dpfl.sim.sampling import CohortRecordSampler, PoissonParticipationSampler
 
 __all__ = ["DsgdRandomParticipation", "DsgdRpParams"]
 

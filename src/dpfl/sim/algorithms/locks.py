@@ -74,7 +74,7 @@ the base's ``noise_multiplier``) and ``σ_n = norm_noise_ratio · σ_g``: the tw
 scales move together, so calibrating σ scales both.
 
 **Who draws what** (:mod:`dpfl.sim.randomness`). The server draws S1 and S2
-with its own generator (:class:`~dpfl.sim.sampling.TwoStageSampler`). Each S1
+with its own generator (:class:`~dpfl.sim.sampling_checkin.TwoStageSampler`). Each S1
 client draws its E mini-batches from its own numpy stream and, from its own
 torch stream, first ξ_k (its norm noise) then z_k (its update noise): its
 message (:meth:`Locks.client_step`) carries its noisy update ``g̃_k`` (sent
@@ -145,7 +145,7 @@ from dpfl.sim.grad import check_finite, stack_params
 from dpfl.sim.local import cohort_sgd_step
 from dpfl.sim.privatize import ClientGaussian
 from dpfl.sim.randomness import Streams
-from dpfl.sim.sampling import TwoStageSampler
+from dpfl.sim.sampling_checkin import TwoStageSampler
 from dpfl.sim.secure_noise import NoiseGenerator
 
 __all__ = ["MAX_P2_DIGITS", "Locks", "LocksParams", "recorded_max_p2"]
@@ -371,7 +371,7 @@ class Locks(FederatedAlgorithm):
     ) -> float:
         """E|S2|: clients expected to upload a noisy update per round.
 
-        :meth:`~dpfl.sim.sampling.TwoStageSampler.expected_second_stage_size`
+        :meth:`~dpfl.sim.sampling_checkin.TwoStageSampler.expected_second_stage_size`
         with the run's norm noise ``σ_n C = norm_noise_ratio · σ · C`` and
         floor ν. It depends on the clients' clipped update norms, which only
         training reveals; the default ``norms=None`` takes every update

@@ -24,7 +24,7 @@ only after the round's update was found finite, so a rejected round changes
 nothing.
 
 **Who draws what.** The server checks clients in with its own generator
-(:class:`~dpfl.sim.sampling.CheckInSampler`); each client draws its local
+(:class:`~dpfl.sim.sampling_checkin.CheckInSampler`); each client draws its local
 batches from its own ``rng`` and its noise from its own ``generator``
 (:mod:`dpfl.sim.randomness`), so the loop and batched executors give the same
 messages up to float rounding.
@@ -101,7 +101,7 @@ from dpfl.sim.grad import check_finite
 from dpfl.sim.local import cohort_sgd_step
 from dpfl.sim.privatize import ClientGaussian
 from dpfl.sim.randomness import Streams
-from dpfl.sim.sampling import CheckInSampler
+from dpfl.sim.sampling_checkin import CheckInSampler
 from dpfl.sim.secure_noise import NoiseGenerator
 
 __all__ = ["MsPafl", "MsPaflParams"]

@@ -34,7 +34,8 @@ Privacy accounting
 ------------------
 Unit: a record; neighbouring: replace one record of one client; adversary:
 any other client (weak federated f-DP, one-vs-one) or all other clients
-jointly (strong). The round's event is the :class:`~dpfl.sim.sampling.SyncSampler`'s,
+jointly (strong). The round's event is the
+:class:`~dpfl.sim.sampling_checkin.SyncSampler`'s,
 ``CheckIn(p', SelfComposed(WithoutReplacement(B, n_min, Gaussian(2σ)), K))``:
 a client syncs w.p. ``p' = p / (1 − (1 − p)^m)`` (Ω is re-drawn while empty),
 visibly, then runs ``K`` steps, each ``C_{B/n}(G_{1/σ})`` with ``n`` the
@@ -104,7 +105,7 @@ from dpfl.sim.grad import (
 from dpfl.sim.local import cohort_adam_step
 from dpfl.sim.privatize import gaussian_noise_rows
 from dpfl.sim.randomness import Streams
-from dpfl.sim.sampling import SyncSampler
+from dpfl.sim.sampling_checkin import SyncSampler
 from dpfl.sim.secure_noise import NoiseGenerator
 
 __all__ = ["PriFedSync", "PriFedSyncParams"]
