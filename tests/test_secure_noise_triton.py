@@ -265,7 +265,7 @@ def test_a_cohort_of_rows_is_one_launch_and_each_row_its_generators_draw(stand_i
     assert kernel.launches == 2 + 1  # the probe (float32, float64), then the draw
     assert [g.draws for g in gens] == [1, 4, 2, 1]
     # the noise of a step in PriFedSync: the same rows, times the std
-    from dpfl.sim.privatize import gaussian_noise_like, gaussian_noise_rows
+    from dpfl.sim.noise import gaussian_noise_like, gaussian_noise_rows
 
     like = torch.zeros(4, 3000)
     a = [sn.SecureGenerator(k, "cpu") for k in keys]

@@ -100,8 +100,9 @@ from dpfl.experiments.config import RunConfig, config_from_dict
 from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages, Task
 from dpfl.sim.algorithms.base import Message as DpflMessage
 from dpfl.sim.callbacks import Callback, FitState
-from dpfl.sim.loop import RoundPlan, RoundReport, Trainer
+from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import Streams, client_streams
+from dpfl.sim.rounds import RoundPlan, RoundReport
 from dpfl.sim.secure_noise import STREAM_VERSION
 
 __all__ = [

@@ -118,8 +118,9 @@ from dpfl.sim.algorithms.base import (
     Task,
     register,
 )
+from dpfl.sim.noise import noisy_count
 from dpfl.sim.objectives import make_objective
-from dpfl.sim.privatize import CentralGaussian, noisy_count
+from dpfl.sim.privatize import CentralGaussian
 from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling import FixedCohortSampler, PoissonClientSampler
 from dpfl.sim.server_opt import check_server_optimizer

@@ -103,7 +103,7 @@ from dpfl.sim.grad import (
     ghost_supported,
 )
 from dpfl.sim.local import cohort_adam_step
-from dpfl.sim.privatize import gaussian_noise_rows
+from dpfl.sim.noise import gaussian_noise_rows
 from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling_checkin import SyncSampler
 from dpfl.sim.secure_noise import NoiseGenerator
