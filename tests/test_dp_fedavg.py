@@ -21,7 +21,7 @@ from dpfl.accounting.ledger import Budget, PrivacyLedger
 from dpfl.data import FederatedDataset, federate, load_digits
 from dpfl.errors import BudgetExceededError, InvalidParameterError
 from dpfl.sim.algorithms import build_algorithm
-from dpfl.sim.algorithms.base import DataStats, Task
+from dpfl.sim.algorithms.base import DataStats
 from dpfl.sim.algorithms.dp_fedavg import (
     DpFedAvg,
     DpFedAvgParams,
@@ -29,6 +29,7 @@ from dpfl.sim.algorithms.dp_fedavg import (
     schedule_value,
     update_scale,
 )
+from dpfl.sim.algorithms.tasks import Task
 from dpfl.sim.local import epoch_orders
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import client_streams, server_streams

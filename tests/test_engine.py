@@ -12,13 +12,8 @@ from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.ledger import Budget, PrivacyLedger
 from dpfl.data import FederatedDataset
 from dpfl.errors import BudgetExceededError, DpflError, InvalidParameterError
-from dpfl.sim.algorithms.base import (
-    AlgorithmParams,
-    Cohort,
-    FederatedAlgorithm,
-    Message,
-    Task,
-)
+from dpfl.sim.algorithms.base import AlgorithmParams, FederatedAlgorithm
+from dpfl.sim.algorithms.tasks import Cohort, Message, Task
 from dpfl.sim.executors import executor
 from dpfl.sim.loop import Trainer
 from dpfl.sim.noise import gaussian_noise_like

@@ -18,8 +18,9 @@ from dpfl.data import get_dataset
 from dpfl.errors import InvalidParameterError, NonFiniteUpdateError
 from dpfl.models import build_model
 from dpfl.sim.algorithms import make_params
-from dpfl.sim.algorithms.base import DataStats, Task
+from dpfl.sim.algorithms.base import DataStats
 from dpfl.sim.algorithms.ms_pafl import MsPafl, MsPaflParams
+from dpfl.sim.algorithms.tasks import Task
 from dpfl.sim.batches import draw_local_batches
 from dpfl.sim.executors import LoopExecutor
 from dpfl.sim.loop import Trainer

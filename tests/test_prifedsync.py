@@ -18,8 +18,9 @@ from dpfl.data import get_dataset
 from dpfl.errors import InvalidParameterError
 from dpfl.models import build_model
 from dpfl.sim.algorithms import build_algorithm, make_params
-from dpfl.sim.algorithms.base import DataStats, Task
+from dpfl.sim.algorithms.base import DataStats
 from dpfl.sim.algorithms.prifedsync import PriFedSync, PriFedSyncParams
+from dpfl.sim.algorithms.tasks import Task
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import client_streams
 from dpfl.sim.sampling_checkin import SyncSampler

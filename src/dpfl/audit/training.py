@@ -93,12 +93,9 @@ from dpfl.audit.stats import AuditResult, clopper_pearson_upper, score_audit
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.algorithms import build_algorithm
-from dpfl.sim.algorithms.base import (
-    FederatedAlgorithm,
-    Messages,
-    Task,
-    algorithm_class,
-)
+from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages
+from dpfl.sim.algorithms.registry import algorithm_class
+from dpfl.sim.algorithms.tasks import Task
 
 __all__ = [
     "CanaryHook",

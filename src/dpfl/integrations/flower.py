@@ -97,8 +97,9 @@ from dpfl._files import atomic_write
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.experiments import rundir, runner
 from dpfl.experiments.config import RunConfig, config_from_dict
-from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages, Task
-from dpfl.sim.algorithms.base import Message as DpflMessage
+from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages
+from dpfl.sim.algorithms.tasks import Message as DpflMessage
+from dpfl.sim.algorithms.tasks import Task
 from dpfl.sim.callbacks import Callback, FitState
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import Streams, client_streams

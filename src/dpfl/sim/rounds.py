@@ -26,7 +26,7 @@ from dpfl.accounting.events import Event
 from dpfl.errors import (
     NonFiniteUpdateError,
 )
-from dpfl.sim.algorithms.base import Cohort
+from dpfl.sim.algorithms.tasks import Cohort
 from dpfl.sim.randomness import CohortStreams, Streams
 
 __all__ = ["RoundPlan", "RoundReport", "deferred_interrupt", "weights_digest"]

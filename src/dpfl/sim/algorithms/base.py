@@ -9,11 +9,13 @@ An algorithm is
   event of the sampler and privatizer the round uses; no model is built, so
   calibration needs no torch work);
 * :meth:`FederatedAlgorithm.select`: the server picks the round's
-  participants and their work (a :class:`Cohort` of :class:`Task`), with the
+  participants and their work (a :class:`~dpfl.sim.algorithms.tasks.Cohort` of
+  :class:`~dpfl.sim.algorithms.tasks.Task`), with the
   server's generators;
 * :meth:`FederatedAlgorithm.client_step`: one client's work from the global
   weights, its data and its *own* generators (:mod:`dpfl.sim.randomness`) to
-  a :class:`Message`; :meth:`FederatedAlgorithm.client_steps` does the whole
+  a :class:`~dpfl.sim.algorithms.tasks.Message`;
+  :meth:`FederatedAlgorithm.client_steps` does the whole
   cohort as one vectorised computation and must give the same messages;
 * :meth:`FederatedAlgorithm.server_step`: aggregate, privatize and update the
   global state from the stacked :class:`Messages`.
@@ -23,8 +25,9 @@ The :class:`~dpfl.sim.loop.Trainer` drives the round; an executor
 batched. What every algorithm shares (the flat weights, the model's data,
 evaluation, state) lives here once.
 
-Register an algorithm with :func:`register`; :data:`ALGORITHMS` is the only
-list of algorithm names.
+Register an algorithm with :func:`~dpfl.sim.algorithms.registry.register`;
+:data:`~dpfl.sim.algorithms.registry.ALGORITHMS` is the only list of
+algorithm names.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import copy
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -45,6 +48,8 @@ from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.models.losses import classification_loss
 from dpfl.sim.algorithms.privacy import PrivacyHooks
+from dpfl.sim.algorithms.registry import Blueprint
+from dpfl.sim.algorithms.tasks import Cohort, Message, Task
 from dpfl.sim.evaluation import evaluate_model
 from dpfl.sim.grad import check_finite
 from dpfl.sim.local import client_local_sgd, cohort_local_sgd, pad_cohort
@@ -53,17 +58,10 @@ from dpfl.sim.randomness import Streams
 from dpfl.sim.server_opt import ServerOptimizer, make_server_optimizer
 
 __all__ = [
-    "ALGORITHMS",
     "AlgorithmParams",
-    "Blueprint",
-    "Cohort",
     "DataStats",
     "FederatedAlgorithm",
-    "Message",
     "Messages",
-    "Task",
-    "algorithm_class",
-    "register",
 ]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -132,67 +130,6 @@ class DataStats:
     def largest(self) -> int:
         """The largest client's number of records."""
         return max(self.client_sizes, default=0)
-
-
-# -- a round's work and messages --------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Task:
-    """One client's work in a round, as the server hands it out.
-
-    Attributes
-    ----------
-    client : int
-        The client's index (its random streams are keyed by it).
-    rows : numpy.ndarray or None
-        Global dataset rows the client uses this round (``None``: the
-        client's own choice, from its whole data, with its own generators).
-    options : mapping
-        Anything else the server sends (a clip bound, a weight, ...).
-    state : mapping of str to torch.Tensor
-        The state the client holds between rounds (a helper model, optimiser
-        moments, a private part), as the server's copy hands it to the client.
-        A client step reads mutable facts only from its task: a replica of the
-        algorithm built once (a Ray worker, a Flower client) computes the same
-        message as the server's own object.
-    """
-
-    client: int
-    rows: np.ndarray | None = None
-    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    state: Mapping[str, torch.Tensor] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass
-class Cohort:
-    """The server's plan for one round.
-
-    Attributes
-    ----------
-    participants : numpy.ndarray
-        Clients that take part (charged to the ledger when the guarantee is
-        per client).
-    tasks : list of Task
-        The work handed out, one task per client that computes.
-    info : dict
-        What the server step needs besides the messages.
-    """
-
-    participants: np.ndarray
-    tasks: list[Task]
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass
-class Message:
-    """What one client sends: a flat vector and named scalars.
-
-    ``state`` is the client's new held state (the :attr:`Task.state` of its
-    next round), which the server step commits.
-    """
-
-    vector: torch.Tensor
-    scalars: dict[str, float] = dataclasses.field(default_factory=dict)
-    state: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -319,103 +256,6 @@ class Messages:
     def scalar_total(self, name: str) -> float:
         """The sum of one named scalar over the cohort."""
         return float(self.scalars[name].sum())
-
-
-@dataclasses.dataclass(frozen=True)
-class Blueprint:
-    """The constructor arguments of an algorithm, to build replicas of it.
-
-    Attributes
-    ----------
-    algorithm : str
-        Registered name.
-    params : AlgorithmParams
-        Its parameters.
-    model : torch.nn.Module
-        A CPU copy of the model (the replica's weights are replaced by the
-        ones each client step receives).
-    dataset : FederatedDataset
-        The data.
-    options : dict
-        The remaining keyword arguments (σ, ``max_clients``, ...).
-    device : str
-        The device of the algorithm it was taken from (where :meth:`build`
-        puts a replica by default).
-    """
-
-    algorithm: str
-    params: AlgorithmParams
-    model: nn.Module
-    dataset: FederatedDataset
-    options: dict[str, Any]
-    device: str = "cpu"
-
-    def build(self, device: str | None = None) -> FederatedAlgorithm:
-        """A new algorithm from this blueprint, on ``device``.
-
-        Parameters
-        ----------
-        device : str or None
-            The replica's torch device. ``None`` (default): the device of
-            the algorithm the blueprint was taken from when this process has
-            it (a replica in the same process or on a like machine computes
-            where the original does), else the CPU.
-        """
-        if device is None:
-            device = self.device if _device_present(self.device) else "cpu"
-        cls = algorithm_class(self.algorithm)
-        return cls(
-            self.params,
-            model=copy.deepcopy(self.model),
-            dataset=self.dataset,
-            device=device,
-            **self.options,
-        )
-
-
-def _device_present(device: str) -> bool:
-    """Whether this process can put tensors on ``device``."""
-    try:
-        torch.empty(0, device=device)
-    except Exception:  # noqa: BLE001 - any refusal (not compiled, no such index)
-        return False
-    return True
-
-
-# -- the registry -----------------------------------------------------------------
-ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {}
-
-A = TypeVar("A", bound="type[FederatedAlgorithm]")
-
-
-def register(cls: A) -> A:
-    """Class decorator: make an algorithm buildable by its ``name``."""
-    if cls.name in ALGORITHMS and ALGORITHMS[cls.name] is not cls:
-        raise DpflError(f"an algorithm named {cls.name!r} is already registered")
-    ALGORITHMS[cls.name] = cls
-    return cls
-
-
-def _key(name: str) -> str:
-    return str(name).strip().lower().replace("_", "-")
-
-
-def algorithm_class(name: str) -> type[FederatedAlgorithm]:
-    """The registered algorithm called ``name`` (case and ``_``/``-`` ignored).
-
-    Raises
-    ------
-    dpfl.errors.InvalidParameterError
-        If no algorithm has that name (the message lists them).
-    """
-    import dpfl.sim.algorithms  # noqa: F401  (registers the built-in algorithms)
-
-    cls = ALGORITHMS.get(_key(name))
-    if cls is None:
-        raise InvalidParameterError(
-            f"algorithm must be one of {sorted(ALGORITHMS)}; got {name!r}"
-        )
-    return cls
 
 
 # -- the algorithm ----------------------------------------------------------------

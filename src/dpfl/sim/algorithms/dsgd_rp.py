@@ -81,14 +81,12 @@ from dpfl.errors import InvalidParameterError
 from dpfl.sim._flat import flat_view
 from dpfl.sim.algorithms.base import (
     AlgorithmParams,
-    Cohort,
     DataStats,
     FederatedAlgorithm,
-    Message,
     Messages,
-    Task,
-    register,
 )
+from dpfl.sim.algorithms.registry import register
+from dpfl.sim.algorithms.tasks import Cohort, Message, Task
 from dpfl.sim.availability import AVAILABILITY_MODELS, ClientAvailability
 from dpfl.sim.grad import check_finite, clipped_grad_sum
 from dpfl.sim.privatize import (

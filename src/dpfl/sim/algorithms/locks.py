@@ -132,14 +132,12 @@ from dpfl.accounting.events import Event
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.algorithms.base import (
     AlgorithmParams,
-    Cohort,
     DataStats,
     FederatedAlgorithm,
-    Message,
     Messages,
-    Task,
-    register,
 )
+from dpfl.sim.algorithms.registry import register
+from dpfl.sim.algorithms.tasks import Cohort, Message, Task
 from dpfl.sim.batches import draw_local_batches, gather_batches
 from dpfl.sim.grad import check_finite, stack_params
 from dpfl.sim.local import cohort_sgd_step

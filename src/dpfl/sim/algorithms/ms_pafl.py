@@ -87,14 +87,12 @@ from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.models.split import ParameterSplit, split_parameters
 from dpfl.sim.algorithms.base import (
     AlgorithmParams,
-    Cohort,
     DataStats,
     FederatedAlgorithm,
-    Message,
     Messages,
-    Task,
-    register,
 )
+from dpfl.sim.algorithms.registry import register
+from dpfl.sim.algorithms.tasks import Cohort, Message, Task
 from dpfl.sim.batches import draw_local_batches, gather_batches
 from dpfl.sim.evaluation import evaluate_model
 from dpfl.sim.grad import check_finite

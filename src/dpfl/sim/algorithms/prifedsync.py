@@ -88,14 +88,12 @@ from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.models.losses import predicted_labels
 from dpfl.sim.algorithms.base import (
     AlgorithmParams,
-    Cohort,
     DataStats,
     FederatedAlgorithm,
-    Message,
     Messages,
-    Task,
-    register,
 )
+from dpfl.sim.algorithms.registry import register
+from dpfl.sim.algorithms.tasks import Cohort, Message, Task
 from dpfl.sim.grad import (
     batched_client_grads,
     check_finite,
