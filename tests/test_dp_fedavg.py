@@ -24,11 +24,10 @@ from dpfl.sim.algorithms import build_algorithm
 from dpfl.sim.algorithms.base import DataStats
 from dpfl.sim.algorithms.dp_fedavg import (
     DpFedAvg,
-    DpFedAvgParams,
     between_client_variance,
-    schedule_value,
     update_scale,
 )
+from dpfl.sim.algorithms.dp_fedavg_params import DpFedAvgParams, schedule_value
 from dpfl.sim.algorithms.tasks import Task
 from dpfl.sim.local import epoch_orders
 from dpfl.sim.loop import Trainer

@@ -19,7 +19,8 @@ from dpfl.errors import InvalidParameterError, NonFiniteUpdateError
 from dpfl.models import build_model
 from dpfl.sim.algorithms import make_params
 from dpfl.sim.algorithms.base import DataStats
-from dpfl.sim.algorithms.ms_pafl import MsPafl, MsPaflParams
+from dpfl.sim.algorithms.ms_pafl import MsPafl
+from dpfl.sim.algorithms.ms_pafl_params import MsPaflParams
 from dpfl.sim.algorithms.tasks import Task
 from dpfl.sim.batches import draw_local_batches
 from dpfl.sim.executors import LoopExecutor

@@ -8,8 +8,8 @@ operations on any device: the keystream as 32-bit words held in int64
 (:func:`chacha20_keystream`, eager or compiled with ``torch.compile``), and
 on CUDA one fused Triton kernel (:mod:`dpfl.sim._chacha_triton`) when a
 probe on the device gives the torch operations' outputs bit for bit.
-:func:`noise_kernel` says which a device uses. The CPU path with OpenSSL's
-keystream is in :mod:`dpfl.sim.secure_noise`.
+:func:`~dpfl.sim.secure_noise.noise_kernel` says which a device uses. The
+CPU path with OpenSSL's keystream is in :mod:`dpfl.sim.secure_noise`.
 """
 
 from __future__ import annotations

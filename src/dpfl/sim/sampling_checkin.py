@@ -275,9 +275,9 @@ class TwoStageSampler(Sampler):
 
     Stage 1 takes each of ``num_clients`` clients independently w.p.
     ``first_stage_probability`` (q1), drawn as in
-    :class:`PoissonClientSampler`. Each first-stage client releases a noisy
-    norm ``ñ_k > 0``; stage 2 then keeps client ``k`` of S1 independently
-    w.p. ``p2_k = min(1, m2 ñ_k / Σ_{j∈S1} ñ_j)`` (``m2`` =
+    :class:`~dpfl.sim.sampling.PoissonClientSampler`. Each first-stage
+    client releases a noisy norm ``ñ_k > 0``; stage 2 then keeps client
+    ``k`` of S1 independently w.p. ``p2_k = min(1, m2 ñ_k / Σ_{j∈S1} ñ_j)`` (``m2`` =
     ``second_stage_size``: the expected size of S2 when no cap binds,
     LOCKS Lemma 4.1).
 
