@@ -30,6 +30,7 @@ import hashlib
 import hmac
 import os
 import secrets
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +44,10 @@ __all__ = [
     "NOISE_SECURE",
     "check_key",
     "derive_key",
+    "derive_keys",
     "index_rng",
     "keyed_orders",
+    "keyed_orders_many",
     "load_or_create_key",
     "new_key",
     "noise_label",
@@ -156,18 +159,64 @@ def keyed_orders(key: bytes, num_records: int, epochs: int) -> np.ndarray:
     numpy.ndarray
         ``[E, n]`` int64; row ``e`` is a permutation of ``0 .. n-1``.
     """
-    key = check_key("key", key)
-    n = int(num_records)
-    out = np.empty((int(epochs), n), dtype=np.int64)
-    for e in range(int(epochs)):
-        words = np.frombuffer(
-            hashlib.shake_128(b"dpfl/order\x00" + key + e.to_bytes(8, "little")).digest(
-                8 * n
-            ),
+    return keyed_orders_many([key], [num_records], epochs)[0]
+
+
+def keyed_orders_many(
+    keys: Sequence[bytes], counts: Sequence[int], epochs: int
+) -> list[np.ndarray]:
+    """:func:`keyed_orders` of many parties at once (one sort when sizes agree).
+
+    Parameters
+    ----------
+    keys : sequence of bytes
+        The parties' derived keys.
+    counts : sequence of int
+        Each party's records.
+    epochs : int
+        E >= 1.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        ``keyed_orders(keys[j], counts[j], epochs)`` for each ``j``.
+    """
+    e_count = int(epochs)
+    sizes = [int(n) for n in counts]
+    words = [
+        np.frombuffer(
+            hashlib.shake_128(
+                b"dpfl/order\x00" + check_key("key", key) + e.to_bytes(8, "little")
+            ).digest(8 * n),
             dtype="<u8",
         )
-        out[e] = np.argsort(words, kind="stable")
-    return out
+        for key, n in zip(keys, sizes, strict=True)
+        for e in range(e_count)
+    ]
+    if sizes and len(set(sizes)) == 1:  # one stable sort of [parties, E, n]
+        table = np.stack(words).reshape(len(sizes), e_count, sizes[0])
+        return list(np.argsort(table, axis=-1, kind="stable").astype(np.int64))
+    sorts = [np.argsort(w, kind="stable").astype(np.int64) for w in words]
+    return [
+        np.stack(sorts[j * e_count : (j + 1) * e_count]).reshape(e_count, n)
+        for j, n in enumerate(sizes)
+    ]
+
+
+def derive_keys(
+    key: bytes, label: str, prefix: Sequence[int], last: Sequence[int]
+) -> list[bytes]:
+    """``derive_key(key, label, *prefix, i)`` for each ``i`` of ``last``.
+
+    The same bytes as one :func:`derive_key` call each, with ``key`` checked
+    once.
+    """
+    check_key("key", key)
+    head = b"dpfl/" + label.encode() + b"\x00"
+    head += b"".join(int(i).to_bytes(8, "little") for i in prefix)
+    return [
+        hmac.digest(key, head + int(i).to_bytes(8, "little"), "sha256") for i in last
+    ]
 
 
 # -- the key file of a run folder ---------------------------------------------------

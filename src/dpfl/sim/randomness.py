@@ -40,7 +40,14 @@ import torch
 
 from dpfl._validate import check_count
 from dpfl.errors import InvalidParameterError
-from dpfl.sim.keys import check_key, derive_key, index_rng, keyed_orders
+from dpfl.sim.keys import (
+    check_key,
+    derive_key,
+    derive_keys,
+    index_rng,
+    keyed_orders,
+    keyed_orders_many,
+)
 from dpfl.sim.local import epoch_orders
 from dpfl.sim.secure_noise import (
     KEYED_ORDER_VERSIONS,
@@ -56,6 +63,7 @@ __all__ = [
     "Streams",
     "client_key",
     "client_streams",
+    "cohort_epoch_orders",
     "server_key",
     "server_streams",
 ]
@@ -341,8 +349,9 @@ class CohortStreams(Sequence[Streams]):
         if key is not None:
             if client_keys is not None:
                 raise InvalidParameterError("give key or client_keys, not both")
-            client_keys = [client_key(key, round_index, k) for k in self.clients]
-        if client_keys is not None:
+            # client_key(key, round_index, k) of each client, the key checked once
+            client_keys = derive_keys(key, "client", (round_index,), self.clients)
+        elif client_keys is not None:
             client_keys = [check_key("client_keys[j]", k) for k in client_keys]
             if len(client_keys) != len(self.clients):
                 raise InvalidParameterError(
@@ -421,6 +430,38 @@ class CohortStreams(Sequence[Streams]):
                 )
             self._made[i] = made
         return self._made[i]
+
+
+def cohort_epoch_orders(
+    streams: Sequence[Streams], counts: Sequence[int], epochs: int
+) -> list[np.ndarray]:
+    """Each client's :meth:`Streams.epoch_orders`, for a whole cohort at once.
+
+    Secure :class:`CohortStreams` under a stream version of
+    :data:`~dpfl.sim.secure_noise.KEYED_ORDER_VERSIONS` give every client's
+    :func:`~dpfl.sim.keys.keyed_orders` in one pass
+    (:func:`~dpfl.sim.keys.keyed_orders_many`: the same orders, one sort);
+    other streams are asked one by one.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        ``streams[j].epoch_orders(counts[j], epochs)`` for each ``j``.
+    """
+    e = check_count("epochs", epochs, minimum=1)
+    if (
+        isinstance(streams, CohortStreams)
+        and streams.client_keys is not None
+        and streams.stream_version in KEYED_ORDER_VERSIONS
+    ):
+        sizes = [check_count("counts", n, minimum=0) for n in counts]
+        if len(sizes) != len(streams):
+            raise InvalidParameterError(
+                f"counts must have one entry per client ({len(streams)}); "
+                f"got {len(sizes)}"
+            )
+        return keyed_orders_many(streams.client_keys, sizes, e)
+    return [s.epoch_orders(int(n), e) for s, n in zip(streams, counts, strict=True)]
 
 
 def _cohort_streams(

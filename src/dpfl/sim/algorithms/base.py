@@ -54,7 +54,7 @@ from dpfl.sim.evaluation import evaluate_model
 from dpfl.sim.grad import check_finite
 from dpfl.sim.local import client_local_sgd, cohort_local_sgd, pad_cohort
 from dpfl.sim.objectives import LocalObjective
-from dpfl.sim.randomness import Streams
+from dpfl.sim.randomness import Streams, cohort_epoch_orders
 from dpfl.sim.server_opt import ServerOptimizer, make_server_optimizer
 
 __all__ = [
@@ -507,7 +507,7 @@ class FederatedAlgorithm(PrivacyHooks):
             x_pad,
             y_pad,
             counts,
-            orders=[s.epoch_orders(n, epochs) for s, n in zip(streams, counts)],
+            orders=cohort_epoch_orders(streams, counts, epochs),
             epochs=epochs,
             batch_size=batch_size,
             learning_rate=learning_rate,

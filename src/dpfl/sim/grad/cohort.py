@@ -36,6 +36,7 @@ from dpfl.sim.grad.ghost import (
     output_grads,
 )
 from dpfl.sim.grad.layers import LinearRule, PerExample, Record, model_layers
+from dpfl.sim.grad.mlp import mlp_plan, mlp_sgd_step
 from dpfl.sim.grad.sums import full_precision
 
 __all__ = [
@@ -306,7 +307,9 @@ def cohort_sgd_inplace(
     synchronised with the host and nothing is checked: a non-finite
     gradient makes the parameters non-finite for good (``θ − η·g`` is never
     finite again once ``θ`` is not), so the caller checks them once at the
-    end. Needs :func:`fused_sgd_supported`.
+    end. Needs :func:`fused_sgd_supported`. A ReLU MLP under softmax
+    cross-entropy (:func:`dpfl.sim.grad.mlp.mlp_plan`) takes the step written
+    out without autograd (:func:`dpfl.sim.grad.mlp.mlp_sgd_step`).
 
     Parameters
     ----------
@@ -325,11 +328,18 @@ def cohort_sgd_inplace(
         Clients per pass.
     """
     info = model_layers(model)
+    plan = mlp_plan(model, loss_fn) if xb.dim() == 3 and yb.dim() == 2 else None
     n, b = int(xb.shape[0]), int(xb.shape[1])
     for s in range(0, n, chunk):
         sl = slice(s, s + chunk)
         p = {k: v[sl] for k, v in stacked.items()}
         m = int(xb[sl].shape[0])
+        if plan is not None:  # a ReLU MLP: the step written out, no autograd
+            f = scale
+            if isinstance(scale, torch.Tensor):
+                f = scale[s * b : s * b + m * b]
+            mlp_sgd_step(plan, p, xb[sl], yb[sl], f)
+            continue
         layers = _cohort_layer_grads(model, p, xb[sl], yb[sl], loss_fn)
         records = layer_records(layers, info, p)
         f = scale
