@@ -385,9 +385,12 @@ class DpFedAvg(FederatedAlgorithm):
         norms = torch.linalg.vector_norm(updates, dim=1).double()
         clips = [t.options.get("clip") for t in tasks]
         if all(c is not None for c in clips):
-            bound = torch.tensor(clips, dtype=torch.float64, device=norms.device)
-            factor = torch.where(norms > bound, bound / norms, torch.ones_like(norms))
-            updates = updates * factor.to(updates.dtype)[:, None]
+            if len(set(clips)) == 1:  # one bound (the usual case): no tensor of it
+                factor = (clips[0] / norms).clamp_(max=1.0)
+            else:
+                bound = torch.tensor(clips, dtype=torch.float64, device=norms.device)
+                factor = torch.where(norms > bound, bound / norms, 1.0)
+            updates.mul_(factor.to(updates.dtype)[:, None])  # ours: scale in place
         return Messages(updates, {"norm": norms})
 
     # -- the server step: aggregate -> privatize -> server optimiser -> apply -------
