@@ -95,7 +95,7 @@ class AlgorithmParams:
         return out
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class DataStats:
     """What accounting needs to know of the data: how many clients and records.
 
@@ -103,33 +103,49 @@ class DataStats:
     ----------
     num_clients : int
         Clients in the federation.
-    client_sizes : tuple of int
-        Training records held by each client.
+    client_sizes : numpy.ndarray
+        Training records held by each client: a read-only int64 array (any
+        sequence of counts is taken and converted; 8 bytes a client).
     """
 
     num_clients: int
-    client_sizes: tuple[int, ...]
+    client_sizes: np.ndarray
+
+    def __post_init__(self) -> None:
+        sizes = np.array(self.client_sizes, dtype=np.int64)  # our own copy
+        sizes.setflags(write=False)
+        object.__setattr__(self, "client_sizes", sizes)
 
     @classmethod
     def of(cls, dataset: FederatedDataset) -> DataStats:
         """The statistics of ``dataset``."""
-        sizes = tuple(int(n) for n in dataset.client_sizes())
+        sizes = dataset.client_sizes()
         return cls(num_clients=len(sizes), client_sizes=sizes)
 
-    @functools.cached_property
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DataStats):
+            return NotImplemented
+        return self.num_clients == other.num_clients and bool(
+            np.array_equal(self.client_sizes, other.client_sizes)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.num_clients, self.client_sizes.tobytes()))
+
+    @property
     def sizes(self) -> np.ndarray:
-        """``client_sizes`` as an int64 array."""
-        return np.asarray(self.client_sizes, dtype=np.int64)
+        """``client_sizes`` (an int64 array)."""
+        return self.client_sizes
 
     @functools.cached_property
     def num_records(self) -> int:
         """Training records over all clients."""
-        return int(sum(self.client_sizes))
+        return int(self.client_sizes.sum())
 
     @functools.cached_property
     def largest(self) -> int:
         """The largest client's number of records."""
-        return max(self.client_sizes, default=0)
+        return int(self.client_sizes.max()) if self.client_sizes.size else 0
 
 
 @dataclasses.dataclass

@@ -229,7 +229,7 @@ class MsPafl(FederatedAlgorithm):
         ``1 - (1 - b/n)^E`` (WOR) or ``1 - (1 - 1/n)^{bE}`` (WR) for the
         smallest n_k (docs/analyses.md), the largest γ over clients.
         """
-        n = int(min(stats.client_sizes))
+        n = int(stats.sizes.min())
         b = params.batch_size if params.replacement else min(params.batch_size, n)
         return checkin.subsampling_ratio(
             batch_size=b,

@@ -302,7 +302,7 @@ class PriFedSync(FederatedAlgorithm):
             delta=delta,
             noise_multiplier=noise_multiplier,
             batch_size=p.batch_size,
-            records_per_client=min(stats.client_sizes),
+            records_per_client=int(stats.sizes.min()),
             local_steps=p.local_steps,
             num_clients=stats.num_clients,
         )
