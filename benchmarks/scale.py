@@ -1,7 +1,7 @@
 """Benchmark: cost of a round and of the client-level structures against the clients.
 
-For each number of clients N (default 1e4, 1e5, 1e6) and each algorithm,
-in a fresh process: N clients x 2 records of 16 Gaussian features (10
+For each number of clients N (default 1e4, 1e5, 1e6) and each algorithm:
+N clients x 2 records of 16 Gaussian features (10
 classes), an MLP 16-32-10, secure noise (dpfl's default), batched executor.
 
 ``dp-fedavg``
@@ -11,18 +11,20 @@ classes), an MLP 16-32-10, secure noise (dpfl's default), batched executor.
     each client w.p. 50/N, each of its records w.p. 0.5 (about 50 records
     a round), clip 1, σ 1.
 
-Printed per (algorithm, N): the median seconds per round over rounds 3..R
-(``--rounds``), the time to build the algorithm (its per-client structures:
-statistics, samplers) and the resident memory it adds above the data set
-(RSS after building the algorithm minus RSS after building the data set),
+Printed per (algorithm, N): the median milliseconds per round over rounds
+3..R (``--rounds``), timed in one process per repeat that holds every N and
+interleaves their rounds (the order shuffled anew at each round index,
+seeded), so that all see the same load; the time to build the algorithm
+(its per-client structures: statistics, samplers) and the resident memory
+it adds above the data set (RSS after building the algorithm minus RSS after building the data set),
 in bytes per client; the time to build the data set (a
 :class:`~dpfl.data.FederatedDataset` with one index array per client) and
 its own bytes per client beyond the records' features and labels (its index
 arrays), which the algorithm does not own; and the process's peak RSS.
-Then, per algorithm, the ratio of the round time at the largest N to that
-at the smallest, the target figure (<= 1.05). A shared machine's speed drifts, so each
-(algorithm, N) runs ``--repeats`` times, fresh processes interleaved over N;
-each repeat is printed, the median is the figure to quote.
+Build times and memory come from one fresh process per (algorithm, N).
+Then, per algorithm, the paired per-round ratio of the round time at the
+largest N to that at the smallest (the median over rounds of one process,
+then the median over the repeats), the target figure (<= 1.05).
 
 Usage::
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import resource
 import shlex
 import statistics
@@ -77,8 +80,8 @@ def dataset(n: int):  # noqa: ANN201  (benchmark helper)
     )
 
 
-def run(algorithm: str, n: int, rounds: int) -> dict:
-    """Build the data and the algorithm, run ``rounds`` rounds; times and memory."""
+def build(algorithm: str, n: int):  # noqa: ANN201  (benchmark helper)
+    """The data set, then the algorithm and its trainer; times and RSS of each."""
     import torch
     from torch import nn
 
@@ -86,13 +89,11 @@ def run(algorithm: str, n: int, rounds: int) -> dict:
     from dpfl.sim.algorithms import build_algorithm
     from dpfl.sim.loop import Trainer
 
-    torch.set_num_threads(1)
     base = rss_mib()
     t0 = time.process_time()
     ds = dataset(n)
     data_s = time.process_time() - t0
     data_rss = rss_mib()
-    records_bytes = ds.features.nbytes + ds.labels.nbytes
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES)
@@ -118,88 +119,107 @@ def run(algorithm: str, n: int, rounds: int) -> dict:
     )
     trainer = Trainer(alg, ledger=PrivacyLedger(), seed=0)
     build_s = time.process_time() - t0
-    built_rss = rss_mib()
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        trainer.step()
-        times.append(time.perf_counter() - t)
-    return {
-        "round_s": statistics.median(times[2:]),
+    facts = {
         "build_s": build_s,
         "data_s": data_s,
-        "alg_bytes_per_client": (built_rss - data_rss) * 2**20 / n,
-        "data_overhead_bytes_per_client": ((data_rss - base) * 2**20 - records_bytes)
+        "alg_bytes_per_client": (rss_mib() - data_rss) * 2**20 / n,
+        "data_overhead_bytes_per_client": (
+            (data_rss - base) * 2**20 - ds.features.nbytes - ds.labels.nbytes
+        )
         / n,
         "data_mib": data_rss - base,
-        "peak_mib": peak_mib(),
+    }
+    return trainer, facts
+
+
+def memory(algorithm: str, n: int) -> dict:
+    """Build one (algorithm, N) in this fresh process: build times and memory."""
+    import torch
+
+    torch.set_num_threads(1)
+    trainer, facts = build(algorithm, n)
+    trainer.step()  # a round's own allocations count in the peak
+    return {**facts, "peak_mib": peak_mib()}
+
+
+def timing(algorithm: str, sizes: list[int], rounds: int) -> dict:
+    """Rounds at every N, interleaved (order shuffled per round index, seeded)."""
+    import torch
+
+    torch.set_num_threads(1)
+    trainers = {n: build(algorithm, n)[0] for n in sizes}
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    order = list(sizes)
+    shuffle = random.Random(0)
+    for _ in range(rounds):
+        shuffle.shuffle(order)
+        for n in order:
+            t = time.perf_counter()
+            trainers[n].step()
+            times[n].append(time.perf_counter() - t)
+    lo, hi = min(sizes), max(sizes)
+    return {
+        "round_s": {str(n): statistics.median(v[2:]) for n, v in times.items()},
+        "ratio": statistics.median(a / b for a, b in zip(times[hi][2:], times[lo][2:])),
     }
 
 
+def child(args: list[str]) -> dict:
+    """Run one child process's part and return its figures."""
+    proc = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, check=True
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
-    """Run every (algorithm, N) in fresh processes and print the figures."""
+    """Run the timing and memory children and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", default="1e4,1e5,1e6")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--algorithms", default="dp-fedavg,dsgd-rp")
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--timing-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        alg, n = args.child
-        print(json.dumps(run(alg, int(float(n)), args.rounds)))
+    if args.memory_child:
+        alg, n = args.memory_child
+        print(json.dumps(memory(alg, int(float(n)))))
+        return
+    if args.timing_child:
+        alg, ns = args.timing_child
+        sizes = [int(float(c)) for c in ns.split(",")]
+        print(json.dumps(timing(alg, sizes, args.rounds)))
         return
     print("command:", shlex.join([sys.executable, *sys.argv]))
     sizes = [int(float(c)) for c in args.clients.split(",")]
     algorithms = args.algorithms.split(",")
-    results: dict[tuple[str, int], list[dict]] = {}
-    for _ in range(args.repeats):
-        for alg in algorithms:
-            for n in sizes:
-                proc = subprocess.run(
-                    [
-                        sys.executable,
-                        __file__,
-                        "--child",
-                        alg,
-                        str(n),
-                        "--rounds",
-                        str(args.rounds),
-                    ],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                )
-                out = json.loads(proc.stdout.strip().splitlines()[-1])
-                results.setdefault((alg, n), []).append(out)
     print(
-        f"{args.repeats} fresh processes per row, rounds 3-{args.rounds}, 1 torch "
-        "thread, secure noise, batched executor"
+        f"timing: {args.repeats} fresh processes per algorithm, each interleaving "
+        f"rounds 1-{args.rounds} of every N (medians over rounds 3-{args.rounds}); "
+        "memory: one fresh process per (algorithm, N); 1 torch thread, secure "
+        "noise, batched executor"
     )
     for alg in algorithms:
-        for n in sizes:
-            rs = results[(alg, n)]
-
-            def med(key: str, rs: list[dict] = rs) -> float:
-                return statistics.median(r[key] for r in rs)
-
-            each = ", ".join(f"{r['round_s'] * 1e3:.2f}" for r in rs)
-            over = med("data_overhead_bytes_per_client")
-            print(
-                f"  {alg:9s} N={n:>8d}  {med('round_s') * 1e3:6.2f} ms/round "
-                f"(repeats {each})  build {med('build_s'):.2f} s (data "
-                f"{med('data_s'):.2f} s)  algorithm "
-                f"{med('alg_bytes_per_client'):6.1f} B/client  data "
-                f"{med('data_mib'):.0f} MiB ({over:.0f} B/client beyond the "
-                f"records)  peak RSS {med('peak_mib'):.0f} MiB"
-            )
-        lo, hi = min(sizes), max(sizes)
-        ratios = [
-            a["round_s"] / b["round_s"]
-            for a, b in zip(results[(alg, hi)], results[(alg, lo)])
+        runs = [
+            child(["--timing-child", alg, args.clients, "--rounds", str(args.rounds)])
+            for _ in range(args.repeats)
         ]
+        for n in sizes:
+            mem = child(["--memory-child", alg, str(n)])
+            each = [r["round_s"][str(n)] * 1e3 for r in runs]
+            print(
+                f"  {alg:9s} N={n:>8d}  {statistics.median(each):6.2f} ms/round "
+                f"(repeats {', '.join(f'{t:.2f}' for t in each)})  build "
+                f"{mem['build_s']:.2f} s (data {mem['data_s']:.2f} s)  algorithm "
+                f"{mem['alg_bytes_per_client']:6.1f} B/client  data "
+                f"{mem['data_mib']:.0f} MiB "
+                f"({mem['data_overhead_bytes_per_client']:.0f} B/client beyond "
+                f"the records)  peak RSS {mem['peak_mib']:.0f} MiB"
+            )
+        ratios = [r["ratio"] for r in runs]
         print(
-            f"  {alg}: round at N={hi:g} / at N={lo:g} = "
+            f"  {alg}: paired round ratio N={max(sizes):g} / N={min(sizes):g} = "
             f"{statistics.median(ratios):.3f} (repeats: "
             f"{', '.join(f'{r:.3f}' for r in ratios)})"
         )
