@@ -16,11 +16,12 @@ Printed per (algorithm, N): the median milliseconds per round over rounds
 interleaves their rounds (the order shuffled anew at each round index,
 seeded), so that all see the same load; the time to build the algorithm
 (its per-client structures: statistics, samplers) and the resident memory
-it adds above the data set (RSS after building the algorithm minus RSS after building the data set),
-in bytes per client; the time to build the data set (a
-:class:`~dpfl.data.FederatedDataset` with one index array per client) and
-its own bytes per client beyond the records' features and labels (its index
-arrays), which the algorithm does not own; and the process's peak RSS.
+it adds above the data set (RSS after building the algorithm minus RSS
+after building the data set), in bytes per client; the time to build the
+data set (a :class:`~dpfl.data.FederatedDataset` with one index array per
+client) and its own bytes per client beyond the records' features and
+labels (its index arrays), which the algorithm does not own; and the
+process's peak RSS.
 Build times and memory come from one fresh process per (algorithm, N).
 Then, per algorithm, the paired per-round ratio of the round time at the
 largest N to that at the smallest (the median over rounds of one process,
