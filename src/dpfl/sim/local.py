@@ -292,7 +292,7 @@ def pad_cohort(
     dpfl.errors.InvalidParameterError
         If the counts do not add up to the rows of ``x`` and ``y``.
     """
-    sizes = [check_count("counts", c, minimum=0) for c in counts]
+    sizes = _counts(counts)
     if not sizes or sum(sizes) != x.shape[0] or x.shape[0] != y.shape[0]:
         raise InvalidParameterError(
             f"counts must be non-empty and add up to the {x.shape[0]} rows of x "
@@ -312,6 +312,19 @@ def pad_cohort(
     x_pad[slots] = x
     y_pad[slots] = y
     return x_pad.reshape(m, n_max, *x.shape[1:]), y_pad.reshape(m, n_max, *y.shape[1:])
+
+
+def _counts(counts: Sequence[int]) -> list[int]:
+    """``counts`` as Python ints, checked to be integers >= 0 (one numpy pass)."""
+    arr = np.asarray(counts)
+    odd = arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu")
+    if odd or any(isinstance(c, bool) for c in counts):
+        return [check_count("counts", c, minimum=0) for c in counts]  # names it
+    if arr.size and int(arr.min()) < 0:
+        raise InvalidParameterError(
+            f"counts must be >= 0; got minimum {int(arr.min())}"
+        )
+    return arr.tolist()
 
 
 def _batches(orders: np.ndarray, batch_size: int) -> list[np.ndarray]:

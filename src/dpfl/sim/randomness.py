@@ -48,7 +48,7 @@ from dpfl.sim.keys import (
     keyed_orders,
     keyed_orders_many,
 )
-from dpfl.sim.local import epoch_orders
+from dpfl.sim.local import _counts, epoch_orders
 from dpfl.sim.secure_noise import (
     KEYED_ORDER_VERSIONS,
     STREAM_VERSION,
@@ -454,7 +454,7 @@ def cohort_epoch_orders(
         and streams.client_keys is not None
         and streams.stream_version in KEYED_ORDER_VERSIONS
     ):
-        sizes = [check_count("counts", n, minimum=0) for n in counts]
+        sizes = _counts(counts)
         if len(sizes) != len(streams):
             raise InvalidParameterError(
                 f"counts must have one entry per client ({len(streams)}); "
