@@ -686,3 +686,24 @@ def test_client_orders_by_stream_version():
     assert v3.epoch_orders(20, 2).tolist() == keys.keyed_orders(KEY, 20, 2).tolist()
     want = epoch_orders(keys.index_rng(KEY), 20, 2)
     assert v2.epoch_orders(20, 2).tolist() == want.tolist()
+
+
+def test_reproducible_streams_are_the_documented_spawned_children():
+    # Source: the randomness module's docstring (SeedSequence(seed,
+    # spawn_key=(t, 2, k)) split into a numpy and a torch generator), built
+    # here with numpy's own spawn: the same index and noise draws, exactly.
+    from dpfl.sim.randomness import client_streams, server_streams
+
+    for seed, t, k in ((0, 5, 17), (2**40, 99, 10**6)):
+        np_seq, torch_seq = np.random.SeedSequence(seed, spawn_key=(t, 2, k)).spawn(2)
+        got = client_streams(seed, t, k)
+        want = np.random.default_rng(np_seq).integers(0, 2**62, 8)
+        assert got.rng.integers(0, 2**62, 8).tolist() == want.tolist()
+        g = torch.Generator()
+        g.manual_seed(int(torch_seq.generate_state(1, np.uint64)[0]))
+        assert torch.equal(
+            torch.randn(6, generator=got.generator), torch.randn(6, generator=g)
+        )
+    np_seq, _ = np.random.SeedSequence(3, spawn_key=(4,)).spawn(2)
+    want = np.random.default_rng(np_seq).random(3)
+    assert server_streams(3, 4).rng.random(3).tolist() == want.tolist()

@@ -99,6 +99,7 @@ class Streams:
         "_key",
         "_rng",
         "_torch_seed",
+        "_torch_seq",
         "stream_version",
     )
 
@@ -121,6 +122,9 @@ class Streams:
         self._rng = rng
         self._generator = generator
         self._torch_seed = torch_seed
+        # (entropy, spawn key, pool size) of a SeedSequence whose first word
+        # is the torch seed, made on first use (reproducible client streams)
+        self._torch_seq: tuple[object, tuple[int, ...], int] | None = None
         self._key = key
         self._device = device
         self.stream_version = check_stream_version("stream_version", stream_version)
@@ -174,6 +178,14 @@ class Streams:
                     self._key, self._device, version=self.stream_version
                 )
             else:
+                if self._torch_seq is not None:
+                    entropy, spawn, pool = self._torch_seq
+                    seq = np.random.SeedSequence(
+                        entropy,  # type: ignore[arg-type]
+                        spawn_key=spawn,
+                        pool_size=pool,
+                    )
+                    self._torch_seed = int(seq.generate_state(1, np.uint64)[0])
                 g = torch.Generator(device=self._device)
                 g.manual_seed(int(self._torch_seed))  # type: ignore[arg-type]
                 self._generator = g
@@ -181,9 +193,17 @@ class Streams:
 
 
 def _streams(seq: np.random.SeedSequence, device: str | torch.device) -> Streams:
-    np_seq, torch_seq = seq.spawn(2)
-    seed = int(torch_seq.generate_state(1, np.uint64)[0])
-    return Streams(np.random.default_rng(np_seq), torch_seed=seed, device=device)
+    """The numpy and torch generators of ``seq.spawn(2)`` (children 0 and 1).
+
+    The children are made directly (a spawned child is the sequence with the
+    child's index appended to the spawn key), and the torch seed only when
+    the noise generator is first used: the same draws as spawning, for less.
+    """
+    entropy, spawn, pool = seq.entropy, tuple(seq.spawn_key), seq.pool_size
+    np_seq = np.random.SeedSequence(entropy, spawn_key=(*spawn, 0), pool_size=pool)
+    made = Streams(np.random.default_rng(np_seq), torch_seed=0, device=device)
+    made._torch_seq = (entropy, (*spawn, 1), pool)
+    return made
 
 
 def server_key(key: bytes, round_index: int) -> bytes:
