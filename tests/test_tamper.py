@@ -309,13 +309,13 @@ def test_a_zeroed_round_count_is_refused(copy: Path):
 
 def test_a_replay_that_differs_stops_naming_the_round(copy: Path, monkeypatch):
     # Another seed's noise in round 5 (the round past the checkpoint).
-    from dpfl.sim import loop, rounds
+    from dpfl.sim import loop
 
-    real, load = rounds.weights_digest, loop.Trainer.load_state_dict
+    real, load = loop.weights_digest, loop.Trainer.load_state_dict
 
     def loaded(self: Trainer, state: Any) -> None:
         load(self, state)  # the checkpoint's model checks out; then it differs
-        monkeypatch.setattr(rounds, "weights_digest", lambda w: real(w + 1.0))
+        monkeypatch.setattr(loop, "weights_digest", lambda w: real(w + 1.0))
 
     monkeypatch.setattr(loop.Trainer, "load_state_dict", loaded)
     with pytest.raises(LedgerMismatchError, match="round 5 replayed differently"):
