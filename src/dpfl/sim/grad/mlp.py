@@ -122,7 +122,9 @@ def mlp_sgd_step(
     for i in range(last, -1, -1):
         prefix, bias = plan[i]
         w, a = stacked[prefix + "weight"], inputs[i]
-        below = torch.bmm(g, w).mul_(a > 0) if i > 0 else None  # w before its step
+        below = None
+        if i > 0:  # through w before its step, then the ReLU (autograd's own op)
+            below = torch.ops.aten.threshold_backward(torch.bmm(g, w), a, 0)
         w.baddbmm_(g.transpose(1, 2), a, alpha=alpha)
         if bias:
             stacked[prefix + "bias"].add_(g.sum(1), alpha=alpha)
