@@ -64,7 +64,8 @@ from dpfl.audit.training import TrainingAudit, audit_training
 from dpfl.data import get_dataset
 from dpfl.models import build_model
 from dpfl.sim.algorithms.base import DataStats
-from dpfl.sim.algorithms.dp_fedavg import DpFedAvg, DpFedAvgParams
+from dpfl.sim.algorithms.dp_fedavg import DpFedAvg
+from dpfl.sim.algorithms.dp_fedavg_params import DpFedAvgParams
 from dpfl.sim.algorithms.dsgd_rp import DsgdRandomParticipation, DsgdRpParams
 
 DELTA = 1e-5

@@ -53,7 +53,7 @@ from dpfl.experiments import build
 from dpfl.experiments.config import load_config
 from dpfl.experiments.presets import PRESET_DIR
 from dpfl.experiments.privacy import resolve_privacy
-from dpfl.sim import privatize
+from dpfl.sim import chacha, keys, privatize
 from dpfl.sim import secure_noise as sn
 from dpfl.sim.loop import Trainer
 
@@ -111,7 +111,7 @@ def per_million(device: torch.device, millions: float, repeats: int) -> None:
     out = torch.empty(n, device=device)
     seeded = torch.Generator(device=device)
     seeded.manual_seed(0)
-    secure = sn.SecureGenerator(sn.new_key(), device)
+    secure = sn.SecureGenerator(keys.new_key(), device)
     t0 = time.perf_counter()
     secure.normal_(out)  # first call: buffers, and on CUDA the compile
     sync(device)
@@ -122,17 +122,17 @@ def per_million(device: torch.device, millions: float, repeats: int) -> None:
         "seeded": lambda t: t.normal_(generator=seeded),
     }
     if device.type == "cuda":
-        key = sn.derive_key(sn.new_key(), "noise")
+        key = keys.derive_key(keys.new_key(), "noise")
 
         def compiled(t: torch.Tensor) -> None:
-            sn._fill_torch(key, 0, t, 0.5, compiled=True)
+            chacha._fill_torch(key, 0, t, 0.5, compiled=True)
 
         def eager(t: torch.Tensor) -> None:
             sn._fill_chacha20(key, 0, t, 1.0, compiled=False)
 
         variants["secure, torch ops, compiled keystream (no Triton)"] = compiled
         variants["secure, eager torch ops"] = eager
-        v1 = sn.SecureGenerator(sn.new_key(), device, version="shake256-v1")
+        v1 = sn.SecureGenerator(keys.new_key(), device, version="shake256-v1")
         variants["shake256-v1 (CPU, copied)"] = lambda t: v1.normal_(t)
         t0 = time.perf_counter()
         compiled(out)
@@ -152,7 +152,7 @@ def per_million(device: torch.device, millions: float, repeats: int) -> None:
     print(f"  secure noise kernel: {kernel}")
     if device.type == "cuda" and kernel != "triton":
         index = device if device.index is not None else torch.cuda.current_device()
-        why = sn._FUSED.get(torch.device("cuda", index), "DPFL_NOISE_TRITON=0")
+        why = chacha._FUSED.get(torch.device("cuda", index), "DPFL_NOISE_TRITON=0")
         print(f"  the fused Triton kernel is not used: {why}")
     what = "probe or compile, and first draw" if device.type == "cuda" else "first draw"
     print(f"  {what}: {first:.2f} s")
@@ -167,7 +167,7 @@ def cohort_rows(device: torch.device, repeats: int, m: int = 50) -> None:
         device = torch.device(device.type, torch.cuda.current_device())
     d = 1_199_882  # the paper CNN's weights
     out = torch.empty(m, d, device=device)
-    keys = [sn.new_key() for _ in range(m)]
+    keys = [keys.new_key() for _ in range(m)]
     together = [sn.SecureGenerator(k, device) for k in keys]
     alone = [sn.SecureGenerator(k, device) for k in keys]
     seeded = [torch.Generator(device=device) for _ in range(m)]
@@ -190,12 +190,12 @@ def cohort_rows(device: torch.device, repeats: int, m: int = 50) -> None:
         for name, fill in variants.items():
             times[name].append(timed(fill, out))
     per = m * d / 1e6
-    found = sn._FUSED.get(device)
+    found = chacha._FUSED.get(device)
     rows = (
         "one launch"
-        if sn._fused_rows(device) is not None
+        if chacha._fused_rows(device) is not None
         else "a row at a time ("
-        + (found.rows_why if isinstance(found, sn._Fused) else str(found))
+        + (found.rows_why if isinstance(found, chacha._Fused) else str(found))
         + ")"
     )
     print(f"a cohort's noise: {m} rows of {d:,} (one local step of PriFedSync's CNN):")

@@ -27,19 +27,19 @@ def run_key(key: bytes | Path) -> Iterator[bytes]:
     A run makes its own key and refuses a folder that holds one (two runs
     with one key draw the same noise, which is what a test comparing two
     runs draw for draw wants, and what a user must never get). Tests get it
-    by patching the key maker, ``dpfl.sim.secure_noise.new_key``.
+    by patching the key maker, ``dpfl.sim.keys.new_key``.
 
     Parameters
     ----------
     key : bytes or Path
         The key, or a run folder whose key to take.
     """
-    from dpfl.sim import secure_noise
+    from dpfl.sim import keys
 
     if isinstance(key, Path):
-        key = secure_noise.read_key_file(key / secure_noise.KEY_FILE)
+        key = keys.read_key_file(key / keys.KEY_FILE)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(secure_noise, "new_key", lambda: key)
+        mp.setattr(keys, "new_key", lambda: key)
         yield key
 
 

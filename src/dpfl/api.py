@@ -127,7 +127,7 @@ class PrivateTrainer:
                 "note": "no noise is added: the run has no privacy guarantee",
             }
         from dpfl.accounting import schemes
-        from dpfl.sim.secure_noise import noise_label
+        from dpfl.sim.keys import noise_label
 
         return {
             "private": True,

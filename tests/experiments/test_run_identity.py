@@ -29,7 +29,7 @@ from dpfl._files import digest  # noqa: E402
 from dpfl.accounting.ledger import PrivacyLedger  # noqa: E402
 from dpfl.errors import DpflError  # noqa: E402
 from dpfl.experiments import config_from_dict, resume, run, rundir  # noqa: E402
-from dpfl.sim import secure_noise  # noqa: E402
+from dpfl.sim import keys, secure_noise  # noqa: E402
 from dpfl.sim.callbacks import load_checkpoint  # noqa: E402
 from dpfl.sim.callbacks.checkpoint import _TRAILER  # noqa: E402
 from dpfl.sim.loop import Trainer  # noqa: E402
@@ -175,7 +175,7 @@ def test_a_key_linked_from_another_run_is_refused(copies: dict[str, Path]) -> No
 
 
 def test_run_json_names_the_key_without_holding_it(runs: dict[str, Path]) -> None:
-    key = secure_noise.read_key_file(runs["a"] / "secret.key")
+    key = keys.read_key_file(runs["a"] / "secret.key")
     text = (runs["a"] / "run.json").read_text()
     assert key.hex() not in text
     manifest = json.loads(text)
@@ -434,4 +434,4 @@ def test_a_run_killed_before_run_json_starts_afresh_with_a_new_key(
 
 
 def test_the_key_file_names_agree() -> None:
-    assert rundir.KEY_FILE == secure_noise.KEY_FILE
+    assert rundir.KEY_FILE == keys.KEY_FILE

@@ -44,8 +44,8 @@ from dpfl.accounting.ledger import PrivacyLedger  # noqa: E402
 from dpfl.experiments import runner  # noqa: E402
 from dpfl.experiments.config import config_from_dict  # noqa: E402
 from dpfl.integrations import flower as fl  # noqa: E402
+from dpfl.sim.keys import KEY_FILE, read_key_file  # noqa: E402
 from dpfl.sim.randomness import client_key  # noqa: E402
-from dpfl.sim.secure_noise import KEY_FILE, read_key_file  # noqa: E402
 from tiny_runs import run_key, user_code  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -63,7 +63,7 @@ def key_hex(run_dir: Path) -> str:
 
     Two runs are the same run only under the same key (secure noise).
     """
-    from dpfl.sim.secure_noise import KEY_FILE, read_key_file
+    from dpfl.sim.keys import KEY_FILE, read_key_file
 
     return read_key_file(run_dir / KEY_FILE).hex()
 
@@ -298,7 +298,8 @@ _DRIVER = textwrap.dedent(
     tree, stall, flag = json.loads(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
     # the uninterrupted run's key (a test's comparison; a run makes its own)
     from dpfl.sim import secure_noise
-    secure_noise.new_key = lambda: bytes.fromhex(sys.argv[4])
+    from dpfl.sim import keys
+    keys.new_key = lambda: bytes.fromhex(sys.argv[4])
     gather = dray.RayExecutor._gather
 
     def stalled(self, ray, jobs, weights_ref, round_index, *rest):

@@ -22,14 +22,14 @@ from dpfl.data import FederatedDataset, federate, load_digits
 from dpfl.errors import BudgetExceededError, InvalidParameterError
 from dpfl.experiments.presets import PRESET_DIR
 from dpfl.sim.algorithms import build_algorithm
-from dpfl.sim.algorithms.base import DataStats, Task
+from dpfl.sim.algorithms.base import DataStats
 from dpfl.sim.algorithms.dp_fedavg import (
     DpFedAvg,
-    DpFedAvgParams,
     between_client_variance,
-    schedule_value,
     update_scale,
 )
+from dpfl.sim.algorithms.dp_fedavg_params import DpFedAvgParams, schedule_value
+from dpfl.sim.algorithms.tasks import Task
 from dpfl.sim.local import epoch_orders
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import client_streams, server_streams
@@ -416,7 +416,11 @@ def test_round_metrics_match_numpy_on_the_round_updates(
     probe = make(digits_iid, 2.0, **kw)
     updates = unclipped_updates(probe, seed=5).numpy()
     trainer = Trainer(
-        make(digits_iid, 2.0, **kw), ledger=PrivacyLedger(), seed=5, secure_noise=False
+        make(digits_iid, 2.0, **kw),
+        ledger=PrivacyLedger(),
+        seed=5,
+        secure_noise=False,
+        diagnostics=True,
     )
 
     # Execute
@@ -658,3 +662,23 @@ def test_cnn_preset_trains_its_eleven_rounds_at_reduced_width(tmp_path) -> None:
     assert rows[-1]["test_loss"] < math.log(10)
     # The paper's rule stops it there: a 12th round would pass Q at eps = 8.
     assert result.epsilon == pytest.approx(7.998, abs=0.01)
+
+
+def test_diagnostics_only_when_asked_or_on_evaluated_rounds(
+    digits_iid: FederatedDataset,
+) -> None:
+    # Prepare: one plain step, then fit to round 6 evaluating every 2 rounds.
+    trainer = Trainer(
+        make(digits_iid, 2.0, cohort_size=4), ledger=PrivacyLedger(), seed=1
+    )
+    plain = trainer.step().metrics
+
+    # Execute
+    result = trainer.fit(6, eval_every=2, delta=1e-5)
+
+    # Assert: a plain step computes none of them; fit computes them exactly on
+    # the rounds it evaluates.
+    assert "between_client_variance" not in plain
+    with_diag = [r["round"] for r in result.history if "between_client_variance" in r]
+    evaluated = [r["round"] for r in result.history if "test_accuracy" in r]
+    assert with_diag == evaluated == [2, 4, 6]

@@ -8,7 +8,7 @@ from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data import get_dataset
 from dpfl.models import build_model
 from dpfl.sim.algorithms import build_algorithm
-from dpfl.sim.algorithms.base import Task
+from dpfl.sim.algorithms.tasks import Task
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import client_streams
 

@@ -20,12 +20,13 @@ from dpfl.models import build_model
 from dpfl.sim.algorithms import build_algorithm, make_params
 from dpfl.sim.algorithms.base import DataStats
 from dpfl.sim.algorithms.dsgd_rp import DsgdRandomParticipation
+from dpfl.sim.availability import ClientAvailability
 from dpfl.sim.grad import clipped_grad_sum
 from dpfl.sim.loop import Trainer
 from dpfl.sim.plan import plan_privacy
 from dpfl.sim.privatize import ClientGaussian
 from dpfl.sim.randomness import Streams, client_streams, server_streams
-from dpfl.sim.sampling import ClientAvailability, PoissonParticipationSampler
+from dpfl.sim.sampling import PoissonParticipationSampler
 
 PARAMS = dict(
     participation_probability=0.5,

@@ -12,23 +12,19 @@ from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.ledger import Budget, PrivacyLedger
 from dpfl.data import FederatedDataset
 from dpfl.errors import BudgetExceededError, DpflError, InvalidParameterError
-from dpfl.sim.algorithms.base import (
-    AlgorithmParams,
-    Cohort,
-    FederatedAlgorithm,
-    Message,
-    Task,
-)
+from dpfl.sim.algorithms.base import AlgorithmParams, FederatedAlgorithm
+from dpfl.sim.algorithms.tasks import Cohort, Message, Task
 from dpfl.sim.executors import executor
-from dpfl.sim.loop import RoundReport, Trainer
+from dpfl.sim.loop import Trainer
+from dpfl.sim.noise import gaussian_noise_like
 from dpfl.sim.privatize import (
     CentralGaussian,
     ClientGaussian,
     NoiseOnlyMessages,
     Privatizer,
-    gaussian_noise_like,
 )
 from dpfl.sim.randomness import client_streams, server_streams
+from dpfl.sim.rounds import RoundReport
 from dpfl.sim.secure_noise import fill_normal_
 
 Z = 4.42  # two-sided normal quantile for a false-alarm rate of 1e-5

@@ -149,3 +149,57 @@ def test_cohort_adam_leaves_params_and_validates():
         cohort_adam_step(theta, g[:1], m1, m2, steps, learning_rate=0.1)
     with pytest.raises(InvalidParameterError, match="steps"):
         cohort_adam_step(theta, g, m1, m2, steps[:1], learning_rate=0.1)
+
+
+@pytest.mark.parametrize("model_kind", ["relu-mlp", "tanh-mlp"])
+def test_fused_inplace_step_equals_the_autograd_step(model_kind):
+    # The fused step (the written-out ReLU MLP, or the ghost records of any
+    # all-Linear model) against cohort_sgd_step (autograd gradients, then
+    # θ − lr·Σg/b) on a masked batch: float32, sums in another order, 1e-6.
+    from torch import nn
+
+    from dpfl.sim.grad.cohort import cohort_sgd_inplace, fused_sgd_supported
+    from dpfl.sim.grad.mlp import mlp_plan
+
+    torch.manual_seed(3)
+    act = nn.ReLU() if model_kind == "relu-mlp" else nn.Tanh()
+    model = nn.Sequential(nn.Linear(6, 7), act, nn.Linear(7, 4))
+    assert fused_sgd_supported(model)
+    assert (mlp_plan(model, F.cross_entropy) is not None) == (model_kind == "relu-mlp")
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    m, b = 5, 3
+    xb, yb = torch.randn(m, b, 6), torch.randint(0, 4, (m, b))
+    mask = torch.ones(m, b)
+    mask[1, 2] = 0
+    mask[3] = 0  # a client with no record in this step does not move
+    want = cohort_sgd_step(
+        model, stack_params(params, m), xb, yb, learning_rate=0.3, sample_mask=mask
+    )
+    got = stack_params(params, m)
+    scale = mask * (-0.3 / mask.sum(1).clamp_min(1))[:, None]
+    cohort_sgd_inplace(
+        model, got, xb, yb, scale.reshape(-1), loss_fn=F.cross_entropy, chunk=2
+    )
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], atol=1e-6, rtol=1e-6)
+    assert torch.equal(got["0.weight"][3], params["0.weight"])
+
+
+def test_cohort_orders_equal_each_clients_own():
+    # The cohort's keyed orders in one pass equal each client's streams'
+    # orders (v3: keyed; v2 and seeded: the index generator), exactly.
+    from dpfl.sim.randomness import CohortStreams, cohort_epoch_orders
+
+    key = bytes(range(32))
+    for version in ("chacha20-v3", "chacha20-v2"):
+        for counts in ([5, 5, 5], [5, 2, 0]):
+
+            def fresh(version=version):  # index generators are drawn from
+                return CohortStreams(0, 4, [3, 1, 7], key=key, stream_version=version)
+
+            got = cohort_epoch_orders(fresh(), counts, 2)
+            own = fresh()
+            for j, n in enumerate(counts):
+                assert got[j].tolist() == own[j].epoch_orders(n, 2).tolist()
+    got = cohort_epoch_orders(CohortStreams(0, 4, [3, 1]), [4, 4], 1)
+    assert got[1].tolist() == CohortStreams(0, 4, [3, 1])[1].epoch_orders(4, 1).tolist()

@@ -18,11 +18,13 @@ from dpfl.errors import InvalidParameterError
 from dpfl.experiments.presets import PRESET_DIR
 from dpfl.models import LogisticRegression, build_model
 from dpfl.sim.algorithms import build_algorithm
-from dpfl.sim.algorithms.base import DataStats, Task
-from dpfl.sim.algorithms.locks import Locks, LocksParams, recorded_max_p2
+from dpfl.sim.algorithms.base import DataStats
+from dpfl.sim.algorithms.locks import Locks
+from dpfl.sim.algorithms.locks_params import LocksParams, recorded_max_p2
+from dpfl.sim.algorithms.tasks import Task
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import client_streams
-from dpfl.sim.sampling import TwoStageSampler
+from dpfl.sim.sampling_checkin import TwoStageSampler
 
 PRESET = PRESET_DIR / "locks-digits.yaml"
 

@@ -22,8 +22,9 @@ from dpfl.data import FederatedDataset, get_dataset
 from dpfl.errors import InvalidParameterError
 from dpfl.models import LogisticRegression, build_model
 from dpfl.sim.algorithms import build_algorithm
-from dpfl.sim.algorithms.base import Task
-from dpfl.sim.algorithms.locks import Locks, LocksParams
+from dpfl.sim.algorithms.locks import Locks
+from dpfl.sim.algorithms.locks_params import LocksParams
+from dpfl.sim.algorithms.tasks import Task
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import CohortStreams, client_streams, server_streams
 

@@ -18,13 +18,15 @@ from dpfl.errors import InvalidParameterError, NonFiniteUpdateError
 from dpfl.experiments.presets import PRESET_DIR
 from dpfl.models import build_model
 from dpfl.sim.algorithms import make_params
-from dpfl.sim.algorithms.base import DataStats, Task
-from dpfl.sim.algorithms.ms_pafl import MsPafl, MsPaflParams
+from dpfl.sim.algorithms.base import DataStats
+from dpfl.sim.algorithms.ms_pafl import MsPafl
+from dpfl.sim.algorithms.ms_pafl_params import MsPaflParams
+from dpfl.sim.algorithms.tasks import Task
 from dpfl.sim.batches import draw_local_batches
 from dpfl.sim.executors import LoopExecutor
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import client_streams
-from dpfl.sim.sampling import CheckInSampler
+from dpfl.sim.sampling_checkin import CheckInSampler
 
 KEY = bytes(range(32))  # one secure-noise key: the same run twice
 

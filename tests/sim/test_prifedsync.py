@@ -18,11 +18,12 @@ from dpfl.errors import InvalidParameterError
 from dpfl.experiments.presets import PRESET_DIR
 from dpfl.models import build_model
 from dpfl.sim.algorithms import build_algorithm, make_params
-from dpfl.sim.algorithms.base import DataStats, Task
+from dpfl.sim.algorithms.base import DataStats
 from dpfl.sim.algorithms.prifedsync import PriFedSync, PriFedSyncParams
+from dpfl.sim.algorithms.tasks import Task
 from dpfl.sim.loop import Trainer
 from dpfl.sim.randomness import client_streams
-from dpfl.sim.sampling import SyncSampler
+from dpfl.sim.sampling_checkin import SyncSampler
 
 DELTA = 1e-5
 PRESETS = PRESET_DIR

@@ -22,6 +22,10 @@ from scipy import stats  # noqa: E402
 
 from dpfl.accounting.ledger import PrivacyLedger  # noqa: E402
 from dpfl.errors import DpflError, InvalidParameterError  # noqa: E402
+from dpfl.sim import (  # noqa: E402
+    chacha,
+    keys,
+)
 from dpfl.sim import secure_noise as sn  # noqa: E402
 from dpfl.sim.randomness import (  # noqa: E402
     CohortStreams,
@@ -113,11 +117,11 @@ def test_rfc8439_vectors():
     # bytes exactly.
     nonce = bytes.fromhex("000000090000004a00000000")
     assert python_block(RFC_KEY, nonce, 1) == RFC_BLOCK
-    assert sn.chacha20_keystream(RFC_KEY, nonce, 1, 1) == RFC_BLOCK
+    assert chacha.chacha20_keystream(RFC_KEY, nonce, 1, 1) == RFC_BLOCK
     assert python_block(bytes(32), bytes(12), 0) == RFC_ZERO_BLOCK
-    assert sn.chacha20_keystream(bytes(32), bytes(12), 0, 1) == RFC_ZERO_BLOCK
+    assert chacha.chacha20_keystream(bytes(32), bytes(12), 0, 1) == RFC_ZERO_BLOCK
     nonce = bytes.fromhex("000000000000004a00000000")
-    stream = sn.chacha20_keystream(RFC_KEY, nonce, 1, 2)
+    stream = chacha.chacha20_keystream(RFC_KEY, nonce, 1, 2)
     ct = bytes(p ^ k for p, k in zip(RFC_PLAINTEXT, stream))
     assert ct == RFC_CIPHERTEXT
     assert openssl_keystream(RFC_KEY, nonce, 1, 128) == stream
@@ -130,11 +134,11 @@ def test_torch_keystream_equals_openssl_byte_for_byte():
     for counter, nblocks in ((0, 600), (7, 1), (2**31 - 3, 9), (2**32 - 40, 40)):
         key = rng.bytes(32)
         nonce = rng.bytes(12)
-        mine = sn.chacha20_keystream(key, nonce, counter, nblocks)
+        mine = chacha.chacha20_keystream(key, nonce, counter, nblocks)
         assert mine == openssl_keystream(key, nonce, counter, 64 * nblocks)
         assert mine[:64] == python_block(key, nonce, counter)
     with pytest.raises(InvalidParameterError, match="counter"):
-        sn.chacha20_keystream(KEY, bytes(12), 2**32 - 1, 2)
+        chacha.chacha20_keystream(KEY, bytes(12), 2**32 - 1, 2)
 
 
 # ---------------------------------------------------------------- the sampler
@@ -168,9 +172,9 @@ def test_sampler_matches_an_independent_scalar_implementation():
     # Outputs in the first group, across a group boundary and deep in a draw
     # are the documented construction, value for value (tolerance: a few
     # float64 ulps between libm and torch's vectorised functions).
-    stream_key = sn.derive_key(KEY, "noise")
+    stream_key = keys.derive_key(KEY, "noise")
     g = sn.SecureGenerator(KEY)
-    assert g.version == sn.STREAM_VERSION == "chacha20-v2"
+    assert g.version == sn.STREAM_VERSION == "chacha20-v3"
     first = normals(g, 20_000).numpy()
     second = normals(g, 3000).numpy()  # draw 1
     for i in (0, 1, 2, 1023, 1024, 1025, 8191, 8192, 19_999):
@@ -208,7 +212,7 @@ def test_the_shake256_v1_stream_is_still_drawn_as_before():
     # previous sampler, value for value (a few float64 ulps, libm vs numpy).
     g = sn.SecureGenerator(KEY, version="shake256-v1")
     got = normals(g, 257).numpy()
-    want = reference_v1(sn.derive_key(KEY, "noise"), 0, 257)
+    want = reference_v1(keys.derive_key(KEY, "noise"), 0, 257)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
     v1 = sn.secure_standard_normal(KEY, 3, 100, version="shake256-v1")
     assert not np.array_equal(v1, sn.secure_standard_normal(KEY, 3, 100))
@@ -220,7 +224,7 @@ def test_openssl_and_torch_keystreams_give_the_same_normals():
     # On the CPU both paths run the same float64 transform on the same bits:
     # equal bit for bit, for lengths around the piece and group sizes.
     pytest.importorskip("cryptography")
-    stream_key = sn.derive_key(KEY, "noise")
+    stream_key = keys.derive_key(KEY, "noise")
     for n in (1, 1023, 1025, 8192, 8193, 20_000):
         a = torch.empty(n, dtype=torch.float64)
         b = torch.empty(n, dtype=torch.float64)
@@ -253,7 +257,7 @@ def test_ten_million_secure_normals_pass_ks_chi_square_and_tail_tests():
     # their binomial expectation (within Z standard deviations, or 5 counts
     # for the rare tail). Each fails a correct sampler with prob ~1e-5.
     n = 10_000_000
-    z = normals(sn.SecureGenerator(sn.new_key()), n).numpy()
+    z = normals(sn.SecureGenerator(keys.new_key()), n).numpy()
     assert stats.kstest(z, "norm").pvalue > 1e-5
     counts = np.bincount(
         np.minimum((stats.norm.cdf(z) * 1000).astype(np.int64), 999), minlength=1000
@@ -279,7 +283,7 @@ def test_no_correlation_across_positions_draws_and_keys():
         r = np.corrcoef(z[:n], z[lag : lag + n])[0, 1]
         assert abs(r) < Z / math.sqrt(n), lag
     rows = [z[:n], normals(g, n).numpy(), normals(g, n).numpy()]
-    rows += [normals(sn.SecureGenerator(sn.new_key()), n).numpy() for _ in range(3)]
+    rows += [normals(sn.SecureGenerator(keys.new_key()), n).numpy() for _ in range(3)]
     corr = np.corrcoef(np.stack(rows))
     assert np.abs(corr[~np.eye(len(rows), dtype=bool)]).max() < Z / math.sqrt(n)
 
@@ -331,9 +335,9 @@ def test_cuda_draws_the_cpu_stream():
     # (asserted: at most 1 in 10,000 differs, by one float32 ulp).
     nonce = bytes(range(12))
     for counter, nblocks in ((0, 1500), (2**32 - 600, 600)):
-        assert sn.chacha20_keystream(
+        assert chacha.chacha20_keystream(
             KEY, nonce, counter, nblocks, device="cuda"
-        ) == sn.chacha20_keystream(KEY, nonce, counter, nblocks)
+        ) == chacha.chacha20_keystream(KEY, nonce, counter, nblocks)
     n = 3_000_000
     cpu = sn.SecureGenerator(KEY).normal_(torch.empty(n, dtype=torch.float64))
     gen = sn.SecureGenerator(KEY, "cuda")
@@ -347,10 +351,10 @@ def test_cuda_draws_the_cpu_stream():
     assert bool(((c32 - g32)[differ].abs() <= ulp).all())
     # the eager kernel (no torch.compile) gives the same keystream
     init = torch.tensor(
-        sn._initial_state(KEY, nonce, 0), dtype=torch.int64, device="cuda"
+        chacha._initial_state(KEY, nonce, 0), dtype=torch.int64, device="cuda"
     )
-    kernel = sn._words_kernel(torch.device("cuda"))
-    assert torch.equal(kernel(init, 1024), sn._words(init, 1024))
+    kernel = chacha._words_kernel(torch.device("cuda"))
+    assert torch.equal(kernel(init, 1024), chacha._words(init, 1024))
 
 
 # ----------------------------------------------------------- keyed streams
@@ -383,7 +387,7 @@ def test_a_client_key_reproduces_its_own_noise_and_no_one_elses():
     cohort = CohortStreams(0, 4, [2, 9, 5], key=KEY)
     for shipped in (pickle.dumps(cohort), pickle.dumps(cohort.part(1, 3))):
         assert KEY not in shipped
-        assert sn.derive_key(KEY, "noise") not in shipped
+        assert keys.derive_key(KEY, "noise") not in shipped
     assert mine in pickle.dumps(cohort)
     back = pickle.loads(pickle.dumps(cohort.part(0, 1)))
     assert back.secure and torch.equal(normals(back[0].generator, 500), ours)
@@ -476,16 +480,16 @@ def test_key_file_is_private_written_once_and_never_in_config_or_checkpoint(
 
     config = tiny(tmp_path, "secure", secure=True)
     result = run(config, progress=False)
-    path = result.run_dir / sn.KEY_FILE
+    path = result.run_dir / keys.KEY_FILE
     assert path.stat().st_mode & 0o777 == 0o600
-    key = sn.read_key_file(path)
+    key = keys.read_key_file(path)
     for name in ("config.yaml", "checkpoint.pt", "ledger.json", "guarantee.json"):
         data = (result.run_dir / name).read_bytes()
         assert key not in data and key.hex().encode() not in data, name
     assert not [p for p in result.run_dir.iterdir() if p.name.startswith(".secret")]
     with pytest.raises(DpflError, match="never replaced"):
-        sn.write_key_file(path, sn.new_key())
-    assert sn.read_key_file(path) == key
+        keys.write_key_file(path, keys.new_key())
+    assert keys.read_key_file(path) == key
     # a secure run without its key cannot be resumed
     path.unlink()
     with pytest.raises(DpflError, match="cannot be resumed without its key"):
@@ -510,7 +514,7 @@ def test_the_report_says_which_noise_was_used(tmp_path):
         assert g["noise"].startswith(label)
         assert result.guarantee["noise"] == g["noise"]
         assert f"  noise: {label}" in _summary(result)  # dpfl train's report
-        assert (result.run_dir / sn.KEY_FILE).exists() == secure
+        assert (result.run_dir / keys.KEY_FILE).exists() == secure
 
 
 def test_a_resumed_secure_run_draws_what_the_uninterrupted_run_drew(
@@ -586,7 +590,9 @@ def test_a_released_round_cannot_be_denoised_from_the_config_and_code(
             config = tiny(tmp_path, name, secure=secure, sigma=20.0, rounds=1)
             if key_from is not None:
                 m.setattr(
-                    sn, "new_key", lambda: sn.read_key_file(key_from / sn.KEY_FILE)
+                    keys,
+                    "new_key",
+                    lambda: keys.read_key_file(key_from / keys.KEY_FILE),
                 )
             run_dir = run(config, progress=False).run_dir
         w0 = build(config).weights.detach().double()
@@ -648,3 +654,57 @@ def test_a_run_records_its_stream_and_resumes_with_it(tmp_path, monkeypatch):
     monkeypatch.setattr(sn, "STREAM_VERSIONS", (sn.STREAM_VERSION,))
     with pytest.raises(DpflError, match="'shake256-v1', which this dpfl does not"):
         resume(config.run_dir, progress=False)
+
+
+def test_keyed_orders_are_the_documented_sort_of_shake128_words():
+    # Independent construction from the docstring: SHAKE-128 of
+    # "dpfl/order" ‖ 0 ‖ key ‖ e, n little-endian 64-bit words, positions
+    # sorted by word (ties by position); exact.
+    import hashlib
+    import struct
+
+    n = 37
+    got = keys.keyed_orders(KEY, n, 3)
+    for e in range(3):
+        raw = hashlib.shake_128(
+            b"dpfl/order\x00" + KEY + e.to_bytes(8, "little")
+        ).digest(8 * n)
+        words = struct.unpack(f"<{n}Q", raw)
+        want = sorted(range(n), key=lambda i: (words[i], i))
+        assert got[e].tolist() == want
+    assert sorted(got[0].tolist()) == list(range(n))
+    assert keys.keyed_orders(KEY, 0, 1).shape == (1, 0)
+
+
+def test_client_orders_by_stream_version():
+    # v3 streams draw keyed orders; v2 streams (runs started before v3) still
+    # draw theirs from the index generator, so they resume as they ran.
+    from dpfl.sim.local import epoch_orders
+    from dpfl.sim.randomness import Streams
+
+    v3 = Streams.from_key(KEY, stream_version="chacha20-v3")
+    v2 = Streams.from_key(KEY, stream_version="chacha20-v2")
+    assert v3.epoch_orders(20, 2).tolist() == keys.keyed_orders(KEY, 20, 2).tolist()
+    want = epoch_orders(keys.index_rng(KEY), 20, 2)
+    assert v2.epoch_orders(20, 2).tolist() == want.tolist()
+
+
+def test_reproducible_streams_are_the_documented_spawned_children():
+    # Source: the randomness module's docstring (SeedSequence(seed,
+    # spawn_key=(t, 2, k)) split into a numpy and a torch generator), built
+    # here with numpy's own spawn: the same index and noise draws, exactly.
+    from dpfl.sim.randomness import client_streams, server_streams
+
+    for seed, t, k in ((0, 5, 17), (2**40, 99, 10**6)):
+        np_seq, torch_seq = np.random.SeedSequence(seed, spawn_key=(t, 2, k)).spawn(2)
+        got = client_streams(seed, t, k)
+        want = np.random.default_rng(np_seq).integers(0, 2**62, 8)
+        assert got.rng.integers(0, 2**62, 8).tolist() == want.tolist()
+        g = torch.Generator()
+        g.manual_seed(int(torch_seq.generate_state(1, np.uint64)[0]))
+        assert torch.equal(
+            torch.randn(6, generator=got.generator), torch.randn(6, generator=g)
+        )
+    np_seq, _ = np.random.SeedSequence(3, spawn_key=(4,)).spawn(2)
+    want = np.random.default_rng(np_seq).random(3)
+    assert server_streams(3, 4).rng.random(3).tolist() == want.tolist()

@@ -39,6 +39,8 @@ import pytest
 import torch
 
 from dpfl.errors import InvalidParameterError
+from dpfl.sim import chacha
+from dpfl.sim import keys as sk
 from dpfl.sim import secure_noise as sn
 
 TRITON = importlib.util.find_spec("triton") is not None
@@ -55,22 +57,23 @@ INTERPRETED = textwrap.dedent(
     # RFC 8439, 2.3.2: the block function's test vector
     key = bytes(range(32))
     nonce = bytes.fromhex("000000090000004a00000000")
-    block = ct.keystream_words(sn._initial_state(key, nonce, 1), 1, "cpu")
+    block = ct.keystream_words(chacha._initial_state(key, nonce, 1), 1, "cpu")
     assert block.numpy().astype("<u4").tobytes().hex() == (
         "10f1e7e4d13b5915500fdd1fa32071c4c7d1f4c733c068030422aa9ac3d46c4e"
         "d2826446079faa0914c2d705d98b02a2b5129cd1de164eb9cbd083e8a2503c4e"
     )
     for counter, n in ((0, 70), (2**31 - 3, 9), (2**32 - 40, 40)):
-        state = sn._initial_state(key, bytes(range(12)), counter)
+        state = chacha._initial_state(key, bytes(range(12)), counter)
         mine = ct.keystream_words(state, n, "cpu").numpy().astype("<u4").tobytes()
-        assert mine == sn.chacha20_keystream(key, bytes(range(12)), counter, n)
+        assert mine == chacha.chacha20_keystream(key, bytes(range(12)), counter, n)
 
     def numpy_normals(state, g0, n, scale, dtype):
         # the torch path's operations, in numpy (the interpreter's math)
-        groups = -(-n // sn.GROUP)
+        groups = -(-n // chacha.GROUP)
         init = torch.tensor(state, dtype=torch.int64)
-        init[12] += g0 * sn._GROUP_BLOCKS
-        s = sn._words(init, groups * sn._GROUP_BLOCKS).view(groups, 4, sn.GROUP)
+        init[12] += g0 * chacha._GROUP_BLOCKS
+        blocks = groups * chacha._GROUP_BLOCKS
+        s = chacha._words(init, blocks).view(groups, 4, chacha.GROUP)
         s = s.numpy()
         r = np.sqrt(np.log((s[:, :2] + (2**52 + 1)).astype(np.float64) * 2.0**-53)
                     * -2.0)
@@ -79,11 +82,11 @@ INTERPRETED = textwrap.dedent(
         return torch.from_numpy(((c[:, 0] + c[:, 1]).reshape(-1)[:n] * scale)
                                 .astype(dtype))
 
-    stream = sn.derive_key(bytes(range(1, 33)), "noise")
+    stream = sk.derive_key(bytes(range(1, 33)), "noise")
     for draw, g0, n, scale in ((0, 0, 1, 0.5), (5, 0, 2 * 1024 + 37, 0.85),
                                (2**40 + 3, 2**22 - 1, 2 * 1024, 0.65),
                                (7, 2**23 - 2, 2 * 1024, 0.5)):
-        state = sn._initial_state(stream, sn._nonce(draw), 0)
+        state = chacha._initial_state(stream, chacha._nonce(draw), 0)
         for dtype, npdtype in ((torch.float32, np.float32),
                                (torch.float64, np.float64)):
             got = torch.full((n,), float("nan"), dtype=dtype)
@@ -92,13 +95,13 @@ INTERPRETED = textwrap.dedent(
                 draw, n, dtype)
             if dtype == torch.float32:
                 want = torch.empty(n, dtype=dtype)
-                sn._fill_groups(state, g0, want, scale, sn._words)
+                chacha._fill_groups(state, g0, want, scale, chacha._words)
                 assert torch.equal(got, want), (draw, n)
 
     # many rows in one launch: each row the draw of its own state, in rows of
     # a wider tensor (unaligned starts), nothing written outside them
-    states = [sn._initial_state(sn.derive_key(bytes([k]) * 32, "noise"),
-                                sn._nonce(draw), 0)
+    states = [chacha._initial_state(sk.derive_key(bytes([k]) * 32, "noise"),
+                                chacha._nonce(draw), 0)
               for k, draw in ((1, 0), (2, 2**40 + 3), (3, 2**63 + 5))]
     n = 1024 + 13
     for dtype in (torch.float32, torch.float64):
@@ -140,11 +143,11 @@ def test_the_fused_kernel_draws_the_torch_operations_bits_on_cuda():
     from dpfl.sim import _chacha_triton as ct
 
     device = torch.device("cuda", torch.cuda.current_device())
-    assert sn.noise_kernel(device) == "triton", sn._FUSED.get(device)
+    assert sn.noise_kernel(device) == "triton", chacha._FUSED.get(device)
     for counter, n in ((0, 1500), (2**31 - 300, 600), (2**32 - 600, 600)):
-        state = sn._initial_state(bytes(range(32)), bytes(range(12)), counter)
+        state = chacha._initial_state(bytes(range(32)), bytes(range(12)), counter)
         words = ct.keystream_words(state, n, device).cpu().numpy()
-        assert words.astype("<u4").tobytes() == sn.chacha20_keystream(
+        assert words.astype("<u4").tobytes() == chacha.chacha20_keystream(
             bytes(range(32)), bytes(range(12)), counter, n
         )
     for seed, draw, n, std in (
@@ -154,16 +157,16 @@ def test_the_fused_kernel_draws_the_torch_operations_bits_on_cuda():
         (4, 17, 4096 + 5, 1.0),
         (5, 9, 1_000_003, 3.0),
     ):
-        stream = sn.derive_key(bytes([seed]) * 32, "noise")
+        stream = sk.derive_key(bytes([seed]) * 32, "noise")
         for dtype in (torch.float32, torch.float64):
             want = torch.empty(n, dtype=dtype, device=device)
-            sn._fill_torch(stream, draw, want, 0.5 * std, compiled=False)
+            chacha._fill_torch(stream, draw, want, 0.5 * std, compiled=False)
             got = torch.full((n,), float("nan"), dtype=dtype, device=device)
             sn._fill_chacha20(stream, draw, got, std)  # the fused kernel
             assert torch.equal(got, want), (seed, draw, n, dtype)
     # a cohort's rows in one launch (PriFedSync's step): each row its
     # generator's next draw, as drawn alone
-    assert sn._fused_rows(device) is not None, sn._FUSED.get(device)
+    assert chacha._fused_rows(device) is not None, chacha._FUSED.get(device)
     for rows, n in ((2, 1), (5, 4099), (60, 200_003)):
         keys = [bytes([k]) * 32 for k in range(rows)]
         for dtype in (torch.float32, torch.float64):
@@ -193,7 +196,7 @@ class _StandIn:
         self.launches = 0
 
     def fill_normals(self, out, state, scale, *, first=0, libdevice=True):
-        sn._fill_groups(state, first // sn.GROUP, out, scale, sn._words)
+        chacha._fill_groups(state, first // chacha.GROUP, out, scale, chacha._words)
         return out
 
     def fill_rows(self, out, states, scale, *, libdevice=True):
@@ -201,7 +204,7 @@ class _StandIn:
         if self.failing_rows:
             raise RuntimeError("launch failed")
         for row, state in zip(out, states, strict=True):
-            sn._fill_groups(state, 0, row, scale, sn._words)
+            chacha._fill_groups(state, 0, row, scale, chacha._words)
         if self.wrong_rows:
             out.view(torch.int32 if out.dtype == torch.float32 else torch.int64)[
                 -1, 0
@@ -216,8 +219,8 @@ def stand_in(monkeypatch):
     def use(**kwargs):
         kernel = _StandIn(**kwargs)
         monkeypatch.setitem(sys.modules, "dpfl.sim._chacha_triton", kernel)
-        monkeypatch.setattr(sn, "_FUSED_DEVICE_TYPES", ("cuda", "cpu"))
-        monkeypatch.setattr(sn, "_FUSED", {})
+        monkeypatch.setattr(chacha, "_FUSED_DEVICE_TYPES", ("cuda", "cpu"))
+        monkeypatch.setattr(chacha, "_FUSED", {})
         monkeypatch.delenv("DPFL_NOISE_TRITON", raising=False)
         return kernel
 
@@ -262,7 +265,7 @@ def test_a_cohort_of_rows_is_one_launch_and_each_row_its_generators_draw(stand_i
     assert kernel.launches == 2 + 1  # the probe (float32, float64), then the draw
     assert [g.draws for g in gens] == [1, 4, 2, 1]
     # the noise of a step in PriFedSync: the same rows, times the std
-    from dpfl.sim.privatize import gaussian_noise_like, gaussian_noise_rows
+    from dpfl.sim.noise import gaussian_noise_like, gaussian_noise_rows
 
     like = torch.zeros(4, 3000)
     a = [sn.SecureGenerator(k, "cpu") for k in keys]
@@ -283,18 +286,20 @@ def test_rows_the_probe_rejects_or_that_fail_are_drawn_one_at_a_time(stand_in, c
     with caplog.at_level("WARNING", logger="dpfl.sim.secure_noise"):
         _in_thread(lambda: sn.fill_normal_rows_(got, gens))
     assert torch.equal(got, want)
-    assert "outputs of row 2 differ" in sn._FUSED[torch.device("cpu")].rows_why
+    assert "outputs of row 2 differ" in chacha._FUSED[torch.device("cpu")].rows_why
     assert "many rows is not used" in caplog.text
 
     kernel = stand_in(failing_rows=True)
-    sn._FUSED[torch.device("cpu")] = sn._Fused(kernel.fill_normals, kernel.fill_rows)
+    chacha._FUSED[torch.device("cpu")] = chacha._Fused(
+        kernel.fill_normals, kernel.fill_rows
+    )
     gens = [sn.SecureGenerator(k, "cpu") for k in keys]
     got = torch.empty(2, 1500, dtype=torch.float64)
     with caplog.at_level("WARNING", logger="dpfl.sim.secure_noise"):
         sn.fill_normal_rows_(got, gens)
     assert torch.equal(got, want)  # the reserved draws, one row at a time
     assert [g.draws for g in gens] == [1, 1]
-    assert sn._fused_rows(torch.device("cpu")) is None
+    assert chacha._fused_rows(torch.device("cpu")) is None
     assert "many rows failed" in caplog.text
 
 

@@ -70,12 +70,9 @@ from dpfl.accounting.ledger import PrivacyLedger
 from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.algorithms import build_algorithm
-from dpfl.sim.algorithms.base import (
-    FederatedAlgorithm,
-    Messages,
-    Task,
-    algorithm_class,
-)
+from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages
+from dpfl.sim.algorithms.registry import algorithm_class
+from dpfl.sim.algorithms.tasks import Task
 
 __all__ = ["LEVELS", "CanaryHook", "CanaryRun", "canary_dataset", "canary_run"]
 

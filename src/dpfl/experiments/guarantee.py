@@ -51,7 +51,7 @@ def guarantee_report(
             "note": "no noise was added: the run has no privacy guarantee",
         }
     out: dict[str, Any] = {"private": True, **ledger.summary(delta)}
-    from dpfl.sim.secure_noise import noise_label
+    from dpfl.sim.keys import noise_label
 
     out["noise"] = noise_label(config.privacy.secure_noise)
     if not ledger.rounds:

@@ -102,7 +102,7 @@ __all__ = [
 
 LOCK = ".lock"
 MANIFEST = "run.json"
-#: The run's secret key file (:data:`dpfl.sim.secure_noise.KEY_FILE`).
+#: The run's secret key file (:data:`dpfl.sim.keys.KEY_FILE`).
 KEY_FILE = "secret.key"
 #: The resolved configuration (σ as calibrated).
 CONFIG = "config.yaml"
@@ -311,7 +311,7 @@ def create_run_key(run_dir: str | Path) -> bytes:
     DpflError
         If the folder already holds a key file (never replaced or adopted).
     """
-    from dpfl.sim import secure_noise
+    from dpfl.sim import keys
 
     path = Path(run_dir) / KEY_FILE
     if path.exists() or path.is_symlink():
@@ -319,8 +319,8 @@ def create_run_key(run_dir: str | Path) -> bytes:
             f"{path} exists: a new run makes its own key and never adopts one "
             "(two runs with one key draw the same noise); choose another name"
         )
-    key = secure_noise.new_key()
-    secure_noise.write_key_file(path, key)
+    key = keys.new_key()
+    keys.write_key_file(path, key)
     return key
 
 
@@ -334,7 +334,7 @@ def read_run_key(run_dir: str | Path) -> bytes:
         to another run's key), may be read or written by its group or others
         (the message gives the ``chmod 600`` to run), or does not hold a key.
     """
-    from dpfl.sim import secure_noise
+    from dpfl.sim import keys
 
     path = Path(run_dir) / KEY_FILE
     try:
@@ -356,7 +356,7 @@ def read_run_key(run_dir: str | Path) -> bytes:
             f"{mode:04o}): a secret key is its owner's only; run `chmod 600 "
             f"{path}` and resume"
         )
-    return secure_noise.read_key_file(path)
+    return keys.read_key_file(path)
 
 
 # -- the data ----------------------------------------------------------------------

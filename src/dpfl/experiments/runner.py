@@ -113,7 +113,8 @@ from dpfl.experiments.config import (
 from dpfl.sim.callbacks import Callback, check_callbacks, load_checkpoint
 
 if TYPE_CHECKING:
-    from dpfl.sim.loop import RoundReport, Trainer
+    from dpfl.sim.loop import Trainer
+    from dpfl.sim.rounds import RoundReport
 
 __all__ = [
     "RESUME_KEYS",

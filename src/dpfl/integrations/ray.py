@@ -70,7 +70,8 @@ from dpfl.sim.executors import shares
 if TYPE_CHECKING:
     import torch
 
-    from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages, Task
+    from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages
+    from dpfl.sim.algorithms.tasks import Task
     from dpfl.sim.randomness import Streams
 
 __all__ = [

@@ -32,7 +32,8 @@ from dpfl.errors import DpflError
 if TYPE_CHECKING:
     import torch
 
-    from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages, Task
+    from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages
+    from dpfl.sim.algorithms.tasks import Task
 
 __all__ = [
     "RayWorker",

@@ -10,7 +10,7 @@ outputs; unit ``u`` of a draw is group ``g = u // 128``, columns ``8c … 8c +
 output ``8u + k``'s four words. Each block is computed with the block counter
 as the position (RFC 8439's block function on 32-bit words), then the same
 53-bit integers, uniforms, float64 Box–Muller radii and angles and the
-guard's sum as :func:`dpfl.sim.secure_noise._transform`, then the scale, cast
+guard's sum as :func:`dpfl.sim.chacha._transform`, then the scale, cast
 to the output's dtype and stored. Every step is the same IEEE-754 operation
 in the same order as the torch path (the float64 logarithm, sine and cosine
 from CUDA's libdevice, as torch's own CUDA kernels use; no fused

@@ -39,7 +39,8 @@ from dpfl.errors import InvalidParameterError
 if TYPE_CHECKING:
     import torch
 
-    from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages, Task
+    from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages
+    from dpfl.sim.algorithms.tasks import Task
     from dpfl.sim.randomness import Streams
 
 __all__ = [

@@ -32,7 +32,8 @@ from torch.func import functional_call
 from dpfl._validate import check_count, check_positive, check_probability
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.grad import LossFn, batched_client_grads, check_finite
-from dpfl.sim.objectives import LocalObjective
+from dpfl.sim.grad.cohort import cohort_sgd_inplace, fused_sgd_supported
+from dpfl.sim.objectives import Erm, LocalObjective
 
 __all__ = [
     "client_local_sgd",
@@ -230,6 +231,8 @@ def epoch_orders(rng: np.random.Generator, num_records: int, epochs: int) -> np.
     """
     n = check_count("num_records", num_records, minimum=0)
     e = check_count("epochs", epochs, minimum=1)
+    if e == 1:  # the same draw, without the stack
+        return rng.permutation(n).astype(np.int64, copy=False)[None]
     return np.stack([rng.permutation(n) for _ in range(e)]).astype(np.int64)
 
 
@@ -289,13 +292,15 @@ def pad_cohort(
     dpfl.errors.InvalidParameterError
         If the counts do not add up to the rows of ``x`` and ``y``.
     """
-    sizes = [check_count("counts", c, minimum=0) for c in counts]
+    sizes = _counts(counts)
     if not sizes or sum(sizes) != x.shape[0] or x.shape[0] != y.shape[0]:
         raise InvalidParameterError(
             f"counts must be non-empty and add up to the {x.shape[0]} rows of x "
             f"(and of y, {y.shape[0]}); got {sizes[:10]}"
         )
     m, n_max = len(sizes), max(sizes)
+    if n_max * m == x.shape[0]:  # every client has n_max records: no padding
+        return x.reshape(m, n_max, *x.shape[1:]), y.reshape(m, n_max, *y.shape[1:])
     slots = torch.as_tensor(
         np.concatenate(
             [j * n_max + np.arange(n, dtype=np.int64) for j, n in enumerate(sizes)]
@@ -307,6 +312,19 @@ def pad_cohort(
     x_pad[slots] = x
     y_pad[slots] = y
     return x_pad.reshape(m, n_max, *x.shape[1:]), y_pad.reshape(m, n_max, *y.shape[1:])
+
+
+def _counts(counts: Sequence[int]) -> list[int]:
+    """``counts`` as Python ints, checked to be integers >= 0 (one numpy pass)."""
+    arr = np.asarray(counts)
+    odd = arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu")
+    if odd or any(isinstance(c, bool) for c in counts):
+        return [check_count("counts", c, minimum=0) for c in counts]  # names it
+    if arr.size and int(arr.min()) < 0:
+        raise InvalidParameterError(
+            f"counts must be >= 0; got minimum {int(arr.min())}"
+        )
+    return arr.tolist()
 
 
 def _batches(orders: np.ndarray, batch_size: int) -> list[np.ndarray]:
@@ -321,12 +339,13 @@ def client_local_sgd(
     x: torch.Tensor,
     y: torch.Tensor,
     *,
-    rng: np.random.Generator,
+    rng: np.random.Generator | None = None,
     epochs: int,
     batch_size: int,
     learning_rate: float,
     loss_fn: LossFn = F.cross_entropy,
     objective: LocalObjective | None = None,
+    orders: np.ndarray | None = None,
 ) -> Params:
     """One client's E epochs of mini-batch SGD from ``params`` (the reference).
 
@@ -343,8 +362,8 @@ def client_local_sgd(
         Starting parameters (not modified).
     x, y : torch.Tensor
         The client's features ``[n, ...]`` and targets ``[n, ...]``.
-    rng : numpy.random.Generator
-        The client's own generator (draws the epoch orders).
+    rng : numpy.random.Generator, optional
+        The client's own generator (draws the epoch orders); or ``orders``.
     epochs : int
         E >= 1.
     batch_size : int
@@ -357,6 +376,9 @@ def client_local_sgd(
         A regulariser whose gradient (at the current parameters, anchored at
         ``params``) is added to each step's data gradient
         (:mod:`dpfl.sim.objectives`); default none.
+    orders : numpy.ndarray, optional
+        ``[E, n]`` visiting orders drawn already (e.g.
+        :meth:`dpfl.sim.randomness.Streams.epoch_orders`), instead of ``rng``.
 
     Returns
     -------
@@ -370,7 +392,7 @@ def client_local_sgd(
     """
     batch_size = check_count("batch_size", batch_size, minimum=1)
     learning_rate = check_positive("learning_rate", learning_rate)
-    orders = epoch_orders(rng, x.shape[0], epochs)
+    orders = _orders_of(rng, orders, x.shape[0], epochs)
     w = {k: v.detach().clone() for k, v in params.items()}
     buffers = dict(model.named_buffers())
     for epoch in orders:
@@ -389,6 +411,27 @@ def client_local_sgd(
                 for (k, v), g in zip(leaves.items(), grads)
             }
     return w
+
+
+def _orders_of(
+    rng: np.random.Generator | None,
+    orders: np.ndarray | None,
+    num_records: int,
+    epochs: int,
+) -> np.ndarray:
+    """A client's ``[E, n]`` orders: given, or drawn from ``rng`` (exactly one)."""
+    if (rng is None) == (orders is None):
+        raise InvalidParameterError("give exactly one of rng and orders")
+    if orders is None:
+        assert rng is not None
+        return epoch_orders(rng, num_records, epochs)
+    out = np.asarray(orders, dtype=np.int64)
+    if out.shape != (epochs, num_records):
+        raise InvalidParameterError(
+            f"orders must have shape ({epochs}, {num_records}) (epochs, records); "
+            f"got {out.shape}"
+        )
+    return out
 
 
 def _regulariser_step(
@@ -411,13 +454,15 @@ def cohort_local_sgd(
     y_pad: torch.Tensor,
     counts: Sequence[int],
     *,
-    rngs: Sequence[np.random.Generator],
+    rngs: Sequence[np.random.Generator] | None = None,
     epochs: int,
     batch_size: int,
     learning_rate: float,
     loss_fn: LossFn = F.cross_entropy,
     max_clients: int | None = None,
     objective: LocalObjective | None = None,
+    out: Mapping[str, torch.Tensor] | None = None,
+    orders: Sequence[np.ndarray] | None = None,
 ) -> Params:
     """A cohort's E epochs of mini-batch SGD, every step one batched call.
 
@@ -437,8 +482,8 @@ def cohort_local_sgd(
         ``[m, n_max, ...]`` padded records (:func:`pad_cohort`).
     counts : sequence of int
         Real records of each client (the rest of its row is padding).
-    rngs : sequence of numpy.random.Generator
-        Each client's own generator, in cohort order.
+    rngs : sequence of numpy.random.Generator, optional
+        Each client's own generator, in cohort order; or ``orders``.
     epochs : int
         E >= 1.
     batch_size : int
@@ -452,6 +497,13 @@ def cohort_local_sgd(
     objective : LocalObjective, optional
         As in :func:`client_local_sgd`, anchored at each client's starting
         row; a client with no record in a step takes no step at all.
+    out : mapping of str to torch.Tensor, optional
+        Writable ``[m, *shape]`` tensors, one per parameter, that receive
+        the result (they may be ``stacked_params`` themselves, e.g. views of
+        one flat buffer); the result is then ``out``.
+    orders : sequence of numpy.ndarray, optional
+        Each client's ``[E, n_j]`` visiting orders, drawn already, instead of
+        ``rngs``.
 
     Returns
     -------
@@ -467,20 +519,48 @@ def cohort_local_sgd(
     """
     batch_size = check_count("batch_size", batch_size, minimum=1)
     m = x_pad.shape[0]
-    if len(counts) != m or len(rngs) != m:
+    if (rngs is None) == (orders is None):
+        raise InvalidParameterError("give exactly one of rngs and orders")
+    given = rngs if rngs is not None else orders
+    assert given is not None
+    if len(counts) != m or len(given) != m:
         raise InvalidParameterError(
-            f"counts and rngs must have one entry per client ({m}); got "
-            f"{len(counts)} and {len(rngs)}"
+            f"counts and rngs (or orders) must have one entry per client ({m}); "
+            f"got {len(counts)} and {len(given)}"
         )
-    orders = pad_orders([epoch_orders(r, int(n), epochs) for r, n in zip(rngs, counts)])
+    padded = pad_orders(
+        [
+            _orders_of(
+                rngs[j] if rngs is not None else None,
+                orders[j] if orders is not None else None,
+                int(counts[j]),
+                epochs,
+            )
+            for j in range(m)
+        ]
+    )
+    plain = objective is None or type(objective) is Erm  # no regulariser
+    if plain and fused_sgd_supported(model):
+        return _fused_local_sgd(
+            model,
+            stacked_params,
+            x_pad,
+            y_pad,
+            padded,
+            batch_size=batch_size,
+            learning_rate=check_positive("learning_rate", learning_rate),
+            loss_fn=loss_fn,
+            max_clients=max_clients,
+            out=out,
+        )
     stacked = dict(stacked_params)
     rows = torch.arange(m, device=x_pad.device)[:, None]
-    for epoch in orders:
+    for epoch in padded:
         for batch in _batches(epoch, batch_size):
+            if not (batch >= 0).any():  # no client has a record left (host check)
+                continue
             idx = torch.as_tensor(batch, device=x_pad.device)
             mask = idx >= 0
-            if not bool(mask.any()):
-                continue
             safe = idx.clamp(min=0)
             before = stacked
             stacked = cohort_sgd_step(
@@ -504,4 +584,72 @@ def cohort_local_sgd(
                         stacked[k] = stacked[k] - step * moved.view(shape).to(
                             step.dtype
                         )
+    if out is None:
+        return stacked
+    for k, v in out.items():
+        v.copy_(stacked[k])
+    return dict(out)
+
+
+def _fused_local_sgd(
+    model: nn.Module,
+    stacked_params: Mapping[str, torch.Tensor],
+    x_pad: torch.Tensor,
+    y_pad: torch.Tensor,
+    orders: np.ndarray,
+    *,
+    batch_size: int,
+    learning_rate: float,
+    loss_fn: LossFn,
+    max_clients: int | None,
+    out: Mapping[str, torch.Tensor] | None,
+) -> Params:
+    """:func:`cohort_local_sgd` of an all-``nn.Linear`` model, with the step fused.
+
+    The same batches and steps (each epoch's records gathered once, each
+    batch a view), with every step one :func:`cohort_sgd_inplace` into a copy
+    of the stacked parameters. Which clients have a full batch is known on
+    the host from the orders, so a step where every client has one takes no
+    mask at all and nothing waits on the device; the parameters are checked
+    to be finite once, at the end (a non-finite gradient leaves them
+    non-finite).
+    """
+    m, n_max = int(orders.shape[1]), int(orders.shape[2])
+    full = int((orders[0] >= 0).sum(1).min()) if m else 0  # records of the smallest
+    chunk = m if max_clients is None else max_clients
+    device = x_pad.device
+    if out is None:
+        stacked = {k: v.detach().clone() for k, v in stacked_params.items()}
+    else:
+        stacked = dict(out)
+        for k, v in stacked.items():
+            if v.data_ptr() != stacked_params[k].data_ptr():
+                v.copy_(stacked_params[k])
+    dtype = next(iter(stacked.values())).dtype
+    rows = torch.arange(m, device=device)[:, None]
+    for epoch in orders:
+        idx = torch.as_tensor(np.maximum(epoch, 0), device=device)
+        xe, ye = x_pad[rows, idx], y_pad[rows, idx]
+        for start in range(0, n_max, batch_size):
+            stop = min(start + batch_size, n_max)
+            scale: torch.Tensor | float
+            if stop <= full:  # every client has a full batch
+                scale = -learning_rate / (stop - start)
+            else:
+                valid = epoch[:, start:stop] >= 0
+                sizes = valid.sum(1)
+                if not sizes.any():
+                    continue
+                per = valid * (-learning_rate / np.maximum(sizes, 1))[:, None]
+                scale = torch.as_tensor(per.reshape(-1), device=device).to(dtype)
+            cohort_sgd_inplace(
+                model,
+                stacked,
+                xe[:, start:stop],
+                ye[:, start:stop],
+                scale,
+                loss_fn=loss_fn,
+                chunk=chunk,
+            )
+    check_finite(stacked, "client gradient (the local model after the steps)")
     return stacked

@@ -46,18 +46,11 @@ the executor or on how a cohort is split.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import hashlib
 import logging
 import math
-import signal
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from dpfl._files import fault
 from dpfl._validate import check_count, check_delta
@@ -70,24 +63,23 @@ from dpfl.errors import (
     InvalidParameterError,
     NonFiniteUpdateError,
 )
-from dpfl.sim import secure_noise as _keys
-from dpfl.sim.algorithms.base import Cohort, FederatedAlgorithm, Messages
-from dpfl.sim.callbacks import (
-    Callback,
-    ClippingWarning,
-    FitResult,
-    FitState,
-    check_callbacks,
-)
+from dpfl.sim import keys as _keys
+from dpfl.sim import secure_noise as _streams
+from dpfl.sim.algorithms.base import FederatedAlgorithm, Messages
+from dpfl.sim.callbacks.base import Callback, FitResult, FitState, check_callbacks
+from dpfl.sim.callbacks.clipping import ClippingWarning
 from dpfl.sim.executors import Executor, executor
-from dpfl.sim.randomness import CohortStreams, Streams, server_streams
+from dpfl.sim.randomness import CohortStreams, server_streams
+from dpfl.sim.rounds import (
+    RoundPlan,
+    RoundReport,
+    _check_record,
+    deferred_interrupt,
+    weights_digest,
+)
 
 __all__ = [
-    "RoundPlan",
-    "RoundReport",
     "Trainer",
-    "deferred_interrupt",
-    "weights_digest",
 ]
 
 _log = logging.getLogger("dpfl.sim")
@@ -95,77 +87,8 @@ _log = logging.getLogger("dpfl.sim")
 _STATE_FORMAT = 3
 
 
-def weights_digest(weights: Any) -> str:
-    """SHA-256 (hex) of a weight tensor: dtype, shape and bytes.
-
-    Parameters
-    ----------
-    weights : torch.Tensor
-        The tensor (any device and dtype).
-
-    Returns
-    -------
-    str
-        64 hex digits; equal tensors (bit for bit) give equal digests.
-    """
-    import torch
-
-    flat = weights.detach().contiguous().reshape(-1)
-    raw = flat.view(torch.uint8).cpu().numpy().tobytes()
-    head = f"{flat.dtype}:{tuple(weights.shape)}:".encode()
-    return hashlib.sha256(head + raw).hexdigest()
-
-
 def _finite_budget(ledger: PrivacyLedger) -> bool:
     return ledger.budget is not None and not math.isinf(ledger.budget.epsilon)
-
-
-@dataclasses.dataclass
-class RoundReport:
-    """What one round did.
-
-    Attributes
-    ----------
-    round : int
-        Index of the round that ran (0-based; the ledger entry's ``round``).
-    event : Event or None
-        The accounting event charged (``None``: a non-private round, not
-        charged).
-    participants : numpy.ndarray
-        The clients that took part.
-    metrics : dict of str to float
-        The algorithm's round metrics.
-    """
-
-    round: int
-    event: Event | None
-    participants: np.ndarray
-    metrics: dict[str, float]
-
-
-@dataclasses.dataclass
-class RoundPlan:
-    """A round checked against the budget and selected, awaiting its messages.
-
-    Attributes
-    ----------
-    round : int
-        The round's index.
-    event : Event or None
-        The event checked against the budget (``None``: non-private).
-    server : Streams
-        The server's generators of the round.
-    cohort : Cohort
-        The participants and their tasks.
-    streams : CohortStreams
-        Each task's client generators, in task order.
-    """
-
-    round: int
-    event: Event | None
-    server: Streams
-    cohort: Cohort
-    streams: CohortStreams
 
 
 class Trainer:
@@ -193,7 +116,7 @@ class Trainer:
         the seed can draw the noise again and subtract it: not for release).
     noise_key : bytes or None
         The run's secret 32-byte key (secure mode); ``None``: a fresh one
-        (:func:`~dpfl.sim.secure_noise.new_key`). Keep it to resume the run;
+        (:func:`~dpfl.sim.keys.new_key`). Keep it to resume the run;
         never publish it (it de-noises every round). Never stored in
         :meth:`state_dict`.
     stream_version : str
@@ -201,11 +124,17 @@ class Trainer:
         default the current :data:`~dpfl.sim.secure_noise.STREAM_VERSION`).
         A resumed run passes the version it started with, so that it draws
         what the uninterrupted run drew.
+    diagnostics : bool
+        Compute the algorithm's round diagnostics (extra metrics, e.g.
+        DP-FedAvg's between-client variance) in every round. ``False``
+        (default): only in the rounds :meth:`fit` evaluates.
 
     Attributes
     ----------
     round : int
         Rounds completed.
+    diagnostics : bool
+        As given; may be changed between rounds.
     stream_version : str
         The secure noise stream drawn from (as given).
 
@@ -224,7 +153,8 @@ class Trainer:
         execution: str | Executor = "batched",
         secure_noise: bool = True,
         noise_key: bytes | None = None,
-        stream_version: str = _keys.STREAM_VERSION,
+        stream_version: str = _streams.STREAM_VERSION,
+        diagnostics: bool = False,
     ) -> None:
         if not isinstance(algorithm, FederatedAlgorithm):
             raise InvalidParameterError(
@@ -251,7 +181,7 @@ class Trainer:
                 "noise_key is for secure_noise=True (reproducible noise derives "
                 "from the seed)"
             )
-        self.stream_version = _keys.check_stream_version(
+        self.stream_version = _streams.check_stream_version(
             "stream_version", stream_version
         )
         self.noise_key: bytes | None = None
@@ -263,6 +193,8 @@ class Trainer:
             )
         self.executor = executor(execution) if isinstance(execution, str) else execution
         self.round = 0
+        self.diagnostics = bool(diagnostics)
+        self._evaluated_next = False  # set by fit for the rounds it evaluates
 
     def step(self) -> RoundReport:
         """Run one round: :meth:`begin_round`, the executor, :meth:`finish_round`.
@@ -344,6 +276,7 @@ class Trainer:
         # The server step computes on the algorithm's device, whatever device
         # the shares were computed on (a replica elsewhere, a remote worker).
         messages = messages.to(alg.weights.device)
+        alg.diagnostics = self.diagnostics or self._evaluated_next
         metrics = alg.server_step(cohort, messages, plan.server)
         if not bool(alg.weights.isfinite().all()):
             raise NonFiniteUpdateError(
@@ -589,6 +522,8 @@ class Trainer:
                 begun.append(cb)
             with deferred_interrupt(log) as flag:
                 while self.round < rounds:
+                    after = self.round + 1  # diagnostics where fit evaluates
+                    self._evaluated_next = after % eval_every == 0 or after == rounds
                     try:
                         report = run_round()
                     except BudgetExceededError as exc:
@@ -637,6 +572,7 @@ class Trainer:
             state.error = exc
             raise
         finally:
+            self._evaluated_next = False
             for cb in begun:
                 cb.on_fit_end(state)
         return FitResult(
@@ -733,65 +669,3 @@ class Trainer:
                     "altered one; refusing it"
                 )
         self.round = int(state["round"])
-
-
-def _check_record(record: dict[str, Any]) -> None:
-    """Refuse a round whose metrics are NaN or Inf (before any callback sees it).
-
-    Raises
-    ------
-    dpfl.errors.NonFiniteUpdateError
-        Naming the round and the metric; the round is neither written to the
-        metrics file nor checkpointed.
-    """
-    for key, value in record.items():
-        if key.startswith("epsilon") or not isinstance(value, float):
-            continue
-        if not math.isfinite(value):
-            raise NonFiniteUpdateError(
-                f"round {record['round']}: {key} is {value} (the model or its "
-                "metrics are not finite); the run stops and the last checkpoint "
-                "is kept"
-            )
-
-
-@contextlib.contextmanager
-def deferred_interrupt(
-    logger: logging.Logger | None = None,
-) -> Iterator[dict[str, bool]]:
-    """Turn the first Ctrl-C into a flag checked between rounds; a second aborts.
-
-    Outside the main thread (where signals cannot be handled) the flag is
-    never set.
-
-    Parameters
-    ----------
-    logger : logging.Logger or None
-        Where the "finishing this round" notice goes (default ``dpfl.sim``).
-
-    Yields
-    ------
-    dict
-        ``{"stop": bool}``, set to True by the first SIGINT.
-    """
-    flag = {"stop": False}
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-    log = logger if logger is not None else _log
-    previous = signal.getsignal(signal.SIGINT)
-
-    def handler(signum: int, frame: Any) -> None:
-        if flag["stop"]:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        flag["stop"] = True
-        log.warning(
-            "interrupt: finishing this round, then stopping (Ctrl-C again aborts)"
-        )
-
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield flag
-    finally:
-        signal.signal(signal.SIGINT, previous)

@@ -40,14 +40,21 @@ import torch
 
 from dpfl._validate import check_count
 from dpfl.errors import InvalidParameterError
+from dpfl.sim.keys import (
+    check_key,
+    derive_key,
+    derive_keys,
+    index_rng,
+    keyed_orders,
+    keyed_orders_many,
+)
+from dpfl.sim.local import _counts, epoch_orders
 from dpfl.sim.secure_noise import (
+    KEYED_ORDER_VERSIONS,
     STREAM_VERSION,
     NoiseGenerator,
     SecureGenerator,
-    check_key,
     check_stream_version,
-    derive_key,
-    index_rng,
 )
 
 __all__ = [
@@ -56,6 +63,7 @@ __all__ = [
     "Streams",
     "client_key",
     "client_streams",
+    "cohort_epoch_orders",
     "server_key",
     "server_streams",
 ]
@@ -70,7 +78,8 @@ class Streams:
     Attributes
     ----------
     rng : numpy.random.Generator
-        For index draws (participants, batches, orders).
+        For index draws (participants, batches, orders); from a key, made on
+        first use.
     generator : torch.Generator or SecureGenerator
         For noise draws (:func:`dpfl.sim.secure_noise.fill_normal_`): a
         :class:`~dpfl.sim.secure_noise.SecureGenerator` when the streams come
@@ -88,14 +97,15 @@ class Streams:
         "_device",
         "_generator",
         "_key",
+        "_rng",
         "_torch_seed",
-        "rng",
+        "_torch_seq",
         "stream_version",
     )
 
     def __init__(
         self,
-        rng: np.random.Generator,
+        rng: np.random.Generator | None,
         generator: NoiseGenerator | None = None,
         *,
         torch_seed: int | None = None,
@@ -107,9 +117,14 @@ class Streams:
             raise InvalidParameterError(
                 "Streams needs a generator, a torch_seed or a key"
             )
-        self.rng = rng
+        if rng is None and key is None:
+            raise InvalidParameterError("Streams needs an rng or a key")
+        self._rng = rng
         self._generator = generator
         self._torch_seed = torch_seed
+        # (entropy, spawn key, pool size) of a SeedSequence whose first word
+        # is the torch seed, made on first use (reproducible client streams)
+        self._torch_seq: tuple[object, tuple[int, ...], int] | None = None
         self._key = key
         self._device = device
         self.stream_version = check_stream_version("stream_version", stream_version)
@@ -124,9 +139,35 @@ class Streams:
     ) -> Streams:
         """A party's secure streams from its derived key (:func:`client_key`)."""
         key = check_key("key", key)
-        return cls(
-            index_rng(key), key=key, device=device, stream_version=stream_version
-        )
+        return cls(None, key=key, device=device, stream_version=stream_version)
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The index generator (from a key: made on first use, ``index_rng``)."""
+        if self._rng is None:
+            assert self._key is not None
+            self._rng = index_rng(self._key)
+        return self._rng
+
+    def epoch_orders(self, num_records: int, epochs: int) -> np.ndarray:
+        """The party's visiting orders of its ``num_records`` records, per epoch.
+
+        Under a stream version of
+        :data:`~dpfl.sim.secure_noise.KEYED_ORDER_VERSIONS` (secure streams),
+        :func:`~dpfl.sim.keys.keyed_orders` of the party's key; else
+        one permutation per epoch from :attr:`rng`
+        (:func:`dpfl.sim.local.epoch_orders`).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[epochs, num_records]`` int64.
+        """
+        n = check_count("num_records", num_records, minimum=0)
+        e = check_count("epochs", epochs, minimum=1)
+        if self._key is not None and self.stream_version in KEYED_ORDER_VERSIONS:
+            return keyed_orders(self._key, n, e)
+        return epoch_orders(self.rng, n, e)
 
     @property
     def generator(self) -> NoiseGenerator:
@@ -137,6 +178,14 @@ class Streams:
                     self._key, self._device, version=self.stream_version
                 )
             else:
+                if self._torch_seq is not None:
+                    entropy, spawn, pool = self._torch_seq
+                    seq = np.random.SeedSequence(
+                        entropy,  # type: ignore[arg-type]
+                        spawn_key=spawn,
+                        pool_size=pool,
+                    )
+                    self._torch_seed = int(seq.generate_state(1, np.uint64)[0])
                 g = torch.Generator(device=self._device)
                 g.manual_seed(int(self._torch_seed))  # type: ignore[arg-type]
                 self._generator = g
@@ -144,9 +193,17 @@ class Streams:
 
 
 def _streams(seq: np.random.SeedSequence, device: str | torch.device) -> Streams:
-    np_seq, torch_seq = seq.spawn(2)
-    seed = int(torch_seq.generate_state(1, np.uint64)[0])
-    return Streams(np.random.default_rng(np_seq), torch_seed=seed, device=device)
+    """The numpy and torch generators of ``seq.spawn(2)`` (children 0 and 1).
+
+    The children are made directly (a spawned child is the sequence with the
+    child's index appended to the spawn key), and the torch seed only when
+    the noise generator is first used: the same draws as spawning, for less.
+    """
+    entropy, spawn, pool = seq.entropy, tuple(seq.spawn_key), seq.pool_size
+    np_seq = np.random.SeedSequence(entropy, spawn_key=(*spawn, 0), pool_size=pool)
+    made = Streams(np.random.default_rng(np_seq), torch_seed=0, device=device)
+    made._torch_seq = (entropy, (*spawn, 1), pool)
+    return made
 
 
 def server_key(key: bytes, round_index: int) -> bytes:
@@ -312,8 +369,9 @@ class CohortStreams(Sequence[Streams]):
         if key is not None:
             if client_keys is not None:
                 raise InvalidParameterError("give key or client_keys, not both")
-            client_keys = [client_key(key, round_index, k) for k in self.clients]
-        if client_keys is not None:
+            # client_key(key, round_index, k) of each client, the key checked once
+            client_keys = derive_keys(key, "client", (round_index,), self.clients)
+        elif client_keys is not None:
             client_keys = [check_key("client_keys[j]", k) for k in client_keys]
             if len(client_keys) != len(self.clients):
                 raise InvalidParameterError(
@@ -392,6 +450,38 @@ class CohortStreams(Sequence[Streams]):
                 )
             self._made[i] = made
         return self._made[i]
+
+
+def cohort_epoch_orders(
+    streams: Sequence[Streams], counts: Sequence[int], epochs: int
+) -> list[np.ndarray]:
+    """Each client's :meth:`Streams.epoch_orders`, for a whole cohort at once.
+
+    Secure :class:`CohortStreams` under a stream version of
+    :data:`~dpfl.sim.secure_noise.KEYED_ORDER_VERSIONS` give every client's
+    :func:`~dpfl.sim.keys.keyed_orders` in one pass
+    (:func:`~dpfl.sim.keys.keyed_orders_many`: the same orders, one sort);
+    other streams are asked one by one.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        ``streams[j].epoch_orders(counts[j], epochs)`` for each ``j``.
+    """
+    e = check_count("epochs", epochs, minimum=1)
+    if (
+        isinstance(streams, CohortStreams)
+        and streams.client_keys is not None
+        and streams.stream_version in KEYED_ORDER_VERSIONS
+    ):
+        sizes = _counts(counts)
+        if len(sizes) != len(streams):
+            raise InvalidParameterError(
+                f"counts must have one entry per client ({len(streams)}); "
+                f"got {len(sizes)}"
+            )
+        return keyed_orders_many(streams.client_keys, sizes, e)
+    return [s.epoch_orders(int(n), e) for s, n in zip(streams, counts, strict=True)]
 
 
 def _cohort_streams(

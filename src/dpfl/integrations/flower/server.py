@@ -50,10 +50,11 @@ from dpfl.integrations.flower.wire import (
     superlink_address,
     tensor_array,
 )
-from dpfl.sim.algorithms.base import Message as DpflMessage
 from dpfl.sim.algorithms.base import Messages
+from dpfl.sim.algorithms.tasks import Message as DpflMessage
 from dpfl.sim.callbacks import Callback, FitState
-from dpfl.sim.loop import RoundPlan, RoundReport, Trainer
+from dpfl.sim.loop import Trainer
+from dpfl.sim.rounds import RoundPlan, RoundReport
 
 __all__ = [
     "EXIT_SUPERLINK_LOST",

@@ -30,8 +30,8 @@ from flwr.app import (
 )
 
 from dpfl.experiments.config import RunConfig
-from dpfl.sim.algorithms.base import Message as DpflMessage
-from dpfl.sim.algorithms.base import Task
+from dpfl.sim.algorithms.tasks import Message as DpflMessage
+from dpfl.sim.algorithms.tasks import Task
 from dpfl.sim.secure_noise import STREAM_VERSION
 
 __all__ = [

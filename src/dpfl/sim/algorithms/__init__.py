@@ -4,7 +4,7 @@ Each paper's system is one module here that reads like its pseudo-code over
 the shared pieces (:mod:`dpfl.sim.algorithms.base`, :mod:`dpfl.sim.sampling`,
 :mod:`dpfl.sim.grad`, :mod:`dpfl.sim.local`, :mod:`dpfl.sim.privatize`); the
 :class:`~dpfl.sim.loop.Trainer` runs any of them. A module registers its
-algorithm with :func:`~dpfl.sim.algorithms.base.register`; importing it here
+algorithm with :func:`~dpfl.sim.algorithms.registry.register`; importing it here
 is the one registration line.
 """
 
@@ -27,12 +27,8 @@ from dpfl.sim.algorithms import (  # noqa: F401  (each import registers one algo
     ms_pafl,
     prifedsync,
 )
-from dpfl.sim.algorithms.base import (
-    ALGORITHMS,
-    AlgorithmParams,
-    FederatedAlgorithm,
-    algorithm_class,
-)
+from dpfl.sim.algorithms.base import AlgorithmParams, FederatedAlgorithm
+from dpfl.sim.algorithms.registry import ALGORITHMS, algorithm_class
 
 __all__ = [
     "ALGORITHMS",

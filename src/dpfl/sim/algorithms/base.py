@@ -9,11 +9,13 @@ An algorithm is
   event of the sampler and privatizer the round uses; no model is built, so
   calibration needs no torch work);
 * :meth:`FederatedAlgorithm.select`: the server picks the round's
-  participants and their work (a :class:`Cohort` of :class:`Task`), with the
+  participants and their work (a :class:`~dpfl.sim.algorithms.tasks.Cohort` of
+  :class:`~dpfl.sim.algorithms.tasks.Task`), with the
   server's generators;
 * :meth:`FederatedAlgorithm.client_step`: one client's work from the global
   weights, its data and its *own* generators (:mod:`dpfl.sim.randomness`) to
-  a :class:`Message`; :meth:`FederatedAlgorithm.client_steps` does the whole
+  a :class:`~dpfl.sim.algorithms.tasks.Message`;
+  :meth:`FederatedAlgorithm.client_steps` does the whole
   cohort as one vectorised computation and must give the same messages;
 * :meth:`FederatedAlgorithm.server_step`: aggregate, privatize and update the
   global state from the stacked :class:`Messages`.
@@ -23,8 +25,9 @@ The :class:`~dpfl.sim.loop.Trainer` drives the round; an executor
 batched. What every algorithm shares (the flat weights, the model's data,
 evaluation, state) lives here once.
 
-Register an algorithm with :func:`register`; :data:`ALGORITHMS` is the only
-list of algorithm names.
+Register an algorithm with :func:`~dpfl.sim.algorithms.registry.register`;
+:data:`~dpfl.sim.algorithms.registry.ALGORITHMS` is the only list of
+algorithm names.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import copy
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -45,25 +48,20 @@ from dpfl.data.dataset import FederatedDataset
 from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.models.losses import classification_loss
 from dpfl.sim.algorithms.privacy import PrivacyHooks
+from dpfl.sim.algorithms.registry import Blueprint
+from dpfl.sim.algorithms.tasks import Cohort, Message, Task
 from dpfl.sim.evaluation import evaluate_model
-from dpfl.sim.grad import check_finite, stack_params
+from dpfl.sim.grad import check_finite
 from dpfl.sim.local import client_local_sgd, cohort_local_sgd, pad_cohort
 from dpfl.sim.objectives import LocalObjective
-from dpfl.sim.randomness import Streams
+from dpfl.sim.randomness import Streams, cohort_epoch_orders
 from dpfl.sim.server_opt import ServerOptimizer, make_server_optimizer
 
 __all__ = [
-    "ALGORITHMS",
     "AlgorithmParams",
-    "Blueprint",
-    "Cohort",
     "DataStats",
     "FederatedAlgorithm",
-    "Message",
     "Messages",
-    "Task",
-    "algorithm_class",
-    "register",
 ]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -97,7 +95,7 @@ class AlgorithmParams:
         return out
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class DataStats:
     """What accounting needs to know of the data: how many clients and records.
 
@@ -105,94 +103,49 @@ class DataStats:
     ----------
     num_clients : int
         Clients in the federation.
-    client_sizes : tuple of int
-        Training records held by each client.
+    client_sizes : numpy.ndarray
+        Training records held by each client: a read-only int64 array (any
+        sequence of counts is taken and converted; 8 bytes a client).
     """
 
     num_clients: int
-    client_sizes: tuple[int, ...]
+    client_sizes: np.ndarray
+
+    def __post_init__(self) -> None:
+        sizes = np.array(self.client_sizes, dtype=np.int64)  # our own copy
+        sizes.setflags(write=False)
+        object.__setattr__(self, "client_sizes", sizes)
 
     @classmethod
     def of(cls, dataset: FederatedDataset) -> DataStats:
         """The statistics of ``dataset``."""
-        sizes = tuple(int(n) for n in dataset.client_sizes())
+        sizes = dataset.client_sizes()
         return cls(num_clients=len(sizes), client_sizes=sizes)
 
-    @functools.cached_property
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DataStats):
+            return NotImplemented
+        return self.num_clients == other.num_clients and bool(
+            np.array_equal(self.client_sizes, other.client_sizes)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.num_clients, self.client_sizes.tobytes()))
+
+    @property
     def sizes(self) -> np.ndarray:
-        """``client_sizes`` as an int64 array."""
-        return np.asarray(self.client_sizes, dtype=np.int64)
+        """``client_sizes`` (an int64 array)."""
+        return self.client_sizes
 
     @functools.cached_property
     def num_records(self) -> int:
         """Training records over all clients."""
-        return int(sum(self.client_sizes))
+        return int(self.client_sizes.sum())
 
     @functools.cached_property
     def largest(self) -> int:
         """The largest client's number of records."""
-        return max(self.client_sizes, default=0)
-
-
-# -- a round's work and messages --------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Task:
-    """One client's work in a round, as the server hands it out.
-
-    Attributes
-    ----------
-    client : int
-        The client's index (its random streams are keyed by it).
-    rows : numpy.ndarray or None
-        Global dataset rows the client uses this round (``None``: the
-        client's own choice, from its whole data, with its own generators).
-    options : mapping
-        Anything else the server sends (a clip bound, a weight, ...).
-    state : mapping of str to torch.Tensor
-        The state the client holds between rounds (a helper model, optimiser
-        moments, a private part), as the server's copy hands it to the client.
-        A client step reads mutable facts only from its task: a replica of the
-        algorithm built once (a Ray worker, a Flower client) computes the same
-        message as the server's own object.
-    """
-
-    client: int
-    rows: np.ndarray | None = None
-    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    state: Mapping[str, torch.Tensor] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass
-class Cohort:
-    """The server's plan for one round.
-
-    Attributes
-    ----------
-    participants : numpy.ndarray
-        Clients that take part (charged to the ledger when the guarantee is
-        per client).
-    tasks : list of Task
-        The work handed out, one task per client that computes.
-    info : dict
-        What the server step needs besides the messages.
-    """
-
-    participants: np.ndarray
-    tasks: list[Task]
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass
-class Message:
-    """What one client sends: a flat vector and named scalars.
-
-    ``state`` is the client's new held state (the :attr:`Task.state` of its
-    next round), which the server step commits.
-    """
-
-    vector: torch.Tensor
-    scalars: dict[str, float] = dataclasses.field(default_factory=dict)
-    state: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+        return int(self.client_sizes.max()) if self.client_sizes.size else 0
 
 
 @dataclasses.dataclass
@@ -321,107 +274,6 @@ class Messages:
         return float(self.scalars[name].sum())
 
 
-@dataclasses.dataclass(frozen=True)
-class Blueprint:
-    """The constructor arguments of an algorithm, to build replicas of it.
-
-    Attributes
-    ----------
-    algorithm : str
-        Registered name.
-    params : AlgorithmParams
-        Its parameters.
-    model : torch.nn.Module
-        A CPU copy of the model (the replica's weights are replaced by the
-        ones each client step receives).
-    dataset : FederatedDataset
-        The data.
-    options : dict
-        The remaining keyword arguments (σ, ``max_clients``, ...).
-    device : str
-        The device of the algorithm it was taken from (where :meth:`build`
-        puts a replica by default).
-    """
-
-    algorithm: str
-    params: AlgorithmParams
-    model: nn.Module
-    dataset: FederatedDataset
-    options: dict[str, Any]
-    device: str = "cpu"
-
-    def build(self, device: str | None = None) -> FederatedAlgorithm:
-        """A new algorithm from this blueprint, on ``device``.
-
-        Parameters
-        ----------
-        device : str or None
-            The replica's torch device. ``None`` (default): the device of
-            the algorithm the blueprint was taken from when this process has
-            it (a replica in the same process or on a like machine computes
-            where the original does), else the CPU.
-        """
-        if device is None:
-            device = self.device if _device_present(self.device) else "cpu"
-        cls = algorithm_class(self.algorithm)
-        return cls(
-            self.params,
-            model=copy.deepcopy(self.model),
-            dataset=self.dataset,
-            device=device,
-            **self.options,
-        )
-
-
-def _device_present(device: str) -> bool:
-    """Whether this process can put tensors on ``device``."""
-    try:
-        torch.empty(0, device=device)
-    except Exception:  # noqa: BLE001 - any refusal (not compiled, no such index)
-        return False
-    return True
-
-
-# -- the registry -----------------------------------------------------------------
-ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {}
-
-A = TypeVar("A", bound="type[FederatedAlgorithm]")
-
-
-def register(cls: A) -> A:
-    """Class decorator: make an algorithm buildable by its ``name``."""
-    if cls.name in ALGORITHMS and ALGORITHMS[cls.name] is not cls:
-        raise DpflError(f"an algorithm named {cls.name!r} is already registered")
-    ALGORITHMS[cls.name] = cls
-    return cls
-
-
-def _key(name: str) -> str:
-    return str(name).strip().lower().replace("_", "-")
-
-
-def algorithm_class(name: str) -> type[FederatedAlgorithm]:
-    """The registered algorithm called ``name`` (case and ``_``/``-`` ignored).
-
-    Raises
-    ------
-    dpfl.errors.InvalidParameterError
-        If no algorithm has that name (the message lists them).
-    """
-    import dpfl.sim.algorithms  # noqa: F401  (registers the built-in algorithms)
-
-    cls = ALGORITHMS.get(_key(name))
-    if cls is None:
-        from difflib import get_close_matches
-
-        close = get_close_matches(str(name), sorted(ALGORITHMS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise InvalidParameterError(
-            f"algorithm must be one of {sorted(ALGORITHMS)}; got {name!r}{hint}"
-        )
-    return cls
-
-
 # -- the algorithm ----------------------------------------------------------------
 class FederatedAlgorithm(PrivacyHooks):
     """Base of the federated algorithms: holds the model, data and shared parts.
@@ -459,6 +311,15 @@ class FederatedAlgorithm(PrivacyHooks):
         ``loss_fn(output, target)``, mean over the batch; by default softmax
         cross-entropy, or binary cross-entropy for a one-logit model
         (:func:`dpfl.models.classification_loss`).
+
+    Attributes
+    ----------
+    diagnostics : bool
+        Whether the next server step also computes the round's diagnostics
+        (extra metrics that cost passes over the cohort's updates, e.g.
+        DP-FedAvg's between-client variance); ``False`` by default. The
+        :class:`~dpfl.sim.loop.Trainer` sets it for the rounds it evaluates
+        (or every round, when built with ``diagnostics=True``).
 
     Raises
     ------
@@ -510,6 +371,7 @@ class FederatedAlgorithm(PrivacyHooks):
         )
         self.loss_fn = loss_fn
         self.dataset = dataset
+        self.diagnostics = False
         self._blueprint_args = {
             "noise_multiplier": self.noise_multiplier,
             "max_clients": self.max_clients,
@@ -614,7 +476,8 @@ class FederatedAlgorithm(PrivacyHooks):
         """One client's E epochs of local SGD from ``weights``: its update and size.
 
         The reference of :meth:`local_sgd_updates` (orders from the client's
-        own ``streams.rng``; :func:`dpfl.sim.local.client_local_sgd`).
+        own streams, :meth:`~dpfl.sim.randomness.Streams.epoch_orders`;
+        :func:`dpfl.sim.local.client_local_sgd`).
         """
         x, y = self.client_data(self.client_rows(task.client))
         final = client_local_sgd(
@@ -622,7 +485,7 @@ class FederatedAlgorithm(PrivacyHooks):
             self.unflatten(weights),
             x,
             y,
-            rng=streams.rng,
+            orders=streams.epoch_orders(int(x.shape[0]), epochs),
             epochs=epochs,
             batch_size=batch_size,
             learning_rate=learning_rate,
@@ -651,21 +514,25 @@ class FederatedAlgorithm(PrivacyHooks):
         counts = [len(r) for r in rows]
         x, y = self.client_data(np.concatenate(rows))
         x_pad, y_pad = pad_cohort(x, y, counts)
-        stacked = cohort_local_sgd(
+        # the clients' models are rows of one [m, d] buffer, trained in place
+        flat = weights.expand(len(tasks), -1).clone()
+        stacked = self.unflatten(flat)
+        cohort_local_sgd(
             self.model,
-            stack_params(self.unflatten(weights), len(tasks)),
+            stacked,
             x_pad,
             y_pad,
             counts,
-            rngs=[s.rng for s in streams],
+            orders=cohort_epoch_orders(streams, counts, epochs),
             epochs=epochs,
             batch_size=batch_size,
             learning_rate=learning_rate,
             loss_fn=self.loss_fn,
             max_clients=self.max_clients,
             objective=objective,
+            out=stacked,
         )
-        return self.flatten(stacked, lead=1) - weights, counts
+        return flat.sub_(weights), counts
 
     # -- the server's last seams: optimiser, then apply -------------------------------
     def server_update(

@@ -79,7 +79,10 @@ number.
 ``m_t/K`` and divides by the *expected* cohort m_t; the event is
 ``ClientPoisson(m_t/K, Gaussian(σ))``, for which the Poisson reading is valid.
 
-**Diagnostics** (Geyer §3, on the cohort's *unclipped* updates, averaged over
+**Diagnostics** (computed when the algorithm's ``diagnostics`` is set: on
+the rounds a :class:`~dpfl.sim.loop.Trainer` evaluates, or every round when
+it is built with ``diagnostics=True``; Geyer §3, on the cohort's *unclipped*
+updates, averaged over
 all P model parameters — the paper's q×p for one weight matrix): between-client
 variance ``V_c = (1/P) Σ_j (1/m) Σ_k (Δw^k_j − μ_j)²`` and update scale
 ``U_s = (1/P) Σ_j μ_j²`` with ``μ = (1/m) Σ_k Δw^k``; communication cost
@@ -91,49 +94,36 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
 import torch
 
-from dpfl._validate import (
-    check_count,
-    check_nonnegative,
-    check_positive,
-    check_probability,
-)
 from dpfl.accounting.events import Event
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.algorithms.base import (
     AlgorithmParams,
-    Cohort,
     DataStats,
     FederatedAlgorithm,
-    Message,
     Messages,
-    Task,
-    register,
 )
+from dpfl.sim.algorithms.dp_fedavg_params import DpFedAvgParams
+from dpfl.sim.algorithms.registry import register
+from dpfl.sim.algorithms.tasks import Cohort, Message, Task
+from dpfl.sim.noise import noisy_count
 from dpfl.sim.objectives import make_objective
-from dpfl.sim.privatize import CentralGaussian, noisy_count
+from dpfl.sim.privatize import CentralGaussian
 from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling import FixedCohortSampler, PoissonClientSampler
-from dpfl.sim.server_opt import check_server_optimizer
 
 __all__ = [
     "Aggregate",
     "DpFedAvg",
-    "DpFedAvgParams",
     "between_client_variance",
-    "schedule_value",
     "update_scale",
 ]
 
-ScheduleSpec = float | int | Sequence[float] | Mapping[str, float]
-
-CLIPPINGS = ("fixed", "median", "adaptive")
-SAMPLINGS = ("fixed", "poisson")
 
 MEDIAN_UNPROVEN = (
     "median clipping releases the clipping bound S (the median of the "
@@ -142,57 +132,6 @@ MEDIAN_UNPROVEN = (
     "not a valid bound for the run (Geyer et al. 2017, Section 3); use "
     "clipping 'fixed' or 'adaptive'"
 )
-
-
-# ----------------------------------------------------------------- schedules
-def schedule_value(spec: ScheduleSpec, round_index: int, *, name: str) -> float:
-    """The value of a per-round schedule at ``round_index``.
-
-    Parameters
-    ----------
-    spec : float, int, sequence or mapping
-        A constant; a sequence (value of round ``t`` is ``spec[t]``, the last
-        value is held after the end); or a linear ramp
-        ``{"start": a, "stop": b, "rounds": n}`` going from ``a`` at round 0
-        to ``b`` at round ``n - 1`` and held there.
-    round_index : int
-        The round (>= 0).
-    name : str
-        The schedule's parameter name, for error messages.
-
-    Returns
-    -------
-    float
-        The scheduled value.
-
-    Raises
-    ------
-    dpfl.errors.InvalidParameterError
-        If the spec is malformed (empty list, missing ramp keys, bad type).
-    """
-    t = check_count("round_index", round_index, minimum=0)
-    if isinstance(spec, bool):
-        raise InvalidParameterError(f"{name} must be a number; got {spec!r}")
-    if isinstance(spec, int | float | np.integer | np.floating):
-        return float(spec)
-    if isinstance(spec, Mapping):
-        missing = {"start", "stop", "rounds"} - set(spec)
-        if missing or set(spec) - {"start", "stop", "rounds"}:
-            raise InvalidParameterError(
-                f"{name} as a ramp needs exactly the keys start, stop, rounds; "
-                f"got {sorted(spec)}"
-            )
-        n = check_count(f"{name}['rounds']", spec["rounds"], minimum=1)
-        a, b = float(spec["start"]), float(spec["stop"])
-        frac = 1.0 if n == 1 else min(t / (n - 1), 1.0)
-        return a + (b - a) * frac
-    if isinstance(spec, Sequence | np.ndarray) and not isinstance(spec, str):
-        if len(spec) == 0:
-            raise InvalidParameterError(f"{name} must not be an empty list")
-        return float(spec[min(t, len(spec) - 1)])
-    raise InvalidParameterError(
-        f"{name} must be a number, a list or a ramp mapping; got {spec!r}"
-    )
 
 
 # --------------------------------------------------------------- diagnostics
@@ -258,178 +197,6 @@ def _as_update_matrix(updates: torch.Tensor | np.ndarray) -> torch.Tensor:
             f"{tuple(u.shape)}"
         )
     return u
-
-
-# --------------------------------------------------------------- parameters
-def _freeze_schedule(spec: Any) -> Any:
-    """A schedule as immutable data: a list becomes a tuple, a ramp a plain dict."""
-    if isinstance(spec, Mapping):
-        return dict(spec)
-    if isinstance(spec, Sequence | np.ndarray) and not isinstance(spec, str):
-        return tuple(spec.tolist() if isinstance(spec, np.ndarray) else spec)
-    return spec
-
-
-@dataclasses.dataclass(frozen=True)
-class DpFedAvgParams(AlgorithmParams):
-    """Parameters of client-level DP-FedAvg (the ``algorithm.params`` section).
-
-    σ is not a parameter: it is the run's ``privacy.noise_multiplier`` (see
-    the module docstring for how adaptive clipping splits it).
-
-    Attributes
-    ----------
-    cohort_size : int, list or ramp
-        m_t: clients per round (constant, per-round list or
-        ``{"start", "stop", "rounds"}`` ramp; rounded to integers, >= 1).
-    local_epochs : int
-        E, local epochs per round (>= 1).
-    batch_size : int
-        B, local mini-batch size (>= 1).
-    learning_rate : float
-        η, local SGD step size (> 0).
-    clipping : {"fixed", "median", "adaptive"}
-        How the clipping bound S is chosen.
-    clip : float
-        The fixed bound S, or the initial bound C_0 for ``"adaptive"`` (> 0).
-    target_quantile : float
-        γ in (0, 1) of the adaptive bound (Andrew et al.: 0.5).
-    clip_learning_rate : float
-        η_C >= 0 of the adaptive bound's geometric update (Andrew et al.: 0.2).
-    count_noise_multiplier : float or None
-        σ_b > 0, the noise std of the adaptive bound's count; default ``m_t/20``.
-    sampling : {"fixed", "poisson"}
-        Fixed-size cohorts (Algorithm 1) or Poisson client sampling at m_t/K.
-    server_learning_rate : float
-        η, the server optimiser's step size (paper: 1, with SGD).
-    server_optimizer : dict
-        How the server steps from the noisy average:
-        ``{"name": "sgd"}`` (default, the paper's ``w += η · average``),
-        ``momentum`` (DP-FedAvgM), ``adam`` (DP-FedAdam), ``yogi`` or
-        ``adagrad``, with their options (:mod:`dpfl.sim.server_opt`). It is
-        post-processing of the noisy average: the guarantee does not depend
-        on it.
-    local_objective : dict
-        What clients minimise locally: ``{"name": "erm"}`` (default) or a
-        registered objective with its options (:mod:`dpfl.sim.objectives`),
-        e.g. ``{"name": "proximal", "mu": 0.01}``. The update is clipped as a
-        whole, so the guarantee does not depend on it.
-    """
-
-    cohort_size: ScheduleSpec = 10
-    local_epochs: int = 1
-    batch_size: int = 10
-    learning_rate: float = 0.1
-    clipping: str = "fixed"
-    clip: float = 1.0
-    target_quantile: float = 0.5
-    clip_learning_rate: float = 0.2
-    count_noise_multiplier: float | None = None
-    sampling: str = "fixed"
-    server_learning_rate: float = 1.0
-    local_objective: dict[str, Any] = dataclasses.field(
-        default_factory=lambda: {"name": "erm"}
-    )
-    server_optimizer: dict[str, Any] = dataclasses.field(
-        default_factory=lambda: {"name": "sgd"}
-    )
-
-    def __post_init__(self) -> None:
-        self._set("server_optimizer", check_server_optimizer(self.server_optimizer))
-        self._set("cohort_size", _freeze_schedule(self.cohort_size))
-        self.cohort_at(0)  # validates the schedule's form
-        make_objective(self.local_objective)  # validates its name and options
-        self._set(
-            "local_epochs", check_count("local_epochs", self.local_epochs, minimum=1)
-        )
-        self._set("batch_size", check_count("batch_size", self.batch_size, minimum=1))
-        self._set("learning_rate", check_positive("learning_rate", self.learning_rate))
-        for label, value, allowed in (
-            ("clipping", self.clipping, CLIPPINGS),
-            ("sampling", self.sampling, SAMPLINGS),
-        ):
-            if value not in allowed:
-                raise InvalidParameterError(
-                    f"{label} must be one of {allowed}; got {value!r}"
-                )
-        self._set("clip", check_positive("clip", self.clip))
-        self._set(
-            "target_quantile",
-            check_probability("target_quantile", self.target_quantile, allow_one=False),
-        )
-        self._set(
-            "clip_learning_rate",
-            check_nonnegative("clip_learning_rate", self.clip_learning_rate),
-        )
-        if self.count_noise_multiplier is not None:
-            self._set(
-                "count_noise_multiplier",
-                check_positive("count_noise_multiplier", self.count_noise_multiplier),
-            )
-        self._set(
-            "server_learning_rate",
-            check_positive("server_learning_rate", self.server_learning_rate),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data (a list schedule as a list)."""
-        out = super().to_dict()
-        if isinstance(out["cohort_size"], tuple):
-            out["cohort_size"] = list(out["cohort_size"])
-        return out
-
-    def cohort_at(self, round_index: int, num_clients: int | None = None) -> int:
-        """m_t of round ``round_index`` (checked against K when given).
-
-        Raises
-        ------
-        dpfl.errors.InvalidParameterError
-            If the schedule is malformed or m_t is not in ``[1, K]``.
-        """
-        raw = schedule_value(self.cohort_size, round_index, name="cohort_size")
-        if not math.isfinite(raw):
-            raise InvalidParameterError(
-                f"cohort_size (round {round_index}) must be a finite count; got {raw!r}"
-            )
-        m = check_count(f"cohort_size (round {round_index})", round(raw), minimum=1)
-        if num_clients is not None and m > num_clients:
-            raise InvalidParameterError(
-                f"cohort_size (round {round_index}) must be <= the number of "
-                f"clients ({num_clients}); got {m}"
-            )
-        return m
-
-    def count_noise(self, cohort_size: int) -> float:
-        """σ_b of a round with cohort m_t (``count_noise_multiplier`` or m_t/20)."""
-        if self.count_noise_multiplier is not None:
-            return float(self.count_noise_multiplier)
-        return cohort_size / 20.0
-
-    def update_noise_multiplier(
-        self, noise_multiplier: float, cohort_size: int
-    ) -> float:
-        """σ_Δ of the update sum for the run's σ (= σ unless clipping is adaptive).
-
-        Adaptive: ``σ_Δ = (σ⁻² − (2σ_b)⁻²)^(-1/2)``, so that the update sum and
-        the count together are one Gaussian of multiplier σ (Andrew et al.
-        2021, Thm. 1).
-
-        Raises
-        ------
-        dpfl.errors.InvalidParameterError
-            If adaptive clipping's ``2σ_b <= σ`` (no σ_Δ exists).
-        """
-        if self.clipping != "adaptive":
-            return noise_multiplier
-        sb = self.count_noise(cohort_size)
-        rest = noise_multiplier**-2 - (2.0 * sb) ** -2
-        if rest <= 0:
-            raise InvalidParameterError(
-                f"adaptive clipping needs 2 * count_noise_multiplier > "
-                f"noise_multiplier; got count_noise_multiplier={sb!r}, "
-                f"noise_multiplier={noise_multiplier!r} (cohort {cohort_size})"
-            )
-        return float(rest**-0.5)
 
 
 # --------------------------------------------------------------- the algorithm
@@ -541,13 +308,40 @@ class DpFedAvg(FederatedAlgorithm):
         self.clip_bound = float(self.params.clip)
         self.communication_cost = 0
         self.objective = make_objective(self.params.local_objective)
+        # by cohort size m_t: a round builds no sampler (O(K) checks) or event
+        self._samplers: dict[int, FixedCohortSampler | PoissonClientSampler] = {}
+        self._events: dict[int, Event] = {}
+
+    def event(self, round_index: int = 0) -> Event | None:
+        """The event of round ``round_index`` (made once per cohort size m_t)."""
+        if not self.private:
+            return None
+        m = self.params.cohort_at(round_index, self.stats.num_clients)
+        found = self._events.get(m)
+        if found is None:
+            found = super().event(round_index)
+            assert found is not None
+            self._events[m] = found
+        return found
+
+    def _round_sampler(
+        self, round_index: int
+    ) -> FixedCohortSampler | PoissonClientSampler:
+        """:meth:`sampler` of round ``round_index``, made once per cohort size."""
+        m = self.params.cohort_at(round_index, self.stats.num_clients)
+        found = self._samplers.get(m)
+        if found is None:
+            found = self._samplers[m] = self.sampler(
+                self.params, self.stats, round_index
+            )
+        return found
 
     # -- Algorithm 1, one round -----------------------------------------------------
     def select(self, round_index: int, server: Streams) -> Cohort:
         """Z_t ← m_t of K clients (or each w.p. m_t/K); send w_t and, if known, S."""
         p = self.params
         m = p.cohort_at(round_index, self.stats.num_clients)
-        sample = self.sampler(p, self.stats, round_index).sample(server.rng)
+        sample = self._round_sampler(round_index).sample(server.rng)
         # The client clips when the bound is known before the round.
         options = {} if p.clipping == "median" else {"clip": self.clip_bound}
         tasks = [Task(int(k), options=options) for k in sample.clients]
@@ -559,7 +353,7 @@ class DpFedAvg(FederatedAlgorithm):
 
     def _clipped(self, update: torch.Tensor, task: Task) -> Message:
         """Clip ``update`` (``[d]``) to the task's bound, if any; send ζ = ‖Δw‖."""
-        norm = float(torch.linalg.vector_norm(update.double()))
+        norm = float(torch.linalg.vector_norm(update))
         clip = task.options.get("clip")
         if clip is not None and norm > clip:
             update = update * (clip / norm)
@@ -588,12 +382,15 @@ class DpFedAvg(FederatedAlgorithm):
         if not tasks:
             return Messages.stack([], weights)
         updates, _ = self.local_sgd_updates(weights, tasks, streams, **self._local())
-        norms = torch.linalg.vector_norm(updates.double(), dim=1)
+        norms = torch.linalg.vector_norm(updates, dim=1).double()
         clips = [t.options.get("clip") for t in tasks]
         if all(c is not None for c in clips):
-            bound = torch.tensor(clips, dtype=torch.float64, device=norms.device)
-            factor = torch.where(norms > bound, bound / norms, torch.ones_like(norms))
-            updates = updates * factor.to(updates.dtype)[:, None]
+            if len(set(clips)) == 1:  # one bound (the usual case): no tensor of it
+                factor = (clips[0] / norms).clamp_(max=1.0)
+            else:
+                bound = torch.tensor(clips, dtype=torch.float64, device=norms.device)
+                factor = torch.where(norms > bound, bound / norms, 1.0)
+            updates.mul_(factor.to(updates.dtype)[:, None])  # ours: scale in place
         return Messages(updates, {"norm": norms})
 
     # -- the server step: aggregate -> privatize -> server optimiser -> apply -------
@@ -668,12 +465,12 @@ class DpFedAvg(FederatedAlgorithm):
         else:  # median of all-zero updates: nothing to send
             factor = torch.zeros_like(norms)
         factor_v = factor.to(device=vectors.device, dtype=vectors.dtype)[:, None]
-        if p.clipping == "median":
-            unclipped, clipped = vectors, vectors * factor_v
-        else:  # clipped by the clients; scale back for the diagnostics
-            clipped = vectors
-            unclipped = vectors / factor_v if m_real and bound > 0 else vectors
-        if m_real:
+        clipped = vectors * factor_v if p.clipping == "median" else vectors
+        if m_real and self.diagnostics:
+            # clipped by the clients (fixed, adaptive): scale back
+            unclipped = (
+                vectors / factor_v if p.clipping != "median" and bound > 0 else vectors
+            )
             metrics["between_client_variance"] = between_client_variance(unclipped)
             metrics["update_scale"] = update_scale(unclipped)
             metrics["update_norm_median"] = float(torch.quantile(norms, 0.5))

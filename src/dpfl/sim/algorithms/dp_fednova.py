@@ -40,8 +40,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from dpfl.sim.algorithms.base import Message, Messages, Task, register
-from dpfl.sim.algorithms.dp_fedavg import DpFedAvg, DpFedAvgParams
+from dpfl.sim.algorithms.base import Messages
+from dpfl.sim.algorithms.dp_fedavg import DpFedAvg
+from dpfl.sim.algorithms.dp_fedavg_params import DpFedAvgParams
+from dpfl.sim.algorithms.registry import register
+from dpfl.sim.algorithms.tasks import Message, Task
 from dpfl.sim.randomness import Streams
 
 __all__ = ["DpFedNova"]

@@ -30,7 +30,7 @@ The noise on the sum is ``sqrt(m)·σC`` for ``m`` participants.
 
 **Availability (N_t ≤ N).** Clients go offline (§3): ``availability`` draws
 the round's online clients from the server's round generator, never from the
-data (:class:`dpfl.sim.sampling.ClientAvailability`: ``"bernoulli"``, each
+data (:class:`dpfl.sim.availability.ClientAvailability`: ``"bernoulli"``, each
 online w.p. ``availability_rate``; ``"fixed"``, ``available_clients`` of them
 uniformly), and only online clients may join. The server knows who is online
 and scales by ``1/(p q n_t)``, ``n_t`` the records of the online clients
@@ -81,14 +81,13 @@ from dpfl.errors import InvalidParameterError
 from dpfl.sim._flat import flat_view
 from dpfl.sim.algorithms.base import (
     AlgorithmParams,
-    Cohort,
     DataStats,
     FederatedAlgorithm,
-    Message,
     Messages,
-    Task,
-    register,
 )
+from dpfl.sim.algorithms.registry import register
+from dpfl.sim.algorithms.tasks import Cohort, Message, Task
+from dpfl.sim.availability import AVAILABILITY_MODELS, ClientAvailability
 from dpfl.sim.grad import check_finite, clipped_grad_sum
 from dpfl.sim.privatize import (
     CentralGaussian,
@@ -97,12 +96,7 @@ from dpfl.sim.privatize import (
     Privatizer,
 )
 from dpfl.sim.randomness import Streams
-from dpfl.sim.sampling import (
-    AVAILABILITY_MODELS,
-    ClientAvailability,
-    CohortRecordSampler,
-    PoissonParticipationSampler,
-)
+from dpfl.sim.sampling import CohortRecordSampler, PoissonParticipationSampler
 
 __all__ = ["DsgdRandomParticipation", "DsgdRpParams"]
 
@@ -307,6 +301,7 @@ class DsgdRandomParticipation(FederatedAlgorithm):
                 "clip must be given (> 0) when noise_multiplier > 0; got None"
             )
         self._sampler = self.sampler(p, self.stats)
+        self._event: Event | None = None  # every round's, made once
         self.availability = ClientAvailability(
             num_clients=self.stats.num_clients,
             model=p.availability,
@@ -354,6 +349,14 @@ class DsgdRandomParticipation(FederatedAlgorithm):
                 "use larger probabilities"
             )
         return 1.0 / expected
+
+    def event(self, round_index: int = 0) -> Event | None:
+        """The round's event: the same every round, so made once (no O(N) work)."""
+        if not self.private:
+            return None
+        if self._event is None:
+            self._event = self._sampler.event(self.noise_multiplier)
+        return self._event
 
     # -- Algorithm 1, one round -----------------------------------------------------
     def select(self, round_index: int, server: Streams) -> Cohort:

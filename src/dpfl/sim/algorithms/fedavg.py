@@ -30,14 +30,12 @@ from dpfl.accounting.events import Event
 from dpfl.errors import InvalidParameterError
 from dpfl.sim.algorithms.base import (
     AlgorithmParams,
-    Cohort,
     DataStats,
     FederatedAlgorithm,
-    Message,
     Messages,
-    Task,
-    register,
 )
+from dpfl.sim.algorithms.registry import register
+from dpfl.sim.algorithms.tasks import Cohort, Message, Task
 from dpfl.sim.objectives import make_objective
 from dpfl.sim.randomness import Streams
 from dpfl.sim.sampling import FixedCohortSampler

@@ -34,7 +34,8 @@ Privacy accounting
 ------------------
 Unit: a record; neighbouring: replace one record of one client; adversary:
 any other client (weak federated f-DP, one-vs-one) or all other clients
-jointly (strong). The round's event is the :class:`~dpfl.sim.sampling.SyncSampler`'s,
+jointly (strong). The round's event is the
+:class:`~dpfl.sim.sampling_checkin.SyncSampler`'s,
 ``CheckIn(p', SelfComposed(WithoutReplacement(B, n_min, Gaussian(2σ)), K))``:
 a client syncs w.p. ``p' = p / (1 − (1 − p)^m)`` (Ω is re-drawn while empty),
 visibly, then runs ``K`` steps, each ``C_{B/n}(G_{1/σ})`` with ``n`` the
@@ -87,14 +88,12 @@ from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.models.losses import predicted_labels
 from dpfl.sim.algorithms.base import (
     AlgorithmParams,
-    Cohort,
     DataStats,
     FederatedAlgorithm,
-    Message,
     Messages,
-    Task,
-    register,
 )
+from dpfl.sim.algorithms.registry import register
+from dpfl.sim.algorithms.tasks import Cohort, Message, Task
 from dpfl.sim.grad import (
     batched_client_grads,
     check_finite,
@@ -102,9 +101,9 @@ from dpfl.sim.grad import (
     ghost_supported,
 )
 from dpfl.sim.local import cohort_adam_step
-from dpfl.sim.privatize import gaussian_noise_rows
+from dpfl.sim.noise import gaussian_noise_rows
 from dpfl.sim.randomness import Streams
-from dpfl.sim.sampling import SyncSampler
+from dpfl.sim.sampling_checkin import SyncSampler
 from dpfl.sim.secure_noise import NoiseGenerator
 
 __all__ = ["PriFedSync", "PriFedSyncParams"]
@@ -321,7 +320,7 @@ class PriFedSync(FederatedAlgorithm):
             delta=delta,
             noise_multiplier=noise_multiplier,
             batch_size=p.batch_size,
-            records_per_client=min(stats.client_sizes),
+            records_per_client=int(stats.sizes.min()),
             local_steps=p.local_steps,
             num_clients=stats.num_clients,
         )

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from dpfl.accounting.events import Event
 
 if TYPE_CHECKING:
-    from dpfl.sim.algorithms.base import AlgorithmParams, Cohort, DataStats
+    from dpfl.sim.algorithms.base import AlgorithmParams, DataStats
+    from dpfl.sim.algorithms.tasks import Cohort
 
 __all__ = ["PrivacyHooks"]
 

@@ -35,10 +35,17 @@ from dpfl.sim.grad.ghost import (
     layer_records,
     output_grads,
 )
-from dpfl.sim.grad.layers import PerExample, Record, model_layers
+from dpfl.sim.grad.layers import LinearRule, PerExample, Record, model_layers
+from dpfl.sim.grad.mlp import mlp_plan, mlp_sgd_step
 from dpfl.sim.grad.sums import full_precision
 
-__all__ = ["cohort_ghost", "cohort_vmap", "stack_params"]
+__all__ = [
+    "cohort_ghost",
+    "cohort_sgd_inplace",
+    "cohort_vmap",
+    "fused_sgd_supported",
+    "stack_params",
+]
 
 
 def stack_params(params: Mapping[str, torch.Tensor], n: int) -> Params:
@@ -200,9 +207,24 @@ def _cohort_layer_grads(
 
 
 def _add_client_sums(
-    sums: Params, name: str, record: Record, factor: torch.Tensor, m: int
+    sums: Params, name: str, record: Record, factor: torch.Tensor | float, m: int
 ) -> None:
-    """Add ``Σ_i f_i grad_i`` per client into ``sums[name]`` ``[m, *shape]``."""
+    """Add ``Σ_i f_i grad_i`` per client into ``sums[name]`` ``[m, *shape]``.
+
+    ``factor``: ``[m·B]`` per-example weights, or one number for all.
+    """
+    if not isinstance(factor, torch.Tensor):  # one weight: alpha of the product
+        if isinstance(record, PerExample):
+            grad = record.grad
+            b = grad.shape[0] // m
+            sums[name].view(m, -1).add_(grad.reshape(m, b, -1).sum(1), alpha=factor)
+        else:
+            g, a = record
+            b = g.shape[0] // m
+            sums[name].baddbmm_(
+                g.view(m, b, -1).transpose(1, 2), a.reshape(m, b, -1), alpha=factor
+            )
+        return
     b = factor.shape[0] // m
     if isinstance(record, PerExample):  # [m, 1, B] @ [m, B, D]
         sums[name].view(m, 1, -1).baddbmm_(
@@ -246,6 +268,85 @@ def _cohort_clipped_sums(
         for name, record in records.items():
             _add_client_sums(sums, name, record, factor, m)
     return sums
+
+
+def fused_sgd_supported(model: nn.Module) -> bool:
+    """Whether :func:`cohort_sgd_inplace` can step ``model``.
+
+    Every layer holding parameters must be an ``nn.Linear`` (through the
+    built-in rule): its weight's per-client gradient sum is then one batched
+    matrix product of recorded inputs and output gradients, which the step
+    adds into the weights directly.
+    """
+    info = model_layers(model)
+    return (
+        info.ghost
+        and not info.batchnorm
+        and bool(info.rules)
+        and all(type(rule) is LinearRule for rule in info.rules.values())
+    )
+
+
+def cohort_sgd_inplace(
+    model: nn.Module,
+    stacked: Params,
+    xb: torch.Tensor,
+    yb: torch.Tensor,
+    scale: torch.Tensor | float,
+    *,
+    loss_fn: LossFn,
+    chunk: int,
+) -> None:
+    """``θ_k += Σ_i s_i ∇ℓ(θ_k; x_ki, y_ki)`` for every client, in place.
+
+    One forward pass over the flat batch of the cohort's examples with each
+    client's weights (:class:`_CohortForward`), one backward pass to the
+    layer outputs, and each parameter's update as one batched matrix product
+    added into the stacked parameters (``baddbmm_``): the SGD step is fused
+    into the gradient kernel, and no gradient tensor is formed. Nothing is
+    synchronised with the host and nothing is checked: a non-finite
+    gradient makes the parameters non-finite for good (``θ − η·g`` is never
+    finite again once ``θ`` is not), so the caller checks them once at the
+    end. Needs :func:`fused_sgd_supported`. A ReLU MLP under softmax
+    cross-entropy (:func:`dpfl.sim.grad.mlp.mlp_plan`) takes the step written
+    out without autograd (:func:`dpfl.sim.grad.mlp.mlp_sgd_step`).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model (structure only).
+    stacked : dict of str to torch.Tensor
+        ``[m, *shape]`` per parameter; updated in place.
+    xb, yb : torch.Tensor
+        ``[m, B, ...]`` inputs and targets (padding must be finite).
+    scale : torch.Tensor or float
+        ``[m·B]`` per-example factors (``−η/b_k`` for a real example of
+        client ``k``, 0 for padding), or one factor for every example.
+    loss_fn : callable
+        ``loss_fn(output, target)``, the mean of per-example losses.
+    chunk : int
+        Clients per pass.
+    """
+    info = model_layers(model)
+    plan = mlp_plan(model, loss_fn) if xb.dim() == 3 and yb.dim() == 2 else None
+    n, b = int(xb.shape[0]), int(xb.shape[1])
+    for s in range(0, n, chunk):
+        sl = slice(s, s + chunk)
+        p = {k: v[sl] for k, v in stacked.items()}
+        m = int(xb[sl].shape[0])
+        if plan is not None:  # a ReLU MLP: the step written out, no autograd
+            f = scale
+            if isinstance(scale, torch.Tensor):
+                f = scale[s * b : s * b + m * b]
+            mlp_sgd_step(plan, p, xb[sl], yb[sl], f)
+            continue
+        layers = _cohort_layer_grads(model, p, xb[sl], yb[sl], loss_fn)
+        records = layer_records(layers, info, p)
+        f = scale
+        if isinstance(scale, torch.Tensor):
+            f = scale[s * b : s * b + m * b]
+        for name, record in records.items():
+            _add_client_sums(p, name, record, f, m)
 
 
 def cohort_ghost(
