@@ -15,7 +15,7 @@ from dpfl.errors import DpflError, InvalidParameterError
 from dpfl.experiments import reproduce as rep
 from dpfl.experiments.reproduce import Experiment, run_experiment
 from dpfl.papers import REPRODUCTIONS as PAPERS
-from dpfl.papers import dsgd_rp, prifedsync, reproduce
+from dpfl.papers import dsgd_rp, dsgd_rp_tables, prifedsync, reproduce
 
 pytest.importorskip("torch")
 
@@ -65,7 +65,7 @@ def test_fdp_tables_1_to_3_reproduce_the_printed_mu():
 
 @pytest.mark.slow
 def test_random_participation_table_agrees_for_wcs_and_ols_and_explains_theorem_4_1():
-    t1, _ = dsgd_rp._random_participation()
+    t1, _ = dsgd_rp_tables._random_participation()
     rows = {(r["scenario"][0], r["analysis"].split()[0]): r for r in _rows(t1)}
     for scenario in ("1", "2"):
         for analysis in ("wcs", "ols"):
@@ -155,7 +155,7 @@ def test_random_participation_figure_4_table_sets_balle_beside_the_analyses():
     # Theorem 3.2 certifies nothing there (its δ0 condition fails for ε0 <= 1);
     # at σ = 30 it does, above random participation's proven ε (δ = 1e-5); the
     # "why" column states the ratio to the default proven analysis (sound).
-    rows = _rows(dsgd_rp._rp_fig4_table())
+    rows = _rows(dsgd_rp_tables._rp_fig4_table())
     by = {(r["σ"], str(r["analysis"])): r for r in rows}
     balle = [r for r in rows if str(r["analysis"]).startswith("Balle")]
     assert len(balle) == 4
@@ -176,9 +176,7 @@ def test_random_participation_figure_4_table_sets_balle_beside_the_analyses():
     assert by[(3.0, "random participation: wcs")]["dpfl ε"] == pytest.approx(
         0.1223, abs=1e-4
     )  # Theorem 5.2, p = q = 0.1, σ = 3, δ = 1e-5 (participation.round_epsilon)
-    assert "rp-fig4-balle-comparison" in {
-        f.stem for f in dsgd_rp._random_participation_figures()
-    }
+    assert "rp-fig4-balle-comparison" in {f.stem for f in dsgd_rp_tables.figures()}
 
 
 def test_every_report_sets_every_variant_beside_a_printed_accuracy():

@@ -29,8 +29,9 @@ import math
 import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld
-from mc_audit import clopper_pearson, delta_lower_bound, gaussian_delta
 from scipy import integrate, stats
+
+from mc_audit import clopper_pearson, delta_lower_bound, gaussian_delta
 
 CONFIDENCE = 0.999
 DIM = 10_000  # model dimension d

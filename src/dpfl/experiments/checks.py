@@ -251,7 +251,7 @@ def model_parameters(config: RunConfig, dataset: Any) -> int:
     """
     import torch
 
-    from dpfl.experiments.build import build_model, make_model
+    from dpfl.experiments.model import build_model, make_model
 
     try:
         with torch.device("meta"):

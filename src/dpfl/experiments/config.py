@@ -33,16 +33,21 @@ from pathlib import Path
 from typing import Any
 
 from dpfl._validate import (
-    MAX_EPSILON,
     MAX_ROUNDS,
     MAX_SEED,
-    MIN_DELTA,
-    NOISE_RANGE,
     shown,
 )
 from dpfl.accounting.guards import GUARDS as LEDGER_GUARDS
 from dpfl.accounting.schemes import all_analyses
 from dpfl.errors import InvalidParameterError
+from dpfl.experiments.config_ranges import (
+    address_problem,
+    delta_problem,
+    directory_problem,
+    epsilon_problem,
+    name_problem,
+    noise_problem,
+)
 from dpfl.experiments.config_schema import (
     ConfigError,
     at_least,
@@ -74,69 +79,6 @@ __all__ = [
 
 GUARDS = tuple(LEDGER_GUARDS)
 _DEVICES = ("cpu", "cuda", "auto")
-
-
-# -- range checks of this tree's own keys ----------------------------------------
-def _address(v: Any) -> str | None:
-    if v is None or v == "auto" or v.startswith("ray://"):
-        return None
-    host, sep, port = v.rpartition(":")
-    if sep and host and port.isascii() and port.isdigit() and 0 < int(port) < 65536:
-        return None
-    return "must be null (a local Ray instance), 'auto' or 'host:port'"
-
-
-def _epsilon(v: Any) -> str | None:
-    if 0 < v <= MAX_EPSILON or v == math.inf:
-        return None
-    return f"must be in (0, {MAX_EPSILON:g}] (e^epsilon must stay finite) or .inf"
-
-
-def _noise(v: Any) -> str | None:
-    if v is None or v == 0 or NOISE_RANGE[0] <= v <= NOISE_RANGE[1]:
-        return None
-    return (
-        f"must be null (calibrate), 0 (no noise) or in [{NOISE_RANGE[0]:g}, "
-        f"{NOISE_RANGE[1]:g}] (below, the privacy loss overflows; above, every "
-        "epsilon is 0)"
-    )
-
-
-def _delta(v: Any) -> str | None:
-    if MIN_DELTA <= v < 1:
-        return None
-    return (
-        f"must be in [{MIN_DELTA:g}, 1) (below {MIN_DELTA:g} the accounting's "
-        "double-precision rounding exceeds delta)"
-    )
-
-
-#: The longest run name (a folder name; most file systems allow 255 bytes).
-MAX_NAME_LENGTH = 200
-
-
-def _name(v: Any) -> str | None:
-    """A run name is one folder inside ``output_dir``: it cannot leave it."""
-    if (
-        not v
-        or not v.strip()
-        or any(c in v for c in "/\\:")
-        or v in (".", "..")
-        or not v.isprintable()
-        or len(v) > MAX_NAME_LENGTH
-    ):
-        return (
-            "must be one folder name inside output_dir: non-empty, printable, at "
-            f"most {MAX_NAME_LENGTH} characters, without '/', '\\' or ':', and "
-            "not '.' or '..'"
-        )
-    return None
-
-
-def _directory(v: Any) -> str | None:
-    if not v or not v.strip() or not v.isprintable():
-        return "must be a non-empty, printable path"
-    return None
 
 
 # -- the tree -------------------------------------------------------------------
@@ -496,10 +438,10 @@ class PrivacyConfig:
         regenerate and subtract; labelled so in the report, not for release.
     """
 
-    epsilon: float = field(4.0, _epsilon)
-    delta: float = field(1e-5, _delta)
+    epsilon: float = field(4.0, epsilon_problem)
+    delta: float = field(1e-5, delta_problem)
     analysis: str | None = field(None, one_of((None, *all_analyses())))
-    noise_multiplier: float | None = field(None, _noise)
+    noise_multiplier: float | None = field(None, noise_problem)
     guard: str = field("accountant", one_of(GUARDS))
     allow_unproven: bool = False
     allow_large_delta: bool = False
@@ -530,7 +472,7 @@ class RayConfig:
         GPUs each worker reserves; above 0 the workers compute on CUDA.
     """
 
-    address: str | None = field(None, _address)
+    address: str | None = field(None, address_problem)
     num_workers: int = field(1, at_least(1))
     num_cpus_per_worker: float = field(1.0, finite_positive)
     num_gpus_per_worker: float = field(0.0, finite_nonnegative)
@@ -573,7 +515,7 @@ class RunConfig:
         Clients per chunk of a batched computation (bounds memory).
     """
 
-    name: str = field("run", _name)
+    name: str = field("run", name_problem)
     seed: int = field(0, between(0, MAX_SEED))
     rounds: int = field(
         100,
@@ -589,7 +531,7 @@ class RunConfig:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     eval_every: int = field(10, at_least(1))
     checkpoint_every: int = field(50, at_least(1))
-    output_dir: str = field("runs", _directory)
+    output_dir: str = field("runs", directory_problem)
     device: str = field("cpu", one_of(_DEVICES))
     execution: str = field("batched", one_of(EXECUTION_NAMES))
     ray: RayConfig = field(default_factory=RayConfig)

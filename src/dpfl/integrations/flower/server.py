@@ -119,7 +119,6 @@ def build_trainer(
             "noise_key is for a trainer without a run folder (ledger_path=False): "
             "a run folder's run makes its own key; got a key with ledger_path=True"
         )
-    # the checks and builders of `dpfl train` (dpfl.experiments.build)
     prepared = build.prepare(config)
     config = prepared.config
     if ledger_path:
