@@ -80,6 +80,8 @@ def test_directions_follow_reddi_algorithm_2(spec):
         ({"name": "momentum", "momentum": 1.5}, ["server_optimizer.momentum", "1.5"]),
         ({"name": "adagrad", "beta2": 0.9}, ["adagrad", "beta2", "takes"]),
         ("adam", ["server_optimizer must be a mapping", "'adam'"]),
+        # found by the fuzz harness: a list as the name raised a TypeError
+        ({"name": [], "momentum": 0.5}, ["server_optimizer.name", "one of", "[]"]),
     ],
 )
 def test_bad_options_are_refused_with_name_constraint_and_value(spec, words):

@@ -261,7 +261,7 @@ def check_server_optimizer(spec: object) -> dict[str, Any]:
         )
     options = dict(spec)
     name = options.pop("name", None)
-    if name not in SERVER_OPTIMIZERS:
+    if not isinstance(name, str) or name not in SERVER_OPTIMIZERS:
         raise InvalidParameterError(
             f"server_optimizer.name must be one of {sorted(SERVER_OPTIMIZERS)}; "
             f"got {name!r}"
