@@ -167,9 +167,9 @@ def cohort_rows(device: torch.device, repeats: int, m: int = 50) -> None:
         device = torch.device(device.type, torch.cuda.current_device())
     d = 1_199_882  # the paper CNN's weights
     out = torch.empty(m, d, device=device)
-    keys = [keys.new_key() for _ in range(m)]
-    together = [sn.SecureGenerator(k, device) for k in keys]
-    alone = [sn.SecureGenerator(k, device) for k in keys]
+    cohort_keys = [keys.new_key() for _ in range(m)]
+    together = [sn.SecureGenerator(k, device) for k in cohort_keys]
+    alone = [sn.SecureGenerator(k, device) for k in cohort_keys]
     seeded = [torch.Generator(device=device) for _ in range(m)]
     for i, g in enumerate(seeded):
         g.manual_seed(i)
