@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dpfl._validate import check_count
-from dpfl.errors import InvalidParameterError
+from dpfl._validate import check_count, check_probability
 from dpfl.sim.callbacks.base import Callback, FitState
 
 __all__ = ["ClippingWarning"]
@@ -40,13 +39,9 @@ class ClippingWarning(Callback):
     """
 
     def __init__(self, fraction: float | None = 0.8, rounds: int = 5) -> None:
-        if fraction is not None and not (
-            isinstance(fraction, int | float) and 0.0 < fraction <= 1.0
-        ):
-            raise InvalidParameterError(
-                f"fraction must be a number in (0, 1] or None; got {fraction!r}"
-            )
-        self.fraction = None if fraction is None else float(fraction)
+        self.fraction = (
+            None if fraction is None else check_probability("fraction", fraction)
+        )
         self.rounds = check_count("rounds", rounds, minimum=1)
         self._streak = 0
         self._warned = False
