@@ -682,3 +682,18 @@ def test_diagnostics_only_when_asked_or_on_evaluated_rounds(
     with_diag = [r["round"] for r in result.history if "between_client_variance" in r]
     evaluated = [r["round"] for r in result.history if "test_accuracy" in r]
     assert with_diag == evaluated == [2, 4, 6]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "peak"),
+    [(7, 7), ([1], 1), ([3, 9, 4], 9), ({"start": 2, "stop": 12, "rounds": 5}, 12)],
+)
+def test_a_schedules_peak_sizes_the_round_estimate(schedule, peak) -> None:
+    # found by the fuzz harness: a one-entry list as cohort_size reached
+    # int() in the memory estimate of `dpfl train --check` (a TypeError)
+    from dpfl.experiments.checks import expected_cohort
+
+    params = DpFedAvgParams(cohort_size=schedule, clip=1.0)
+    assert params.peak_cohort() == peak
+    assert expected_cohort(params, 100) == float(peak)
+    assert expected_cohort(params, 5) == float(min(peak, 5))

@@ -210,12 +210,14 @@ def check_data_size(config: RunConfig) -> None:
 def expected_cohort(params: Any, num_clients: int) -> float:
     """The clients whose models or noise a round computes, in expectation.
 
-    Read from the algorithm's parameters: a fixed ``cohort_size``, or a
-    participation, check-in, first-stage or sync probability times the
+    Read from the algorithm's parameters: a fixed ``cohort_size`` (a
+    schedule's largest round), or a participation, check-in, first-stage or sync probability times the
     clients; every client where an untrusted server draws noise for all.
     """
     if getattr(params, "server", "trusted") != "trusted":
         return float(num_clients)
+    if hasattr(params, "peak_cohort"):  # DP-FedAvg's per-round schedule
+        return float(min(params.peak_cohort(), num_clients))
     cohort = getattr(params, "cohort_size", None)
     if cohort is not None:  # DSGD-RP's is optional (None: Poisson clients)
         return float(min(int(cohort), num_clients))

@@ -231,6 +231,21 @@ class DpFedAvgParams(AlgorithmParams):
             )
         return m
 
+    def peak_cohort(self) -> int:
+        """The largest m_t the ``cohort_size`` schedule reaches in any round.
+
+        A list's largest entry, a ramp's larger end, or the constant: what a
+        round can hold at once, for memory and time estimates.
+        """
+        spec = self.cohort_size
+        if isinstance(spec, Mapping):
+            ends = (0, max(int(spec["rounds"]) - 1, 0))
+        elif isinstance(spec, tuple):
+            ends = tuple(range(len(spec)))
+        else:
+            ends = (0,)
+        return max(self.cohort_at(t) for t in ends)
+
     def count_noise(self, cohort_size: int) -> float:
         """σ_b of a round with cohort m_t (``count_noise_multiplier`` or m_t/20)."""
         if self.count_noise_multiplier is not None:
