@@ -211,8 +211,9 @@ def expected_cohort(params: Any, num_clients: int) -> float:
     """The clients whose models or noise a round computes, in expectation.
 
     Read from the algorithm's parameters: a fixed ``cohort_size`` (a
-    schedule's largest round), or a participation, check-in, first-stage or sync probability times the
-    clients; every client where an untrusted server draws noise for all.
+    schedule's largest round), or a participation, check-in, first-stage or
+    sync probability times the clients; every client where an untrusted
+    server draws noise for all.
     """
     if getattr(params, "server", "trusted") != "trusted":
         return float(num_clients)
