@@ -171,7 +171,6 @@ resolution
     lo_v, hi_v = -math.inf, math.inf
     rebuilt = False
     scaled = 0
-    stalls = 0
     prev_gap = math.inf
     known: tuple[float, ...] | None = None
     while True:
@@ -232,13 +231,16 @@ resolution
         )
         # A finer step cannot help once compositions are coarsened to fit the
         # memory cap, and the next step doubles the grid (the time model).
-        # Two finer grids in a row that did not narrow their own bracket while
-        # its lower value was informative (the error bound, not the grid,
-        # limits it): a third will not either.
-        stalled = b.lower > 0 and own_gap > 0.95 * prev_gap
-        stalls = stalls + 1 if stalled else 0
+        # A finer grid that kept nine tenths of its predecessor's gap while
+        # the lower value was informative: the analysis, not the grid, limits
+        # the bracket (e.g. random participation's 'sound', whose lower end
+        # is one configuration and upper the supremum over them), and each
+        # further grid costs twice the last for a few per cent of the gap
+        # (measured: T = 4286, sigma = 11.49, gaps 0.0102, 0.0063, 0.0050,
+        # 0.0047, 0.0045, 0.0045 over six halvings, the last three 29 of 47 s).
+        stalled = b.lower > 0 and own_gap > 0.9 * prev_gap
         prev_gap = own_gap
-        if best.converged or coarse or stalls >= 2 or 2 * size > max_grid_points:
+        if best.converged or coarse or stalled or 2 * size > max_grid_points:
             return best
         h /= 2.0
 

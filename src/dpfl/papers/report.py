@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dpfl._parallel import map_ordered
 from dpfl.errors import DpflError
 
 __all__ = [
@@ -324,15 +325,16 @@ def account(
     """
     formulas = dict(formulas or {})
     target = {"epsilon": a.epsilon} if a.epsilon is not None else {"delta": a.delta}
-    rows = []
-    for name in [a.analysis] if a.json else list(names):
+
+    def row(name: str) -> dict[str, Any]:
         if name in formulas:
             value = formulas[name](name, rounds=a.rounds, **target)
         else:
             value = bound(event, a.rounds, name, lower=lower, **target)
-        rows.append(
-            {**value, **(columns(name) if columns else {}), **terms(event, name)}
-        )
+        return {**value, **(columns(name) if columns else {}), **terms(event, name)}
+
+    # the analyses share nothing: priced side by side, one per core
+    rows = map_ordered(row, [a.analysis] if a.json else list(names))
     result = {**pick(rows, a.analysis), "analysis": a.analysis, "rounds": a.rounds}
 
     def curve(name: str, deltas: Sequence[float], rounds: int) -> list[float]:
@@ -502,16 +504,21 @@ def calibrate(
         return terms(event, name)
 
     describe = describe or default_describe
-    rows: list[dict[str, Any]] = []
-    found: list[str] = []
-    for name in [a.analysis] if a.json else names:
-        sigma, flag, note = _solve(
+
+    def solve(name: str) -> tuple[float | None, dict[str, Any], str | None]:
+        return _solve(
             functools.partial(epsilon, name),
             a.epsilon,
             f"(epsilon={a.epsilon}, delta={a.delta}) after {a.rounds} round(s) under "
             f"{name!r}",
             (guide or {}).get(name),
         )
+
+    chosen = [a.analysis] if a.json else list(names)
+    rows: list[dict[str, Any]] = []
+    found: list[str] = []
+    # the analyses share nothing: calibrated side by side, one per core
+    for name, (sigma, flag, note) in zip(chosen, map_ordered(solve, chosen)):
         if note:
             found.append(note)
         row = {"noise_multiplier": sigma, **flag, **describe(name)}
