@@ -395,7 +395,7 @@ def _feed_clients(h: Any, label: str, table: Sequence[np.ndarray]) -> None:
     """
     flat = ClientIndices.of(table)
     rows = np.ascontiguousarray(flat.rows, dtype=np.int64)
-    data = memoryview(rows).cast("B")
+    data = rows.data.cast("B")
     width, tag = rows.itemsize, rows.dtype.str
     heads: dict[int, bytes] = {}
     for start in range(0, len(flat), _CLIENTS_PER_CHUNK):
