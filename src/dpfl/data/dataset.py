@@ -3,7 +3,7 @@
 A :class:`FederatedDataset` keeps one shared feature array and one shared label
 array; each client is a run of row numbers into them, never a copy. The row
 numbers of all clients lie in one flat array with one offset per client
-(:class:`ClientIndices`, a compressed sparse row layout: 16 bytes a client
+(:class:`ClientIndices`, a compressed sparse row layout: 8 bytes a client
 beyond the row numbers themselves). Only the clients a round touches are ever
 gathered, so memory and time grow with the work of a round, not with the
 number of clients.
