@@ -412,6 +412,42 @@ def test_the_data_fingerprint_covers_records_and_partition() -> None:
     assert rundir.data_fingerprint(base) != rundir.data_fingerprint(same)
 
 
+def test_the_data_fingerprint_hashes_each_client_as_before() -> None:
+    # Run folders written while each client had its own index array carry a
+    # fingerprint hashed client by client; fed in bulk from the one flat array
+    # the bytes must be the same, or those runs would be refused on resume.
+    import hashlib
+
+    import numpy as np
+
+    from dpfl.data import FederatedDataset
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 3)).astype(np.float32)
+    y = rng.integers(0, 4, 60)
+    # 40,000 clients of 0 to 8 rows (past one chunk of the bulk hashing)
+    parts = [rng.permutation(60)[: int(k)] for k in rng.integers(0, 9, 40_000)]
+    data = FederatedDataset(
+        x, y, parts, num_classes=4, test_features=x[:6], test_labels=y[:6],
+        client_test_indices=list(rng.integers(0, 6, size=(40_000, 2))),
+    )  # fmt: skip
+    h = hashlib.sha256()  # the per-client definition, written out
+    h.update(f"classes:4;shape:{(3,)};".encode())
+    for label, value in (("features", x), ("labels", y)):
+        h.update(f"{label}:{value.dtype.str}:{value.shape};".encode() + value.tobytes())
+    h.update(f"clients:{len(parts)};".encode())
+    for rows in parts:
+        h.update(f"c:<i8:{rows.shape};".encode() + rows.astype(np.int64).tobytes())
+    for label, value in (("test_features", x[:6]), ("test_labels", y[:6])):
+        h.update(f"{label}:{value.dtype.str}:{value.shape};".encode() + value.tobytes())
+    tests = data.client_test_indices
+    assert tests is not None
+    h.update(f"client_tests:{len(tests)};".encode())
+    for rows in tests:
+        h.update(f"t:<i8:{rows.shape};".encode() + np.asarray(rows).tobytes())
+    assert rundir.data_fingerprint(data) == h.hexdigest()
+
+
 # -- a run killed before it started -----------------------------------------------
 def test_a_run_killed_before_run_json_starts_afresh_with_a_new_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -13,6 +13,7 @@ dataset (:func:`federate_torch`) or files (:func:`load_csv`,
 from dpfl.data.adult import load_adult
 from dpfl.data.cifar10 import load_cifar10
 from dpfl.data.dataset import (
+    ClientIndices,
     Dataset,
     FederatedDataset,
     LazyFeatures,
@@ -48,6 +49,7 @@ __all__ = [
     "DEBIAN_FASHION_MNIST_DIR",
     "IDX_KINDS",
     "REAL_DATASETS",
+    "ClientIndices",
     "Dataset",
     "DatasetNotFoundError",
     "FederatedDataset",

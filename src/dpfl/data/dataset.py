@@ -1,9 +1,12 @@
 """Federated and centralised dataset containers.
 
 A :class:`FederatedDataset` keeps one shared feature array and one shared label
-array; each client is a list of indices into them, never a copy. Only the
-clients a round touches are ever gathered, so memory and time grow with the
-work of a round, not with the number of clients.
+array; each client is a run of row numbers into them, never a copy. The row
+numbers of all clients lie in one flat array with one offset per client
+(:class:`ClientIndices`, a compressed sparse row layout: 8 bytes a client
+beyond the row numbers themselves). Only the clients a round touches are ever
+gathered, so memory and time grow with the work of a round, not with the
+number of clients.
 
 ``features`` is either a float32 :class:`numpy.ndarray` or a *lazy feature
 source* (see :class:`LazyFeatures`): an object with ``shape``, ``dtype``,
@@ -16,14 +19,17 @@ or :meth:`FederatedDataset.take`, which work for both.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+import operator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, overload, runtime_checkable
 
 import numpy as np
 
 from dpfl.errors import InvalidParameterError
 
 __all__ = [
+    "ClientIndices",
     "Dataset",
     "FederatedDataset",
     "LazyFeatures",
@@ -112,6 +118,237 @@ class ScaledUint8Features:
         """Materialise all records (float32, N × ...)."""
         out = self[:]
         return out if dtype is None else out.astype(dtype)
+
+
+class ClientIndices(Sequence[np.ndarray]):
+    """Every client's row numbers in one flat array, plus offsets (CSR).
+
+    Client ``k``'s rows are ``rows[offsets[k]:offsets[k + 1]]``, and indexing
+    returns exactly that slice: a view, not a copy. It reads like the list of
+    per-client arrays it stands for (``len``, indexing, iteration,
+    ``list(...)``), and costs 8 bytes a client for the offset where a list of
+    arrays costs about 100 (each array's header) and a build that visits every
+    array.
+
+    Parameters
+    ----------
+    rows : numpy.ndarray
+        1-d integer array: client 0's rows, then client 1's, and so on
+        (converted to int64; an int64 array is kept, not copied).
+    offsets : numpy.ndarray
+        1-d integer array of ``num_clients + 1`` non-decreasing offsets into
+        ``rows``, from 0 to ``len(rows)`` (converted to int64).
+
+    Raises
+    ------
+    InvalidParameterError
+        If either array has the wrong shape or type, or the offsets do not
+        run from 0 to ``len(rows)`` without decreasing.
+
+    Examples
+    --------
+    >>> ix = ClientIndices.from_sizes(np.array([4, 5, 6, 0]), [3, 0, 1])
+    >>> len(ix), ix[0].tolist(), ix[1].tolist(), ix[-1].tolist()
+    (3, [4, 5, 6], [], [0])
+    >>> ix.sizes().tolist()
+    [3, 0, 1]
+    """
+
+    __slots__ = ("offsets", "rows")
+
+    def __init__(self, rows: Any, offsets: Any) -> None:
+        flat = _integer_vector("rows", rows)
+        bounds = _integer_vector("offsets", offsets)
+        if bounds.size == 0 or bounds[0] != 0 or bounds[-1] != flat.size:
+            got = f"[{bounds[0]}, ..., {bounds[-1]}]" if bounds.size else "[]"
+            raise InvalidParameterError(
+                f"offsets must run from 0 to len(rows) ({flat.size}); got {got}"
+            )
+        if bounds.size > 2 and bool(np.any(bounds[1:] < bounds[:-1])):
+            k = int(np.argmax(bounds[1:] < bounds[:-1]))
+            raise InvalidParameterError(
+                f"offsets must be non-decreasing; got offsets[{k}] = "
+                f"{bounds[k]} > offsets[{k + 1}] = {bounds[k + 1]}"
+            )
+        self.rows: np.ndarray = flat
+        self.offsets: np.ndarray = bounds
+
+    @classmethod
+    def from_sizes(cls, rows: Any, sizes: Any) -> ClientIndices:
+        """Clients holding ``sizes[k]`` consecutive entries of ``rows`` each, in order.
+
+        Parameters
+        ----------
+        rows : numpy.ndarray
+            1-d integer array of ``sum(sizes)`` row numbers.
+        sizes : array_like of int
+            Each client's number of rows (>= 0).
+
+        Returns
+        -------
+        ClientIndices
+            Client ``k`` holds ``rows[sum(sizes[:k]) : sum(sizes[:k + 1])]``.
+
+        Raises
+        ------
+        InvalidParameterError
+            If ``sizes`` is not a 1-d array of counts >= 0 summing to
+            ``len(rows)``.
+        """
+        counts = _integer_vector("sizes", sizes)
+        if counts.size and int(counts.min()) < 0:
+            raise InvalidParameterError(
+                f"sizes must be >= 0; got minimum {int(counts.min())}"
+            )
+        offsets = np.zeros(counts.size + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        return cls(rows, offsets)
+
+    @classmethod
+    def of(
+        cls, table: Sequence[np.ndarray], name: str = "client_indices"
+    ) -> ClientIndices:
+        """``table`` as a :class:`ClientIndices`: itself if it is one, else joined.
+
+        Parameters
+        ----------
+        table : ClientIndices or sequence of numpy.ndarray
+            Per-client 1-d integer arrays (a list of arrays, as the
+            partitions return), or a :class:`ClientIndices`.
+        name : str
+            The parameter's name in error messages.
+
+        Returns
+        -------
+        ClientIndices
+            ``table`` itself when it is one; else its arrays copied, in
+            order, into one int64 array.
+
+        Raises
+        ------
+        InvalidParameterError
+            If an entry is not a 1-d numpy array of integers (an empty one
+            may have any type).
+        """
+        if isinstance(table, ClientIndices):
+            return table
+        return _join(name, table)
+
+    def sizes(self) -> np.ndarray:
+        """Return each client's number of rows (int64, a new array)."""
+        return np.diff(self.offsets)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the two arrays (rows and offsets)."""
+        return int(self.rows.nbytes) + int(self.offsets.nbytes)
+
+    def __len__(self) -> int:
+        """Return the number of clients."""
+        return int(self.offsets.size) - 1
+
+    @overload
+    def __getitem__(self, k: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, k: int | slice) -> np.ndarray | list[np.ndarray]:
+        """Client ``k``'s rows (a view), or a list of them for a slice of clients."""
+        n = len(self)
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(n))]
+        i = operator.index(k)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"client {k} out of range for {n} clients")
+        return self.rows[self.offsets[i] : self.offsets[i + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """Each client's rows in turn (views)."""
+        rows = self.rows
+        step = 65536  # offsets read as Python ints a block at a time
+        for start in range(0, len(self), step):
+            bounds = self.offsets[start : start + step + 1].tolist()
+            for lo, hi in zip(bounds[:-1], bounds[1:]):
+                yield rows[lo:hi]
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when both hold the same rows in the same clients."""
+        if not isinstance(other, ClientIndices):
+            return NotImplemented
+        return bool(
+            np.array_equal(self.offsets, other.offsets)
+            and np.array_equal(self.rows, other.rows)
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable arrays: unhashable
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as the two arrays."""
+        return (type(self), (self.rows, self.offsets))
+
+    def __repr__(self) -> str:
+        """Return a short description (clients and rows)."""
+        return f"ClientIndices({len(self)} clients, {self.rows.size} rows)"
+
+
+def _integer_vector(name: str, value: Any) -> np.ndarray:
+    """``value`` as a 1-d int64 array (not copied when it is one already)."""
+    arr = np.asarray(value)
+    if arr.ndim != 1:
+        raise InvalidParameterError(
+            f"{name} must be a 1-d array; got shape {arr.shape}"
+        )
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise InvalidParameterError(f"{name} must hold integers; got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _join(name: str, table: Sequence[np.ndarray]) -> ClientIndices:
+    """Per-client arrays copied into one :class:`ClientIndices`, checked."""
+    count = len(table)
+    if count == 0:
+        return ClientIndices(np.empty(0, np.int64), np.zeros(1, np.int64))
+    # Fast path: one pass in C when every entry is a plain 1-d integer array;
+    # anything else is checked entry by entry, naming the first bad one.
+    rows: np.ndarray | None = None
+    try:
+        if set(map(type, table)) == {np.ndarray}:
+            sizes = np.fromiter(map(len, table), np.int64, count)
+            joined = np.concatenate(table)
+            if joined.ndim == 1 and (
+                joined.size == 0 or np.issubdtype(joined.dtype, np.integer)
+            ):
+                rows = joined
+    except (TypeError, ValueError):
+        rows = None
+    if rows is None:
+        for k, ix in enumerate(table):
+            if not isinstance(ix, np.ndarray) or ix.ndim != 1:
+                raise InvalidParameterError(
+                    f"{name}[{k}] must be a 1-d numpy array; got {type(ix).__name__}"
+                    + (f" of shape {ix.shape}" if isinstance(ix, np.ndarray) else "")
+                )
+            if ix.size and not np.issubdtype(ix.dtype, np.integer):
+                raise InvalidParameterError(
+                    f"{name}[{k}] must hold integers; got dtype {ix.dtype}"
+                )
+        sizes = np.fromiter(map(len, table), np.int64, count)
+        rows = np.concatenate([ix.astype(np.int64, copy=False) for ix in table])
+    return ClientIndices.from_sizes(rows.astype(np.int64, copy=False), sizes)
+
+
+def _check_range(name: str, table: ClientIndices, n: int) -> None:
+    """Every row of ``table`` in ``[0, n)``."""
+    if table.rows.size == 0:
+        return
+    lo, hi = int(table.rows.min()), int(table.rows.max())
+    if lo < 0 or hi >= n:
+        raise InvalidParameterError(
+            f"{name} must lie in [0, {n}); got range [{lo}, {hi}]"
+        )
 
 
 def _feature_len(features: Any) -> int:
@@ -249,10 +486,13 @@ class FederatedDataset:
         All training inputs, float32, shape ``(N, *input_shape)``.
     labels : numpy.ndarray
         All training labels, int64, shape ``(N,)``.
-    client_indices : list of numpy.ndarray
+    client_indices : ClientIndices
         ``client_indices[k]`` holds the row numbers of client ``k``'s records
-        (int64). Partitions are disjoint unless a partition was asked to
-        repeat records (see :func:`dpfl.data.partition.equal_size`).
+        (int64, a view). Given as a :class:`ClientIndices` (kept as it is:
+        the way to build millions of clients) or as any sequence of 1-d
+        integer arrays, such as the list a partition returns (copied into
+        one). Partitions are disjoint unless a partition was asked to repeat
+        records (see :func:`dpfl.data.partition.equal_size`).
     num_classes : int
         Number of classes.
     name : str
@@ -261,9 +501,10 @@ class FederatedDataset:
         Shape of one record.
     test_features, test_labels : numpy.ndarray or None
         A shared test set (optional).
-    client_test_indices : list of numpy.ndarray or None
+    client_test_indices : ClientIndices or None
         Per-client test rows into ``test_features`` for personalised
-        evaluation (optional); clients may share test rows.
+        evaluation (optional; given as ``client_indices`` is); clients may
+        share test rows.
 
     Raises
     ------
@@ -273,14 +514,13 @@ class FederatedDataset:
 
     features: Any
     labels: np.ndarray
-    client_indices: list[np.ndarray]
+    client_indices: Sequence[np.ndarray]
     num_classes: int
     name: str = ""
     input_shape: tuple[int, ...] = ()
     test_features: Any = None
     test_labels: np.ndarray | None = None
-    client_test_indices: list[np.ndarray] | None = None
-    _sizes: np.ndarray = field(init=False, repr=False, compare=False)
+    client_test_indices: Sequence[np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if not all(hasattr(self.features, a) for a in ("shape", "dtype", "__len__")):
@@ -310,12 +550,9 @@ class FederatedDataset:
             )
         if len(self.client_indices) == 0:
             raise InvalidParameterError("client_indices must hold >= 1 client; got 0")
-        sizes = np.fromiter(
-            (len(ix) for ix in self.client_indices),
-            dtype=np.int64,
-            count=len(self.client_indices),
-        )
-        _check_indices("client_indices", self.client_indices, n)
+        table = ClientIndices.of(self.client_indices, "client_indices")
+        _check_range("client_indices", table, n)
+        object.__setattr__(self, "client_indices", table)
         if not self.input_shape:
             object.__setattr__(self, "input_shape", tuple(self.features.shape[1:]))
         if (self.test_features is None) != (self.test_labels is None):
@@ -336,12 +573,15 @@ class FederatedDataset:
                         f"({len(self.client_indices)}); got "
                         f"{len(self.client_test_indices)}"
                     )
-                _check_indices("client_test_indices", self.client_test_indices, n_test)
+                tests = ClientIndices.of(
+                    self.client_test_indices, "client_test_indices"
+                )
+                _check_range("client_test_indices", tests, n_test)
+                object.__setattr__(self, "client_test_indices", tests)
         elif self.client_test_indices is not None:
             raise InvalidParameterError(
                 "client_test_indices needs test_features and test_labels"
             )
-        object.__setattr__(self, "_sizes", sizes)
 
     # -- shape -------------------------------------------------------------
     @property
@@ -356,7 +596,12 @@ class FederatedDataset:
 
     def client_sizes(self) -> np.ndarray:
         """Return the number of records of each client (int64, length K)."""
-        return self._sizes.copy()
+        return self._table.sizes()
+
+    @property
+    def _table(self) -> ClientIndices:
+        """``client_indices`` as the :class:`ClientIndices` it is stored as."""
+        return ClientIndices.of(self.client_indices)
 
     # -- access ------------------------------------------------------------
     def client(self, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -420,7 +665,9 @@ class FederatedDataset:
         key: Any = sl if sl is not None else indices
         return self.features[key], self.labels[key]
 
-    def _client_rows(self, k: int, table: list[np.ndarray], name: str) -> np.ndarray:
+    def _client_rows(
+        self, k: int, table: Sequence[np.ndarray], name: str
+    ) -> np.ndarray:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise InvalidParameterError(f"{name} must be an integer; got {k!r}")
         if not 0 <= int(k) < len(table):
@@ -433,29 +680,26 @@ class FederatedDataset:
     def nbytes(self) -> int:
         """Return the bytes held by the arrays (features, labels, indices)."""
         total = int(self.features.nbytes) + int(self.labels.nbytes)
-        total += _index_bytes(self.client_indices)
+        total += self._table.nbytes
         if self.test_features is not None:
             total += int(self.test_features.nbytes)
             total += int(np.asarray(self.test_labels).nbytes)
         if self.client_test_indices is not None:
-            total += _index_bytes(self.client_test_indices)
+            total += ClientIndices.of(self.client_test_indices).nbytes
         return total
 
     def label_counts(self) -> np.ndarray:
         """Return a ``(num_clients, num_classes)`` matrix of label counts."""
-        owner = np.repeat(np.arange(self.num_clients), self._sizes)
-        rows = (
-            np.concatenate(self.client_indices)
-            if self.num_clients
-            else np.empty(0, np.int64)
-        )
+        table = self._table
+        owner = np.repeat(np.arange(self.num_clients), table.sizes())
+        rows = table.rows
         counts = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)
         np.add.at(counts, (owner, self.labels[rows]), 1)
         return counts
 
     def summary(self) -> str:
         """Return a short human-readable description."""
-        sizes = self._sizes
+        sizes = self.client_sizes()
         lines = [
             f"FederatedDataset {self.name!r}",
             f"  records: {self.num_records:,} of shape {self.input_shape}, "
@@ -489,37 +733,3 @@ def _as_slice(idx: np.ndarray) -> slice | None:
     if idx.size > 1 and not np.all(np.diff(idx) == 1):
         return None
     return slice(start, stop)
-
-
-def _index_bytes(table: list[np.ndarray]) -> int:
-    # Views of one shared index array own no memory of their own; count the base
-    # once.
-    seen: set[int] = set()
-    total = 0
-    for ix in table:
-        base = ix.base if ix.base is not None else ix
-        if id(base) not in seen:
-            seen.add(id(base))
-            total += int(base.nbytes)
-    return total
-
-
-def _check_indices(name: str, table: list[np.ndarray], n: int) -> None:
-    for k, ix in enumerate(table):
-        if not isinstance(ix, np.ndarray) or ix.ndim != 1:
-            raise InvalidParameterError(
-                f"{name}[{k}] must be a 1-d numpy array; got {type(ix).__name__}"
-            )
-        if ix.size and not np.issubdtype(ix.dtype, np.integer):
-            raise InvalidParameterError(
-                f"{name}[{k}] must hold integers; got dtype {ix.dtype}"
-            )
-    nonempty = [ix for ix in table if ix.size]
-    if not nonempty:
-        return
-    lo = min(int(ix.min()) for ix in nonempty)
-    hi = max(int(ix.max()) for ix in nonempty)
-    if lo < 0 or hi >= n:
-        raise InvalidParameterError(
-            f"{name} must lie in [0, {n}); got range [{lo}, {hi}]"
-        )

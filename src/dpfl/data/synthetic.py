@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from dpfl._validate import check_count, check_nonnegative, check_positive
-from dpfl.data.dataset import FederatedDataset
+from dpfl.data.dataset import ClientIndices, FederatedDataset
 from dpfl.errors import InvalidParameterError
 
 __all__ = ["ProceduralImages", "synthetic", "synthetic_images"]
@@ -33,11 +33,9 @@ __all__ = ["ProceduralImages", "synthetic", "synthetic_images"]
 _CHUNK = 2048  # clients generated together; fixed so that outputs do not depend on it
 
 
-def _views(n_rows: int, sizes: np.ndarray) -> list[np.ndarray]:
-    """Per-client contiguous index arrays as views of one shared arange."""
-    rows = np.arange(n_rows, dtype=np.int64)
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
-    return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+def _runs(n_rows: int, sizes: np.ndarray) -> ClientIndices:
+    """Clients holding consecutive rows of ``0 .. n_rows - 1``, ``sizes[k]`` each."""
+    return ClientIndices.from_sizes(np.arange(n_rows, dtype=np.int64), sizes)
 
 
 def _rng(seed_seq: np.random.SeedSequence) -> np.random.Generator:
@@ -187,13 +185,13 @@ def synthetic(
     return FederatedDataset(
         features=x_all,
         labels=y_all,
-        client_indices=_views(n, sizes),
+        client_indices=_runs(n, sizes),
         num_classes=num_classes,
         name=f"synthetic({tag})",
         input_shape=(dim,),
         test_features=x_test if m else None,
         test_labels=y_test if m else None,
-        client_test_indices=_views(num_clients * m, np.full(num_clients, m))
+        client_test_indices=_runs(num_clients * m, np.full(num_clients, m))
         if m
         else None,
     )
@@ -434,11 +432,11 @@ def synthetic_images(
     if m:
         test_y = _draw_labels(g, probs, num_clients, m, num_classes)
         test_x = ProceduralImages(templates, test_y, noise, key_test)
-        test_idx = _views(num_clients * m, np.full(num_clients, m))
+        test_idx = _runs(num_clients * m, np.full(num_clients, m))
     return FederatedDataset(
         features=features,
         labels=y,
-        client_indices=_views(num_clients * d, np.full(num_clients, d)),
+        client_indices=_runs(num_clients * d, np.full(num_clients, d)),
         num_classes=num_classes,
         name="synthetic-images",
         input_shape=tuple(shape),

@@ -62,13 +62,14 @@ import hmac
 import json
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dpfl._files import atomic_write, digest
+from dpfl.data.dataset import ClientIndices
 from dpfl.errors import DpflError
 
 __all__ = [
@@ -361,6 +362,7 @@ def read_run_key(run_dir: str | Path) -> bytes:
 
 # -- the data ----------------------------------------------------------------------
 _ROWS_PER_CHUNK = 1 << 14
+_CLIENTS_PER_CHUNK = 1 << 14
 
 
 def _feed(h: Any, label: str, value: Any) -> None:
@@ -381,6 +383,31 @@ def _feed(h: Any, label: str, value: Any) -> None:
     for start in range(0, shape[0], _ROWS_PER_CHUNK):
         part = np.ascontiguousarray(value[start : start + _ROWS_PER_CHUNK])
         h.update(part.reshape(-1).data.cast("B"))
+
+
+def _feed_clients(h: Any, label: str, table: Sequence[np.ndarray]) -> None:
+    """``_feed(h, label, rows)`` for each client's rows in turn, a chunk at a time.
+
+    The same bytes as that loop (each client's header, naming its number of
+    rows, then its rows as int64), fed in one update per chunk of clients:
+    fingerprints stay those of run folders written before, at a few
+    hundred nanoseconds a client.
+    """
+    flat = ClientIndices.of(table)
+    rows = np.ascontiguousarray(flat.rows, dtype=np.int64)
+    data = rows.data.cast("B")
+    width, tag = rows.itemsize, rows.dtype.str
+    heads: dict[int, bytes] = {}
+    for start in range(0, len(flat), _CLIENTS_PER_CHUNK):
+        bounds = flat.offsets[start : start + _CLIENTS_PER_CHUNK + 1].tolist()
+        parts: list[bytes | memoryview] = []
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            head = heads.get(hi - lo)
+            if head is None:
+                head = heads[hi - lo] = f"{label}:{tag}:({hi - lo},);".encode()
+            parts.append(head)
+            parts.append(data[lo * width : hi * width])
+        h.update(b"".join(parts))
 
 
 def data_fingerprint(dataset: Any) -> str:
@@ -409,8 +436,7 @@ def data_fingerprint(dataset: Any) -> str:
     _feed(h, "features", dataset.features)
     _feed(h, "labels", np.asarray(dataset.labels))
     h.update(f"clients:{len(dataset.client_indices)};".encode())
-    for rows in dataset.client_indices:
-        _feed(h, "c", np.asarray(rows, dtype=np.int64))
+    _feed_clients(h, "c", dataset.client_indices)
     _feed(h, "test_features", dataset.test_features)
     _feed(
         h,
@@ -419,8 +445,8 @@ def data_fingerprint(dataset: Any) -> str:
     )
     tests = dataset.client_test_indices
     h.update(f"client_tests:{'none' if tests is None else len(tests)};".encode())
-    for rows in tests or ():
-        _feed(h, "t", np.asarray(rows, dtype=np.int64))
+    if tests is not None:
+        _feed_clients(h, "t", tests)
     return h.hexdigest()
 
 
