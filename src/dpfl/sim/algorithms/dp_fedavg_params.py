@@ -238,6 +238,7 @@ class DpFedAvgParams(AlgorithmParams):
         round can hold at once, for memory and time estimates.
         """
         spec = self.cohort_size
+        ends: tuple[int, ...]
         if isinstance(spec, Mapping):
             ends = (0, max(int(spec["rounds"]) - 1, 0))
         elif isinstance(spec, tuple):
