@@ -291,3 +291,41 @@ def test_memory_error_falls_back_to_rdp_labelled_without_lower(monkeypatch):
     assert b.lower == 0.0
     ref = rdp_epsilon(1.0, 0.01, 1_000, 1e-6)
     assert sum_statistic_epsilon(1.0, 0.01, 1_000, 1e-6) <= b.upper <= ref * (1 + 1e-12)
+
+
+def test_a_threshold_stops_refining_once_the_side_is_known() -> None:
+    # Calibration asks only whether epsilon falls below its target, so the
+    # Accountant's threshold stops the grid refinement as soon as the bracket
+    # is on one side of it. Reference: the same query without a threshold
+    # (refined to the tolerance); both brackets are certified, so they
+    # overlap, and the side of each threshold agrees with the reference's.
+    from dpfl.accounting import refine
+    from dpfl.accounting.accountant import Accountant
+    from dpfl.accounting.events import ClientPoisson, Gaussian, RecordPoisson
+
+    event = ClientPoisson(0.05, RecordPoisson(0.1, 20, Gaussian(1.2)))
+    grids: list[float] = []
+    original = refine.bracket_parts
+
+    def counted(*args, **kw):  # type: ignore[no-untyped-def]
+        out = original(*args, **kw)
+        grids.append(out[1])
+        return out
+
+    def query(threshold: float | None) -> tuple[object, int]:
+        grids.clear()
+        refine.bracket_parts = counted
+        try:
+            acc = Accountant("sound", tolerance=1e-3, threshold=threshold)
+            bound = acc.compose(event, 300).epsilon(1e-9)
+        finally:
+            refine.bracket_parts = original
+        return bound, len(grids)
+
+    full, full_grids = query(None)
+    for threshold in (0.5 * full.lower, 2.0 * full.upper):
+        fast, fast_grids = query(threshold)
+        assert fast.lower <= full.upper and full.lower <= fast.upper
+        assert (fast.upper <= threshold) == (full.upper <= threshold)
+        assert (fast.lower > threshold) == (full.lower > threshold)
+        assert fast_grids < full_grids

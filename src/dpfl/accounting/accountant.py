@@ -23,7 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from dpfl._validate import check_count, check_delta, check_nonnegative
+from dpfl._validate import (
+    check_count,
+    check_delta,
+    check_nonnegative,
+    check_positive,
+)
 from dpfl.accounting import costs, discretise, gaussian, mixture, pld, refine, schemes
 from dpfl.accounting import events as ev
 from dpfl.accounting._quiet import quiet as _quiet
@@ -64,6 +69,11 @@ class Accountant:
         its relative width (default 0: the tolerance alone decides).
         Calibration sets it to a small fraction of its target ε, since it
         only asks whether ε is below the target.
+    threshold : float or None
+        An ε bracket wholly on one side of this value (upper end at or below
+        it, or lower end above it) is accurate enough: a calibration sets it
+        to its target ε and stops refining a noise level once the side is
+        known (a finer grid only narrows the bracket inside the first).
 
     Examples
     --------
@@ -81,12 +91,16 @@ class Accountant:
         discretization: float | None = None,
         max_support: int = 4_000_000,
         resolution: float = 0.0,
+        threshold: float | None = None,
     ) -> None:
         self.analysis = schemes.check_analysis_name(analysis)
         self.tolerance = tolerance
         self.discretization = discretization
         self.max_support = max_support
         self.resolution = check_nonnegative("resolution", resolution)
+        self.threshold = (
+            None if threshold is None else check_positive("threshold", threshold)
+        )
         self._events: list[tuple[ev.Event, int]] = []
 
     # -- building -------------------------------------------------------------
@@ -189,6 +203,7 @@ class Accountant:
                 ),
                 max_grid_points=self.max_support,
                 resolution=self.resolution,
+                threshold=self.threshold,
             )
         except (MemoryError, discretise.LossTailTooHeavy) as exc:
             # Last resort (the composition cap should prevent a MemoryError; a
@@ -251,6 +266,7 @@ def composed_epsilon(
     analysis: str | None = None,
     tolerance: float = 0.005,
     resolution: float = 0.0,
+    threshold: float | None = None,
 ) -> Bound:
     """``Accountant(...).compose(e, n) ... .epsilon(delta)``, memoised per process.
 
@@ -268,7 +284,7 @@ def composed_epsilon(
         change the answer, but a reordered tuple is a different key).
     delta : float
         Target δ in (0, 1).
-    analysis, tolerance, resolution
+    analysis, tolerance, resolution, threshold
         As for :class:`Accountant`.
 
     Returns
@@ -276,7 +292,9 @@ def composed_epsilon(
     Bound
         The composition's ε at ``delta``.
     """
-    acc = Accountant(analysis, tolerance=tolerance, resolution=resolution)
+    acc = Accountant(
+        analysis, tolerance=tolerance, resolution=resolution, threshold=threshold
+    )
     for event, count in events:
         acc.compose(event, count)
     return acc.epsilon(delta)

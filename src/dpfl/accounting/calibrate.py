@@ -189,17 +189,18 @@ def _narrow(
     the estimate is good, that point lands on its expected side and the next
     one, 0.45 of the width on the other, closes the bracket (two evaluations
     once the estimate is within the tolerance; bisection took 10 and
-    regula falsi 5-9, measured on random participation). A step that does
-    not halve the bracket two steps back makes the next one a bisection,
-    so the search never crawls. The invariant is kept and ``b`` returned.
+    regula falsi 5-9, measured on random participation). After three steps
+    in a row that moved the same end the next one bisects, so a biased
+    estimate cannot make the search crawl. The invariant is kept and ``b``
+    returned.
     """
     (a, ga), (b, gb) = low, high
     old: tuple[float, float] | None = None  # the end replaced last
-    widths = [b - a]
+    moves = ""  # which end each step moved: "a" or "b"
     half = 0.45 * width
     while b - a > width:
         estimate = _root_estimate((a, ga), (b, gb), old)
-        crawling = len(widths) >= 3 and widths[-1] > 0.5 * widths[-3]
+        crawling = len(moves) >= 3 and len(set(moves[-3:])) == 1
         if estimate is None or crawling:
             x = 0.5 * (a + b)
         else:
@@ -208,10 +209,11 @@ def _narrow(
         x = min(max(x, a + margin), b - margin)
         g = _log_gap(_safe(epsilon_of, math.exp(x)), log_target)
         if g <= 0.0:  # the side is decided on ε itself
-            old, (b, gb) = (b, gb), (x, g)
+            old, (b, gb), moves = (b, gb), (x, g), moves + "b"
         else:
-            old, (a, ga) = (a, ga), (x, g)
-        widths.append(b - a)
+            old, (a, ga), moves = (a, ga), (x, g), moves + "a"
+        if crawling or estimate is None:
+            moves = ""  # a bisection starts the count anew
     return float(math.exp(b))
 
 
@@ -341,7 +343,8 @@ def calibrate_noise_multiplier(
 
     def epsilon_of(sigma: float) -> float:
         # only "is epsilon below the target?" matters: resolve it to a
-        # fraction of the target, not of epsilon (tiny ones cost minutes)
+        # fraction of the target, not of epsilon (tiny ones cost minutes),
+        # and no further than the side of the target it falls on
         charges = planned_charges(
             make_event(sigma),
             rounds=rounds,
@@ -355,6 +358,7 @@ def calibrate_noise_multiplier(
             analysis=analysis,
             tolerance=bound_tolerance,
             resolution=bound_tolerance * epsilon,
+            threshold=epsilon,
         ).upper
 
     counted = (

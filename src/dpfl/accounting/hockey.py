@@ -140,19 +140,26 @@ def _log_parts(
 
     ``h(z) = sum_k c_k exp(m_k s z - m_k^2 s / 2)``.
 
-    Also returns the derivatives of both logs with respect to z.
+    Also returns the derivatives of both logs with respect to z. Both parts
+    are scaled by the row's largest term (one exponential per term, the hot
+    loop of every root search): a part below the other by more than the
+    float range comes out as log 0 = -inf, which still has the right sign,
+    and near a root, where the two parts are comparable, nothing is lost.
     """
-    expo = logc + m * s * z[:, None] - 0.5 * s * m * m
-    pos = np.where(sgn > 0, expo, -np.inf)
-    neg = np.where(sgn < 0, expo, -np.inf)
-    lp = _lse(pos)
-    ln = _lse(neg)
-    m = np.broadcast_to(m, expo.shape)
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        wp = np.exp(pos - np.where(np.isfinite(lp), lp, 0.0)[:, None])
-        wn = np.exp(neg - np.where(np.isfinite(ln), ln, 0.0)[:, None])
-    dp = np.sum(wp * m * s, axis=1)
-    dn = np.sum(wn * m * s, axis=1)
+    expo = logc + (m * s) * z[:, None] - (0.5 * s) * (m * m)
+    top = np.max(expo, axis=1)
+    top = np.where(np.isfinite(top), top, 0.0)
+    e = np.exp(expo - top[:, None])  # 0 where c_k = 0 (logc = -inf)
+    ep = np.where(sgn > 0, e, 0.0)
+    en = e - ep
+    part_p = ep.sum(axis=1)
+    part_n = en.sum(axis=1)
+    ms = np.broadcast_to(m * s, e.shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lp = np.log(part_p) + top
+        ln = np.log(part_n) + top
+        dp = np.where(part_p > 0, (ep * ms).sum(axis=1) / part_p, 0.0)
+        dn = np.where(part_n > 0, (en * ms).sum(axis=1) / part_n, 0.0)
     return lp, ln, dp, dn
 
 

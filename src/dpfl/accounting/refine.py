@@ -88,6 +88,7 @@ def refine_bound(
     initial_discretization: float = 1e-4,
     max_grid_points: int = 8_000_000,
     resolution: float = 0.0,
+    threshold: float | None = None,
 ) -> BracketResult:
     """Halve the grid step until the composed bracket is within ``tolerance``.
 
@@ -114,6 +115,11 @@ def refine_bound(
         round of random participation at p = 1e-4) drives the grid to steps of
         epsilon times the tolerance, a minute a query (measured: 73 s), and
         to no purpose.
+    threshold : float or None, optional
+        With ``delta``: an epsilon bracket wholly at or below it, or wholly
+        above it, is converged (a calibration's target: only the side
+        matters; finer grids keep the bracket inside the first, so the side
+        never changes).
 
     Returns
     -------
@@ -134,6 +140,7 @@ def refine_bound(
         initial_discretization=initial_discretization,
         max_grid_points=max_grid_points,
         resolution=resolution,
+        threshold=threshold,
     )
 
 
@@ -146,6 +153,7 @@ def refine_parts(
     initial_discretization: float = 1e-4,
     max_grid_points: int = 8_000_000,
     resolution: float = 0.0,
+    threshold: float | None = None,
 ) -> BracketResult:
     """:func:`refine_bound` for a composition of several distinct events.
 
@@ -155,7 +163,7 @@ def refine_parts(
         ``h -> [(pld_upper, pld_lower, count), ...]``: each distinct event's
         one-round PLDs at grid step ``h`` and its count.
     delta, epsilon, tolerance, initial_discretization, max_grid_points, \
-resolution
+resolution, threshold
         As in :func:`refine_bound`.
 
     Returns
@@ -206,7 +214,7 @@ resolution
         if new_lo > new_hi:
             new_lo, new_hi = min(lo_v, b.lower), max(hi_v, b.upper)
         lo_v, hi_v = new_lo, new_hi
-        resolved = _resolved(lo_v, hi_v, delta, resolution)
+        resolved = _resolved(lo_v, hi_v, delta, resolution, threshold)
         if 0 < scale < h / 2 and scaled < 4 and not rebuilt and not resolved:
             # the grid is coarse against one round's losses (tiny sampling
             # rates: losses of the order of the rate): rebuild on their
@@ -224,7 +232,7 @@ resolution
             for p in _pmfs_of(q)
         )
         coarse = rebuilt or step > h * (1 + 1e-9) or own > h * (1 + 1e-9)
-        converged = gap <= tolerance or _resolved(lo_v, hi_v, delta, resolution)
+        converged = gap <= tolerance or resolved
         best = BracketResult(b, max(step, own), gap, converged, coarse)
         size = max(
             p.size for part in parts for u in _part_uppers(part) for p in _pmfs_of(u)
@@ -252,10 +260,16 @@ DELTA_FLOOR = 1e-18
 
 
 def _resolved(
-    lower: float, upper: float, delta: float | None, resolution: float
+    lower: float,
+    upper: float,
+    delta: float | None,
+    resolution: float,
+    threshold: float | None = None,
 ) -> bool:
     """Whether a bracket is accurate enough whatever its relative width."""
     if delta is not None:  # an epsilon bracket
+        if threshold is not None and (upper <= threshold or lower > threshold):
+            return True
         return upper - lower <= resolution
     return upper <= DELTA_FLOOR
 

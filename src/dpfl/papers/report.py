@@ -496,8 +496,9 @@ def calibrate(
         if name in given:
             return given[name](sigma)
         # only "is epsilon below the target?" matters: resolve it to a
-        # fraction of the target (Accountant's resolution), not of epsilon
-        acc = Accountant(name, resolution=_RESOLUTION * a.epsilon)
+        # fraction of the target (Accountant's resolution), not of epsilon,
+        # and no further than the side of the target it falls on
+        acc = Accountant(name, resolution=_RESOLUTION * a.epsilon, threshold=a.epsilon)
         return acc.compose(make_event(sigma), a.rounds).epsilon(a.delta).upper
 
     def default_describe(name: str) -> dict[str, Any]:
