@@ -13,6 +13,7 @@ margin)``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
@@ -211,17 +212,34 @@ class CertifiedPmf(pld_pmf.DensePLDPmf):  # type: ignore[misc]
     # -- reading --------------------------------------------------------------
     def _value(self, i: int, x: float, *, upper: bool, with_lump: float = 0.0) -> float:
         """Certified delta at ``1 - e^{eps - l_i} = x`` (points ``j >= i``)."""
+        return self._reader(i, upper=upper)(x, with_lump)
+
+    def _reader(self, i: int, *, upper: bool) -> Callable[[float, float], float]:
+        """:meth:`_value` at interval ``i`` as ``(x, with_lump) -> delta``.
+
+        What does not depend on ``x`` is read once (a bisection calls it 56
+        times on one interval); the arithmetic is :meth:`_value`'s.
+        """
         g, c = self._pos()
         r = i - self._start
-        pos = float(g[r] + c[r] * x)
+        g_r, c_r = float(g[r]), float(c[r])
         nu = float(self._noise(np.array([i]))[0])
-        s = self._margin
+        s, rho, inf = self._margin, self.rho, self._infinity_mass
         if upper:
-            total = (pos * (1 + s) + nu) * (1 + 2 * self.rho)
-            total += float(self._trivial(np.array([i]))[0]) + self.lump * with_lump
-            return float(min(1.0, self._infinity_mass + total))
-        total = pos * (1 - s) - 2.0 * nu
-        return float(max(0.0, self._infinity_mass + total * (1 - 2 * self.rho)))
+            trivial, lump = float(self._trivial(np.array([i]))[0]), self.lump
+
+            def up(x: float, with_lump: float) -> float:
+                total = ((g_r + c_r * x) * (1 + s) + nu) * (1 + 2 * rho)
+                total += trivial + lump * with_lump
+                return float(min(1.0, inf + total))
+
+            return up
+
+        def low(x: float, with_lump: float) -> float:
+            total = (g_r + c_r * x) * (1 - s) - 2.0 * nu
+            return float(max(0.0, inf + total * (1 - 2 * rho)))
+
+        return low
 
     def _at(self, epsilon: float, *, upper: bool) -> float:
         """Certified delta(eps) (upper or lower) at any ``eps >= 0``."""
@@ -313,11 +331,12 @@ class CertifiedPmf(pld_pmf.DensePLDPmf):  # type: ignore[misc]
         Lower side: the smallest ``x`` (largest eps) with value > delta.
         """
         l0, li = self._loss(0), self._loss(i)
+        read = self._reader(i, upper=upper)
 
         def value(x: float) -> float:
             eps = li + math.log1p(-x)
             lump = -math.expm1(eps - l0) if i == 0 else 0.0
-            return self._value(i, x, upper=upper, with_lump=lump)
+            return read(x, lump)
 
         # value(lo_x) <= delta < value(hi_x) throughout; 2^-56 of the step
         for _ in range(56):
