@@ -185,7 +185,9 @@ class Accountant:
                 tolerance=self.tolerance,
                 initial_discretization=(
                     self.discretization
-                    or _default_discretization(self._events, self.tolerance)
+                    or _default_discretization(
+                        self._events, self.tolerance, self.analysis
+                    )
                 ),
                 max_grid_points=self.max_support,
                 resolution=self.resolution,
@@ -339,13 +341,20 @@ def _cached_price(event: ev.Event, analysis: str, h: float) -> PldPair:
 
 
 def _default_discretization(
-    items: list[tuple[ev.Event, int]], tolerance: float
+    items: list[tuple[ev.Event, int]], tolerance: float, analysis: str | None = None
 ) -> float:
     """A starting grid: the finest any of the events asks for."""
-    return float(min(_start_grid(e, n, tolerance) for e, n in items))
+    return float(min(_start_grid(e, n, tolerance, analysis) for e, n in items))
 
 
-def _start_grid(event: ev.Event, count: int, tolerance: float) -> float:
+#: Relative bracket widths from which the symmetrised subsampling PLDs start
+#: on a coarser grid (:func:`_start_grid`), and the grids.
+_SYMMETRISED_STEPS = ((2e-2, 4e-2), (5e-3, 1e-2), (0.0, 1e-3))
+
+
+def _start_grid(
+    event: ev.Event, count: int, tolerance: float, analysis: str | None = None
+) -> float:
     """A grid whose bracket is about ``tolerance`` wide; refinement goes finer.
 
     :func:`dpfl.accounting.refine.start_discretization`, except for the
@@ -364,7 +373,19 @@ def _start_grid(event: ev.Event, count: int, tolerance: float) -> float:
         # Symmetrised C_p(G) PLDs on a uniform grid: second order and tight
         # (about 2e-3 relative at 1e-2, 1e-4 at 3e-3), and their cost grows
         # as 1/h.
-        return 1e-2 if tolerance >= 5e-3 else 1e-3
+        step = next(h for tol, h in _SYMMETRISED_STEPS if tolerance >= tol)
+        if step <= 1e-2:
+            return step
+        # A run's ledger asks for 2%: a grid up to four times coarser, as
+        # coarse as one round's losses allow (refine.py's scale, an eighth of
+        # their deviation), keeps the bracket within a third of that at a
+        # quarter of the cost or less (sampling rates 1e-3 to 0.2, sigma 0.5
+        # to 3, 10 to 1e5 rounds; tests/accounting/test_accountant.py).
+        key, _ = _unrolled(event, 1)
+        up, _ = _cached_price(key, schemes.resolve_analysis(key, analysis), step)
+        # pylint: disable-next=protected-access
+        scale = min(refine._scale(p) for p in pld._pmfs_of(up))
+        return min(step, max(1e-2, scale))
     return refine.start_discretization(tolerance)
 
 
