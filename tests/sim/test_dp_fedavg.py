@@ -217,8 +217,8 @@ def test_reported_epsilon_matches_accountant_and_rdp_module(
     paper = trainer.ledger.epsilon(1e-5, analysis="paper-pld")
 
     # Assert 1: the ledger's ε is the Accountant's for events built here from
-    # the schedule (same engine: equal to 1e-12).
-    acc = Accountant("sound")
+    # the schedule, asked at the ledger's tolerance (same engine: equal to 1e-12).
+    acc = Accountant("sound", tolerance=trainer.ledger.tolerance)
     for m in cohorts:
         acc.compose(ev.FixedCohort(m, 20, ev.Gaussian(sigma)))
     assert sound.upper == pytest.approx(acc.epsilon(1e-5).upper, rel=1e-12)
