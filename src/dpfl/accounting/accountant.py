@@ -380,12 +380,14 @@ def _start_grid(
         # coarse as one round's losses allow (refine.py's scale, an eighth of
         # their deviation), keeps the bracket within a third of that at a
         # quarter of the cost or less (sampling rates 1e-3 to 0.2, sigma 0.5
-        # to 3, 10 to 1e5 rounds; tests/accounting/test_accountant.py).
+        # to 3, 10 to 1e5 rounds; tests/accounting/test_accountant.py). A
+        # scale of at least 3/4 of the coarse step keeps that step (the PLDs
+        # priced to find the scale are the ones composed).
         key, _ = _unrolled(event, 1)
         up, _ = _cached_price(key, schemes.resolve_analysis(key, analysis), step)
         # pylint: disable-next=protected-access
         scale = min(refine._scale(p) for p in pld._pmfs_of(up))
-        return min(step, max(1e-2, scale))
+        return step if scale >= 0.75 * step else max(1e-2, scale)
     return refine.start_discretization(tolerance)
 
 
