@@ -158,27 +158,33 @@ def fft_error_factor(length: int) -> float:
 
 
 def _minimise(
-    f: Callable[[np.ndarray], np.ndarray], scale: float, sign: float
+    f: Callable[[np.ndarray], np.ndarray],
+    scale: float,
+    sign: float,
+    refinements: int = 3,
 ) -> tuple[float, float]:
     """``(theta, f(theta))`` near the minimum of ``f`` over ``sign * theta > 0``.
 
     ``f`` is vectorised; a log-spaced grid over eight decades around
-    ``1 / scale`` is refined twice around its best point. Any point returned
+    ``1 / scale`` (a third of a decade apart) is refined ``refinements``
+    times around its best point, each time to a fifth of the spacing (the
+    ends of a refined grid are points already evaluated). Any point returned
     is a valid choice (the bounds built on it hold for every theta); the
     search only makes them tight.
     """
     base = 1.0 / max(scale, 1e-300)
     grid = sign * base * np.geomspace(1e-4, 1e4, 25)
     vals = f(grid)
-    for _ in range(3):
+    for _ in range(refinements):
         vals = np.where(np.isfinite(vals), vals, np.inf)
         i = int(np.argmin(vals))
-        lo = abs(grid[max(i - 1, 0)])
-        hi = abs(grid[min(i + 1, grid.size - 1)])
+        j, k = max(i - 1, 0), min(i + 1, grid.size - 1)
+        lo, hi = abs(grid[j]), abs(grid[k])
         if not (hi > lo > 0):
             break
+        ends = vals[j], vals[k]
         grid = sign * np.geomspace(lo, hi, 11)
-        vals = f(grid)
+        vals = np.concatenate([[ends[0]], f(grid[1:-1]), [ends[1]]])
     vals = np.where(np.isfinite(vals), vals, np.inf)
     i = int(np.argmin(vals))
     return float(grid[i]), float(vals[i])
