@@ -238,6 +238,10 @@ def _scale(parts: Parts, t: float) -> float:
     return max(math.sqrt(var), step)
 
 
+#: Refinements of the search for a window edge's Chernoff order.
+_QUANTILE_REFINEMENTS = 1
+
+
 def _tail_quantiles(
     parts: Parts, tilt: float, tail: float
 ) -> tuple[float, float, float, float]:
@@ -261,8 +265,11 @@ def _tail_quantiles(
             -(_log_mgf_total(parts, tilt + theta) - base + log_inv) / theta
         )
 
-    th_hi, hi = _minimise(upper, scale, 1.0)
-    th_lo, lo = _minimise(lower_neg, scale, -1.0)
+    # One refinement: an order within 8% of the best widens the window by a
+    # fraction of a percent (the bound at the order's edge is still the tail:
+    # the edge is placed by the order), where three cost 50% more points.
+    th_hi, hi = _minimise(upper, scale, 1.0, _QUANTILE_REFINEMENTS)
+    th_lo, lo = _minimise(lower_neg, scale, -1.0, _QUANTILE_REFINEMENTS)
     return -lo, hi, th_lo, th_hi
 
 
