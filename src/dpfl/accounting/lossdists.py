@@ -11,6 +11,7 @@ uses.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,7 +19,7 @@ from dp_accounting.pld import pld_pmf
 
 from dpfl.accounting.envelope import UNIT_ROUNDOFF
 
-__all__ = ["Dist"]
+__all__ = ["Dist", "dist_of"]
 
 
 #: At most this many bins bound a PMF's moment generating function.
@@ -157,6 +158,19 @@ class Dist:
         var = float(np.sum(w * (mid - mean) ** 2))
         var += float(np.sum(w * (0.5 * (self._hi - self._lo)) ** 2))
         return mean, var
+
+
+#: The Dist of each PMF still alive (one round's PLDs are kept between the
+#: queries of a run, and each query composes the same ones again).
+_DISTS: weakref.WeakKeyDictionary[pld_pmf.PLDPmf, Dist] = weakref.WeakKeyDictionary()
+
+
+def dist_of(pmf: pld_pmf.PLDPmf) -> Dist:
+    """``Dist(pmf)``, built once per PMF object (PMFs are not changed once built)."""
+    dist = _DISTS.get(pmf)
+    if dist is None:
+        dist = _DISTS[pmf] = Dist(pmf)
+    return dist
 
 
 class Mix:
