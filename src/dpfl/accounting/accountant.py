@@ -186,7 +186,10 @@ class Accountant:
                 initial_discretization=(
                     self.discretization
                     or _default_discretization(
-                        self._events, self.tolerance, self.analysis
+                        self._events,
+                        self.tolerance,
+                        self.analysis,
+                        own_scale=self.resolution == 0,
                     )
                 ),
                 max_grid_points=self.max_support,
@@ -341,10 +344,22 @@ def _cached_price(event: ev.Event, analysis: str, h: float) -> PldPair:
 
 
 def _default_discretization(
-    items: list[tuple[ev.Event, int]], tolerance: float, analysis: str | None = None
+    items: list[tuple[ev.Event, int]],
+    tolerance: float,
+    analysis: str | None = None,
+    *,
+    own_scale: bool = False,
 ) -> float:
-    """A starting grid: the finest any of the events asks for."""
-    return float(min(_start_grid(e, n, tolerance, analysis) for e, n in items))
+    """A starting grid: the finest any of the events asks for.
+
+    ``own_scale``: start where :func:`dpfl.accounting.refine.refine_parts`
+    would move after its first bracket when that grid is coarse against one
+    round's losses (it does unless the first bracket is already resolved,
+    which only a ``resolution`` allows).
+    """
+    return float(
+        min(_start_grid(e, n, tolerance, analysis, own_scale) for e, n in items)
+    )
 
 
 #: Relative bracket widths from which the symmetrised subsampling PLDs start
@@ -353,12 +368,16 @@ _SYMMETRISED_STEPS = ((2e-2, 4e-2), (5e-3, 1e-2), (0.0, 1e-3))
 
 
 def _start_grid(
-    event: ev.Event, count: int, tolerance: float, analysis: str | None = None
+    event: ev.Event,
+    count: int,
+    tolerance: float,
+    analysis: str | None = None,
+    own_scale: bool = False,
 ) -> float:
     """A grid whose bracket is about ``tolerance`` wide; refinement goes finer.
 
-    :func:`dpfl.accounting.refine.start_discretization`, except for the
-    symmetrised subsampling-without-replacement PLDs.
+    :func:`dpfl.accounting.refine.start_discretization`, except for random
+    participation and the symmetrised subsampling-without-replacement PLDs.
     """
     inner = event.event if isinstance(event, ev.SelfComposed) else event
     if isinstance(inner, ev.ClientPoisson) and isinstance(
@@ -374,7 +393,18 @@ def _start_grid(
         # (about 2e-3 relative at 1e-2, 1e-4 at 3e-3), and their cost grows
         # as 1/h.
         step = next(h for tol, h in _SYMMETRISED_STEPS if tolerance >= tol)
-        if step <= 1e-2:
+        coarse = step > 1e-2
+        if not (coarse or own_scale):
+            return step
+        key, _ = _unrolled(event, 1)
+        up, _ = _cached_price(key, schemes.resolve_analysis(key, analysis), step)
+        # pylint: disable-next=protected-access
+        scale = min(refine._scale(p) for p in pld._pmfs_of(up))
+        fine = min(step, 1e-2)
+        if own_scale and 0 < scale < fine / 2:
+            # refinement would bracket on the fine grid, then rebuild here
+            return scale
+        if not coarse:
             return step
         # A run's ledger asks for 2%: a grid up to four times coarser, as
         # coarse as one round's losses allow (refine.py's scale, an eighth of
@@ -383,11 +413,7 @@ def _start_grid(
         # to 3, 10 to 1e5 rounds; tests/accounting/test_accountant.py). A
         # scale of at least 3/4 of the coarse step keeps that step (the PLDs
         # priced to find the scale are the ones composed).
-        key, _ = _unrolled(event, 1)
-        up, _ = _cached_price(key, schemes.resolve_analysis(key, analysis), step)
-        # pylint: disable-next=protected-access
-        scale = min(refine._scale(p) for p in pld._pmfs_of(up))
-        return step if scale >= 0.75 * step else max(1e-2, scale)
+        return step if scale >= 0.75 * step else max(fine, scale)
     return refine.start_discretization(tolerance)
 
 
