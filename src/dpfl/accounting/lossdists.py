@@ -26,12 +26,19 @@ __all__ = ["Dist", "dist_of"]
 _MGF_BINS = 2048
 
 
-def _lse_rows(a: np.ndarray) -> np.ndarray:
-    """Row-wise log-sum-exp with -inf for all -inf rows (numpy only)."""
+def _lse_rows(a: np.ndarray, *, overwrite: bool = False) -> np.ndarray:
+    """Row-wise log-sum-exp with -inf for all -inf rows (numpy only).
+
+    ``overwrite``: ``a`` may be used as the work buffer (same arithmetic).
+    """
     mx = np.max(a, axis=1)
     safe = np.where(np.isfinite(mx), mx, 0.0)
     with np.errstate(divide="ignore", under="ignore", invalid="ignore"):
-        s = np.sum(np.exp(a - safe[:, None]), axis=1)
+        if overwrite:
+            a -= safe[:, None]
+            s = np.sum(np.exp(a, out=a), axis=1)
+        else:
+            s = np.sum(np.exp(a - safe[:, None]), axis=1)
         out = np.log(s) + safe
     return np.where(np.isfinite(mx), out, -np.inf)
 
@@ -131,6 +138,12 @@ class Dist:
         binned = bool(np.any(self._width > 0))
         for s in range(0, t.size, chunk):
             tt = t[s : s + chunk, None]
+            if not binned:
+                # point masses (lo is hi): the same sums, in one buffer
+                crude = np.multiply(tt, self._hi[None, :])
+                crude += self._log_mass[None, :]
+                out[s : s + chunk] = _lse_rows(crude, overwrite=True)
+                continue
             ell = np.where(tt >= 0.0, self._hi[None, :], self._lo[None, :])
             crude = self._log_mass[None, :] + tt * ell
             if binned:
