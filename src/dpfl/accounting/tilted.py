@@ -243,16 +243,20 @@ _QUANTILE_REFINEMENTS = 1
 
 
 def _tail_quantiles(
-    parts: Parts, tilt: float, tail: float
+    parts: Parts,
+    tilt: float,
+    tail: float,
+    orders: tuple[float, float] | None = None,
 ) -> tuple[float, float, float, float]:
     """Losses outside which the tilted composition has at most ``tail`` per side.
 
     Returns ``(low, high, theta_low, theta_high)``: the quantiles and the
     Chernoff orders that gave them (kept for the composition's own bounds at
-    the window's edges).
+    the window's edges). ``orders``: ``(theta_low, theta_high)`` to use
+    instead of searching (any orders of the right signs give valid
+    quantiles).
     """
     base = _log_mgf_total(parts, np.array([tilt]))[0]
-    scale = _scale(parts, tilt)
     log_inv = math.log(1.0 / tail)
 
     def upper(theta: np.ndarray) -> np.ndarray:
@@ -265,6 +269,11 @@ def _tail_quantiles(
             -(_log_mgf_total(parts, tilt + theta) - base + log_inv) / theta
         )
 
+    if orders is not None:
+        th_lo, th_hi = orders
+        both = upper(np.array([th_lo, th_hi]))
+        return float(both[0]), float(both[1]), th_lo, th_hi
+    scale = _scale(parts, tilt)
     # One refinement: an order within 8% of the best widens the window by a
     # fraction of a percent (the bound at the order's edge is still the tail:
     # the edge is placed by the order), where three cost 50% more points.
@@ -353,7 +362,9 @@ def plan(
         tail = min(max(math.exp(min(log_delta - log_u, 0.0)) * 1e-4, 1e-30), 1e-10)
     lo, hi, th_lo, th_hi = _tail_quantiles(parts, tilt, tail)
     if partners:
-        plo, phi, _, _ = _tail_quantiles(partners, tilt, tail)
+        # the optimistic side is the same loss law rounded the other way: the
+        # orders found for the pessimistic side place its edges as well
+        plo, phi, _, _ = _tail_quantiles(partners, tilt, tail, (th_lo, th_hi))
         lo, hi = min(lo, plo), max(hi, phi)
         lo_support = min(lo_support, sum(n * d.min_loss for d, n in partners))
         hi_support = max(hi_support, sum(n * d.max_loss for d, n in partners))
