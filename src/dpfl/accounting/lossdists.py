@@ -251,6 +251,10 @@ class Mix:
     def log_mgf(self, t: np.ndarray) -> np.ndarray:
         """Upper bound on the log moment generating function (vectorised)."""
         t = np.atleast_1d(np.asarray(t, dtype=float))
+        if self.rest == 0 and len(self.terms) == 1 and self.terms[0][::2] == (1.0, 1):
+            # a plain PMF (Mix.of): its own MGF, as the sum below would give it
+            own = self.terms[0][1].log_mgf(t)
+            return np.where(np.isfinite(own), own, -np.inf)
         logs = [np.log(w) + k * d.log_mgf(t) for w, d, k in self.terms]
         if self.rest > 0:
             logs.append(np.full(t.size, math.log(self.rest)))

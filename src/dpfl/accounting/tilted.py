@@ -157,6 +157,11 @@ def fft_error_factor(length: int) -> float:
     return FFT_CONSTANT * UNIT_ROUNDOFF * max(1.0, math.log2(max(length, 2)))
 
 
+#: The first grid of :func:`_minimise`, relative to its scale.
+_FIRST_GRID = np.geomspace(1e-4, 1e4, 25)
+_FIRST_GRID.setflags(write=False)
+
+
 def _minimise(
     f: Callable[[np.ndarray], np.ndarray],
     scale: float,
@@ -173,7 +178,7 @@ def _minimise(
     search only makes them tight.
     """
     base = 1.0 / max(scale, 1e-300)
-    grid = sign * base * np.geomspace(1e-4, 1e4, 25)
+    grid = sign * base * _FIRST_GRID
     vals = f(grid)
     for _ in range(refinements):
         vals = np.where(np.isfinite(vals), vals, np.inf)
