@@ -160,10 +160,6 @@ def fft_error_factor(length: int) -> float:
 #: The first grid of :func:`_minimise`, relative to its scale.
 _FIRST_GRID = np.geomspace(1e-4, 1e4, 25)
 _FIRST_GRID.setflags(write=False)
-#: The grid of a first refinement (two first-grid spacings, 11 points),
-#: relative to the point it surrounds.
-_NEAR_GRID = np.geomspace(10 ** (-1 / 3), 10 ** (1 / 3), 11)
-_NEAR_GRID.setflags(write=False)
 
 
 def _minimise(
@@ -171,32 +167,19 @@ def _minimise(
     scale: float,
     sign: float,
     refinements: int = 3,
-    near: float | None = None,
 ) -> tuple[float, float]:
     """``(theta, f(theta))`` near the minimum of ``f`` over ``sign * theta > 0``.
 
     ``f`` is vectorised; a log-spaced grid over eight decades around
     ``1 / scale`` (a third of a decade apart) is refined ``refinements``
     times around its best point, each time to a fifth of the spacing (the
-    ends of a refined grid are points already evaluated). ``near``: a guess
-    of ``|theta|``; the grid of the first refinement around it is tried
-    first, and taken (then refined ``refinements - 1`` times) if its best
-    point is inside it. Any point returned is a valid choice (the bounds
-    built on it hold for every theta); the search only makes them tight.
+    ends of a refined grid are points already evaluated). Any point returned
+    is a valid choice (the bounds built on it hold for every theta); the
+    search only makes them tight.
     """
-    grid = np.empty(0)
-    if near is not None and near > 0:
-        grid = sign * near * _NEAR_GRID
-        vals = f(grid)
-        i = int(np.argmin(np.where(np.isfinite(vals), vals, np.inf)))
-        if 0 < i < grid.size - 1:
-            refinements -= 1
-        else:
-            grid = np.empty(0)
-    if grid.size == 0:
-        base = 1.0 / max(scale, 1e-300)
-        grid = sign * base * _FIRST_GRID
-        vals = f(grid)
+    base = 1.0 / max(scale, 1e-300)
+    grid = sign * base * _FIRST_GRID
+    vals = f(grid)
     for _ in range(refinements):
         vals = np.where(np.isfinite(vals), vals, np.inf)
         i = int(np.argmin(vals))
@@ -300,9 +283,7 @@ def _tail_quantiles(
     # fraction of a percent (the bound at the order's edge is still the tail:
     # the edge is placed by the order), where three cost 50% more points.
     th_hi, hi = _minimise(upper, scale, 1.0, _QUANTILE_REFINEMENTS)
-    # the low edge's order is about the high edge's (a near-normal tilted
-    # composition): searched around it first
-    th_lo, lo = _minimise(lower_neg, scale, -1.0, _QUANTILE_REFINEMENTS, th_hi)
+    th_lo, lo = _minimise(lower_neg, scale, -1.0, _QUANTILE_REFINEMENTS)
     return -lo, hi, th_lo, th_hi
 
 
