@@ -130,12 +130,14 @@ def test_composed_epsilon_is_the_accountants_answer_kept_for_the_process():
         (FixedCohort(50, 1000, Gaussian(1.0)), 30),  # the peer task's rounds
         (FixedCohort(20, 100, Gaussian(3.0)), 300),  # losses finer than 4e-2
         (FixedCohort(100, 10_000, Gaussian(1.0)), 1000),  # finer than 1e-2
+        (FixedCohort(100, 10_000, Gaussian(3.0)), 300),  # starts on its own scale
         (WithoutReplacement(256, 1000, Gaussian(0.7)), 100),
     ],
 )
 def test_a_runs_tolerance_starts_coarser_and_stays_within_it(event, count):
     # A ledger asks at tolerance 0.02, where the symmetrised subsampling PLDs
-    # start on a grid up to 4x coarser than at 0.005 (accountant._start_grid).
+    # start on a grid up to 4x coarser than at 0.005, or on one round's own
+    # loss scale when that is finer than 5e-3 (accountant._start_grid).
     # Reference: the same analysis on a 4e-3 grid (its own bracket about 1e-4
     # wide). Both brackets are certified, so each must reach the other's
     # (1e-9 relative for the reading's rounding), and the coarse one must be
