@@ -27,8 +27,9 @@ so that all see the same background load):
 Each variant runs twice: evaluating only at the end (the per-round median over
 rounds 3..R is its figure), and evaluating every 10 rounds as
 :meth:`dpfl.sim.loop.Trainer.fit` does (test loss and accuracy, and for dpfl
-ε at δ = 1e-5 from the ledger; the mean over rounds 3..R, evaluations
-included, is its figure). The script prints dpfl's ratios to the reference
+ε at δ = 1e-5 from the ledger, each variant paying for its own ε as a run
+of its own would; the mean over rounds 3..R, evaluations included, is its
+figure). The script prints dpfl's ratios to the reference
 (paired per round for the end-only runs, then the median), and the ratio of
 dpfl's evaluate-every-10 mean to its own end-only mean.
 
@@ -126,9 +127,12 @@ class Dpfl:
             self.alg, ledger=self.ledger, seed=0, secure_noise=secure
         )
         self.eval_every = eval_every
+        self.queried = False
 
     def round(self, done: int, rounds: int) -> None:
         """One round; evaluate (model and ε) as ``fit`` does on its rounds."""
+        from dpfl.accounting.accountant import _cached_price, composed_epsilon
+
         evaluated = self.eval_every is not None and (
             done % self.eval_every == 0 or done == rounds
         )
@@ -136,6 +140,16 @@ class Dpfl:
         self.trainer.step()
         if evaluated:
             self.alg.evaluate()
+            # Each variant stands for a run of its own, but the accounting's
+            # memos are per process: without this, whichever eval10 variant
+            # asks second gets the other's ε for free. A query pays its
+            # composition; a variant's first query also pays the one-round
+            # PLDs, which a run prices once (all first queries come in round
+            # 10, before any second one).
+            composed_epsilon.cache_clear()
+            if not self.queried:
+                _cached_price.cache_clear()
+                self.queried = True
             self.ledger.epsilon(DELTA)
 
     def accuracy(self) -> float:

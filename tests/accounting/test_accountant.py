@@ -9,10 +9,12 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dpfl.accounting.accountant import Accountant
 from dpfl.accounting.events import (
     ClientPoisson,
+    FixedCohort,
     Gaussian,
     PoissonSampled,
     RecordPoisson,
     SelfComposed,
+    WithoutReplacement,
 )
 from dpfl.errors import InvalidParameterError, UnsupportedEventError
 
@@ -120,3 +122,34 @@ def test_composed_epsilon_is_the_accountants_answer_kept_for_the_process():
     composed_epsilon(events, 1e-6, analysis="sound", tolerance=0.02)
     composed_epsilon(events, 1e-5, analysis="sound", tolerance=0.005)
     assert composed_epsilon.cache_info().misses == 3
+
+
+@pytest.mark.parametrize(
+    "event, count",
+    [
+        (FixedCohort(50, 1000, Gaussian(1.0)), 30),  # the peer task's rounds
+        (FixedCohort(20, 100, Gaussian(3.0)), 300),  # losses finer than 4e-2
+        (FixedCohort(100, 10_000, Gaussian(1.0)), 1000),  # finer than 1e-2
+        (FixedCohort(100, 10_000, Gaussian(3.0)), 300),  # starts on its own scale
+        (WithoutReplacement(256, 1000, Gaussian(0.7)), 100),
+    ],
+)
+def test_a_runs_tolerance_starts_coarser_and_stays_within_it(event, count):
+    # A ledger asks at tolerance 0.02, where the symmetrised subsampling PLDs
+    # start on a grid up to 4x coarser than at 0.005, or on one round's own
+    # loss scale when that is finer than 5e-3 (accountant._start_grid).
+    # Reference: the same analysis on a 4e-3 grid (its own bracket about 1e-4
+    # wide). Both brackets are certified, so each must reach the other's
+    # (1e-9 relative for the reading's rounding), and the coarse one must be
+    # within the tolerance of the fine upper value.
+    coarse = Accountant(tolerance=0.02).compose(event, count).epsilon(1e-5)
+    fine = (
+        Accountant(tolerance=1e-3, discretization=4e-3)
+        .compose(event, count)
+        .epsilon(1e-5)
+    )
+    assert fine.gap < 2e-3
+    assert coarse.lower <= fine.upper * (1 + 1e-9)
+    assert fine.lower <= coarse.upper * (1 + 1e-9)
+    assert coarse.gap <= 0.02
+    assert coarse.upper <= fine.upper * 1.02

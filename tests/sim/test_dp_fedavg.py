@@ -217,8 +217,8 @@ def test_reported_epsilon_matches_accountant_and_rdp_module(
     paper = trainer.ledger.epsilon(1e-5, analysis="paper-pld")
 
     # Assert 1: the ledger's ε is the Accountant's for events built here from
-    # the schedule (same engine: equal to 1e-12).
-    acc = Accountant("sound")
+    # the schedule, asked at the ledger's tolerance (same engine: equal to 1e-12).
+    acc = Accountant("sound", tolerance=trainer.ledger.tolerance)
     for m in cohorts:
         acc.compose(ev.FixedCohort(m, 20, ev.Gaussian(sigma)))
     assert sound.upper == pytest.approx(acc.epsilon(1e-5).upper, rel=1e-12)
@@ -405,6 +405,28 @@ def test_vc_us_against_the_papers_definition() -> None:
     assert update_scale(torch.as_tensor(flat)) == pytest.approx(us, rel=1e-12)
     with pytest.raises(InvalidParameterError):
         between_client_variance(np.zeros((0, 3)))
+
+
+@pytest.mark.parametrize("spread", [3.0, 0.5, 0.2, 1e-3])
+def test_cohort_moments_in_float32_match_float64_definitions(spread: float) -> None:
+    # The server's diagnostics work on the clipped float32 updates, the clip
+    # factors and the clients' float64 norms; the reference is numpy float64
+    # on the unclipped updates (Geyer §3 definitions). Spreads from updates
+    # that disagree (the mean-square path) to updates that nearly agree
+    # (V_c 1e-6 of the mean square: the deviations path); relative 1e-6.
+    from dpfl.sim.algorithms.dp_fedavg import _cohort_moments
+
+    g = np.random.default_rng(7)
+    updates = (g.normal(size=500) + spread * g.normal(size=(20, 500))).astype(
+        np.float32
+    )
+    factor = g.uniform(0.2, 1.0, size=20)
+    clipped = torch.as_tensor((updates * factor[:, None]).astype(np.float32))
+    exact = updates.astype(np.float64)
+    norms = torch.as_tensor(np.linalg.norm(exact, axis=1))
+    vc, us = _cohort_moments(clipped, torch.as_tensor(1.0 / factor), norms)
+    assert vc == pytest.approx(np.var(exact, axis=0).mean(), rel=1e-6)
+    assert us == pytest.approx(np.mean(exact.mean(0) ** 2), rel=1e-6)
 
 
 @pytest.mark.parametrize("clipping", ["median", "fixed"])

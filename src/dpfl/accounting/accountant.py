@@ -199,7 +199,12 @@ class Accountant:
                 tolerance=self.tolerance,
                 initial_discretization=(
                     self.discretization
-                    or _default_discretization(self._events, self.tolerance)
+                    or _default_discretization(
+                        self._events,
+                        self.tolerance,
+                        self.analysis,
+                        own_scale=self.resolution == 0,
+                    )
                 ),
                 max_grid_points=self.max_support,
                 resolution=self.resolution,
@@ -357,17 +362,40 @@ def _cached_price(event: ev.Event, analysis: str, h: float) -> PldPair:
 
 
 def _default_discretization(
-    items: list[tuple[ev.Event, int]], tolerance: float
+    items: list[tuple[ev.Event, int]],
+    tolerance: float,
+    analysis: str | None = None,
+    *,
+    own_scale: bool = False,
 ) -> float:
-    """A starting grid: the finest any of the events asks for."""
-    return float(min(_start_grid(e, n, tolerance) for e, n in items))
+    """A starting grid: the finest any of the events asks for.
+
+    ``own_scale``: start where :func:`dpfl.accounting.refine.refine_parts`
+    would move after its first bracket when that grid is coarse against one
+    round's losses (it does unless the first bracket is already resolved,
+    which only a ``resolution`` allows).
+    """
+    return float(
+        min(_start_grid(e, n, tolerance, analysis, own_scale) for e, n in items)
+    )
 
 
-def _start_grid(event: ev.Event, count: int, tolerance: float) -> float:
+#: Relative bracket widths from which the symmetrised subsampling PLDs start
+#: on a coarser grid (:func:`_start_grid`), and the grids.
+_SYMMETRISED_STEPS = ((2e-2, 4e-2), (5e-3, 1e-2), (0.0, 1e-3))
+
+
+def _start_grid(
+    event: ev.Event,
+    count: int,
+    tolerance: float,
+    analysis: str | None = None,
+    own_scale: bool = False,
+) -> float:
     """A grid whose bracket is about ``tolerance`` wide; refinement goes finer.
 
-    :func:`dpfl.accounting.refine.start_discretization`, except for the
-    symmetrised subsampling-without-replacement PLDs.
+    :func:`dpfl.accounting.refine.start_discretization`, except for random
+    participation and the symmetrised subsampling-without-replacement PLDs.
     """
     inner = event.event if isinstance(event, ev.SelfComposed) else event
     if isinstance(inner, ev.ClientPoisson) and isinstance(
@@ -382,7 +410,32 @@ def _start_grid(event: ev.Event, count: int, tolerance: float) -> float:
         # Symmetrised C_p(G) PLDs on a uniform grid: second order and tight
         # (about 2e-3 relative at 1e-2, 1e-4 at 3e-3), and their cost grows
         # as 1/h.
-        return 1e-2 if tolerance >= 5e-3 else 1e-3
+        step = next(h for tol, h in _SYMMETRISED_STEPS if tolerance >= tol)
+        coarse = step > 1e-2
+        if not (coarse or own_scale):
+            return step
+        key, _ = _unrolled(event, 1)
+        up, _ = _cached_price(key, schemes.resolve_analysis(key, analysis), step)
+        # pylint: disable-next=protected-access
+        scale = min(refine._scale(p) for p in pld._pmfs_of(up))
+        fine = min(step, 1e-2)
+        if own_scale and 0 < scale < fine / 2:
+            # refinement would bracket on the fine grid, then rebuild here
+            # (that first bracket, intersected with this one, sometimes
+            # narrowed it: at 2%, up to 1.2e-2 wide without it instead of
+            # 5e-3, sigma 3 at q = 0.01; at 0.5% refinement closes the gap)
+            return scale
+        if not coarse:
+            return step
+        # A run's ledger asks for 2%: a grid up to four times coarser, as
+        # coarse as one round's losses allow (refine.py's scale, an eighth of
+        # their deviation), keeps the bracket within a third of that (at
+        # most 6.9e-3 wide) at a quarter of the cost or less (sampling rates
+        # 1e-3 to 0.2, sigma 0.5 to 3, 10 to 1e5 rounds;
+        # tests/accounting/test_accountant.py). A
+        # scale of at least 3/4 of the coarse step keeps that step (the PLDs
+        # priced to find the scale are the ones composed).
+        return step if scale >= 0.75 * step else max(fine, scale)
     return refine.start_discretization(tolerance)
 
 

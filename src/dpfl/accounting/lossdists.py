@@ -11,6 +11,7 @@ uses.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,19 +19,26 @@ from dp_accounting.pld import pld_pmf
 
 from dpfl.accounting.envelope import UNIT_ROUNDOFF
 
-__all__ = ["Dist"]
+__all__ = ["Dist", "dist_of"]
 
 
 #: At most this many bins bound a PMF's moment generating function.
 _MGF_BINS = 2048
 
 
-def _lse_rows(a: np.ndarray) -> np.ndarray:
-    """Row-wise log-sum-exp with -inf for all -inf rows (numpy only)."""
+def _lse_rows(a: np.ndarray, *, overwrite: bool = False) -> np.ndarray:
+    """Row-wise log-sum-exp with -inf for all -inf rows (numpy only).
+
+    ``overwrite``: ``a`` may be used as the work buffer (same arithmetic).
+    """
     mx = np.max(a, axis=1)
     safe = np.where(np.isfinite(mx), mx, 0.0)
     with np.errstate(divide="ignore", under="ignore", invalid="ignore"):
-        s = np.sum(np.exp(a - safe[:, None]), axis=1)
+        if overwrite:
+            a -= safe[:, None]
+            s = np.sum(np.exp(a, out=a), axis=1)
+        else:
+            s = np.sum(np.exp(a - safe[:, None]), axis=1)
         out = np.log(s) + safe
     return np.where(np.isfinite(mx), out, -np.inf)
 
@@ -130,6 +138,12 @@ class Dist:
         binned = bool(np.any(self._width > 0))
         for s in range(0, t.size, chunk):
             tt = t[s : s + chunk, None]
+            if not binned:
+                # point masses (lo is hi): the same sums, in one buffer
+                crude = np.multiply(tt, self._hi[None, :])
+                crude += self._log_mass[None, :]
+                out[s : s + chunk] = _lse_rows(crude, overwrite=True)
+                continue
             ell = np.where(tt >= 0.0, self._hi[None, :], self._lo[None, :])
             crude = self._log_mass[None, :] + tt * ell
             if binned:
@@ -157,6 +171,19 @@ class Dist:
         var = float(np.sum(w * (mid - mean) ** 2))
         var += float(np.sum(w * (0.5 * (self._hi - self._lo)) ** 2))
         return mean, var
+
+
+#: The Dist of each PMF still alive (one round's PLDs are kept between the
+#: queries of a run, and each query composes the same ones again).
+_DISTS: weakref.WeakKeyDictionary[pld_pmf.PLDPmf, Dist] = weakref.WeakKeyDictionary()
+
+
+def dist_of(pmf: pld_pmf.PLDPmf) -> Dist:
+    """``Dist(pmf)``, built once per PMF object (PMFs are not changed once built)."""
+    dist = _DISTS.get(pmf)
+    if dist is None:
+        dist = _DISTS[pmf] = Dist(pmf)
+    return dist
 
 
 class Mix:
@@ -224,6 +251,10 @@ class Mix:
     def log_mgf(self, t: np.ndarray) -> np.ndarray:
         """Upper bound on the log moment generating function (vectorised)."""
         t = np.atleast_1d(np.asarray(t, dtype=float))
+        if self.rest == 0 and len(self.terms) == 1 and self.terms[0][::2] == (1.0, 1):
+            # a plain PMF (Mix.of): its own MGF, as the sum below would give it
+            own = self.terms[0][1].log_mgf(t)
+            return np.where(np.isfinite(own), own, -np.inf)
         logs = [np.log(w) + k * d.log_mgf(t) for w, d, k in self.terms]
         if self.rest > 0:
             logs.append(np.full(t.size, math.log(self.rest)))

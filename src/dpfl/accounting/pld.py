@@ -138,12 +138,12 @@ def _fitted(
         if isinstance(spec, tuple) and spec[0] == "mix":
             return lossdists.Mix(
                 [
-                    (w, lossdists.Dist(_rebin(q.to_dense_pmf(), factor)), k)
+                    (w, lossdists.dist_of(_rebin(q.to_dense_pmf(), factor)), k)
                     for w, q, k in spec[2]
                 ],
                 spec[1],
             )
-        return lossdists.Dist(_rebin(spec.to_dense_pmf(), factor))
+        return lossdists.dist_of(_rebin(spec.to_dense_pmf(), factor))
 
     while True:
         ups = [(prepared(spec), n) for spec, n in items]

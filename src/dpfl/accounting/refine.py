@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -279,8 +280,19 @@ def _resolved(
 _STEPS_PER_SCALE = 8
 
 
+#: :func:`_scale` of each PMF still alive (a run asks about the same ones).
+_SCALES: weakref.WeakKeyDictionary[pld_pmf.PLDPmf, float] = weakref.WeakKeyDictionary()
+
+
 def _scale(pmf: pld_pmf.PLDPmf) -> float:
     """The largest grid step that resolves one PMF's losses (0 if a point)."""
+    scale = _SCALES.get(pmf)
+    if scale is None:
+        scale = _SCALES[pmf] = _own_scale(pmf)
+    return scale
+
+
+def _own_scale(pmf: pld_pmf.PLDPmf) -> float:
     # pylint: disable=protected-access
     dense = pmf.to_dense_pmf()
     probs = np.maximum(np.asarray(dense._probs, dtype=float), 0.0)

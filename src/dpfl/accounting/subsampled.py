@@ -203,6 +203,13 @@ def subsampled_gaussian_delta(
 
 def _grid_range(mu: float, p: float, h: float) -> tuple[int, int]:
     """Return the rounded ε range covering both directions' connect-the-dots bounds."""
+    lo, hi = _loss_range(mu, p)
+    return math.floor(lo / h), math.ceil(hi / h)
+
+
+@functools.lru_cache(maxsize=64)
+def _loss_range(mu: float, p: float) -> tuple[float, float]:
+    """The ε range of both directions' connect-the-dots bounds (any grid)."""
     lo, hi = 0.0, 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -215,7 +222,7 @@ def _grid_range(mu: float, p: float, h: float) -> tuple[int, int]:
             ).connect_dots_bounds()
             lo = min(lo, float(bounds.epsilon_lower))
             hi = max(hi, float(bounds.epsilon_upper))
-    return math.floor(lo / h), math.ceil(hi / h)
+    return lo, hi
 
 
 @functools.lru_cache(maxsize=64)

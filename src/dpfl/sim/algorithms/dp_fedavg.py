@@ -158,9 +158,7 @@ def between_client_variance(updates: torch.Tensor | np.ndarray) -> float:
     ----------
     Geyer, Klein & Nabi (2017), §3, definition of V_c.
     """
-    u = _as_update_matrix(updates)
-    mu = u.mean(0)
-    return float((u - mu).pow(2).mean(0).mean())
+    return _cohort_moments(_as_update_matrix(updates))[0]
 
 
 def update_scale(updates: torch.Tensor | np.ndarray) -> float:
@@ -185,8 +183,58 @@ def update_scale(updates: torch.Tensor | np.ndarray) -> float:
     ----------
     Geyer, Klein & Nabi (2017), §3, definition of U_s.
     """
-    u = _as_update_matrix(updates)
-    return float(u.mean(0).pow(2).mean())
+    return _cohort_moments(_as_update_matrix(updates))[1]
+
+
+def _cohort_moments(
+    rows: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    norms: torch.Tensor | None = None,
+) -> tuple[float, float]:
+    """``(V_c, U_s)`` of the updates ``scale[k] * rows[k]``, in ``rows``' dtype.
+
+    The cohort mean ``μ`` is one matrix-vector product. With ``norms`` (the
+    updates' norms, as the clients computed them), ``V_c`` is the mean square
+    ``Σ_k norms_k² / (m P)`` less ``U_s``, taken only when that difference
+    keeps at least a tenth of the mean square: the float32 mean's relative
+    error (about ``m`` ulps at worst) then reaches ``V_c`` at most tenfold,
+    ``6e-5`` relative at worst. Otherwise (the updates nearly agree), and
+    without ``norms``, ``V_c`` is the mean squared distance to ``μ``, the
+    deviations formed (no cancellation: relative error about ``1e-7
+    sqrt(U_s / V_c)`` in float32); :func:`between_client_variance` and
+    :func:`update_scale` pass float64.
+
+    Parameters
+    ----------
+    rows : torch.Tensor
+        ``[m, P]``, ``m >= 1``.
+    scale : torch.Tensor, optional
+        ``[m]`` factors (a clipped update times ``1 / factor`` is the
+        unclipped one); ``None`` for 1.
+    norms : torch.Tensor, optional
+        ``[m]`` norms of the scaled rows.
+
+    Returns
+    -------
+    (float, float)
+        ``V_c`` and ``U_s`` (Geyer et al. 2017, §3).
+    """
+    m, p = rows.shape
+    w = (
+        torch.ones(m, dtype=rows.dtype, device=rows.device)
+        if scale is None
+        else scale.to(dtype=rows.dtype, device=rows.device)
+    )
+    mu = torch.mv(rows.T, w) / m
+    mu64 = mu.to(torch.float64)
+    us = float(mu64.dot(mu64)) / p
+    if norms is not None:
+        second = float(norms.to(torch.float64).square().sum()) / (m * p)
+        if second - us > 0.1 * second:
+            return second - us, us
+    dev = torch.addcmul(-mu, rows, w[:, None])  # scale[k] row_k - mu
+    squares = torch.linalg.vector_norm(dev, dim=1).to(torch.float64).square()
+    return float(squares.sum()) / (m * p), us
 
 
 def _as_update_matrix(updates: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -468,11 +516,10 @@ class DpFedAvg(FederatedAlgorithm):
         clipped = vectors * factor_v if p.clipping == "median" else vectors
         if m_real and self.diagnostics:
             # clipped by the clients (fixed, adaptive): scale back
-            unclipped = (
-                vectors / factor_v if p.clipping != "median" and bound > 0 else vectors
-            )
-            metrics["between_client_variance"] = between_client_variance(unclipped)
-            metrics["update_scale"] = update_scale(unclipped)
+            back = 1.0 / factor if p.clipping != "median" and bound > 0 else None
+            vc, us = _cohort_moments(vectors, back, norms)
+            metrics["between_client_variance"] = vc
+            metrics["update_scale"] = us
             metrics["update_norm_median"] = float(torch.quantile(norms, 0.5))
         total = clipped.sum(0) if m_real else torch.zeros_like(self.weights)
         return Aggregate(total, bound, norms, m_real, metrics)
