@@ -83,8 +83,8 @@ def solve_noise_multiplier(
     ``epsilon_of`` must be non-increasing in σ (more noise, more privacy).
     Each evaluation is a composed PLD (seconds), so the search spends as few
     as it can. It starts at σ = 1 and steps outwards in log σ until the
-    target is bracketed within [:data:`SMALLEST`, :data:`LARGEST`]: a
-    doubling or halving first, then the step that the last two points
+    target is bracketed within [:data:`SMALLEST`, :data:`LARGEST`]: first
+    the step that ε ∝ σ⁻² predicts, then the step that the last two points
     extrapolate to in ``log ε`` against ``log σ`` (nearly straight for every
     scheme: ε falls like a power of σ), overshot by a fifth and kept within
     a factor 1.25 to 16, so a flat ``epsilon_of`` reaches the ends of the
@@ -160,9 +160,15 @@ _MIN_STEP, _MAX_STEP = math.log(1.25), math.log(16.0)
 
 
 def _outward_step(prev: tuple[float, float] | None, cur: tuple[float, float]) -> float:
-    """The next outward step in log σ: extrapolated past the root, bounded."""
+    """The next outward step in log σ: extrapolated past the root, bounded.
+
+    The first step assumes ε ∝ σ⁻² (a Gaussian's ε at moderate to large ε;
+    small ε fall as σ⁻¹, where it undershoots and the next step corrects).
+    """
     if prev is None:
-        return math.log(2.0)
+        g = cur[1]
+        wanted = 0.6 * abs(g) if math.isfinite(g) else _MAX_STEP
+        return min(max(wanted, _MIN_STEP), _MAX_STEP)
     (x0, g0), (x1, g1) = prev, cur
     if not (math.isfinite(g0) and math.isfinite(g1)) or g0 == g1:
         return _MAX_STEP  # flat or unbounded: leave quickly
