@@ -12,6 +12,7 @@ expected client's Gaussian releases exactly in Gaussian DP (Dong, Roth & Su
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -72,3 +73,72 @@ def test_locks_and_uniform_presets_are_like_for_like():
     assert uniform_uploads == pytest.approx(locks_uploads, rel=0.05)
     assert uniform_eps == pytest.approx(locks_eps, rel=0.01)
     assert locks_eps < locks.privacy.epsilon
+
+
+def _variant(experiment, label):
+    (overrides,) = [o for name, o in experiment.variants if name == label]
+    return [*experiment.overrides, *overrides]
+
+
+def test_reproduce_runs_the_two_presets_as_they_ship():
+    # `dpfl reproduce locks` at the default (and paper) scale: its LOCKS
+    # variant is preset locks-fmnist, its uniform variant preset
+    # locks-fmnist-uniform, every setting alike but the run's name.
+    from dpfl.papers.locks import _locks_experiment
+
+    for scale in ("default", "paper"):
+        experiment = _locks_experiment(scale)
+        assert experiment.preset == "locks-fmnist"
+        locks = load_config(LOCKS, _variant(experiment, "LOCKS"))
+        uniform = load_config(LOCKS, _variant(experiment, "uniform"))
+        assert dataclasses.replace(locks, name="x") == dataclasses.replace(
+            load_config(LOCKS, []), name="x"
+        )
+        shipped = load_config(UNIFORM, [])
+        assert dataclasses.replace(uniform, name="x") == dataclasses.replace(
+            shipped, name="x"
+        )
+        # the keys the comparison rests on, spelled out
+        up, sp = uniform.algorithm.params, shipped.algorithm.params
+        assert up.first_stage_probability == sp.first_stage_probability == 0.075
+        assert uniform.privacy.noise_multiplier == 1.39
+        for key in (
+            "second_stage_size",
+            "norm_noise_ratio",
+            "norm_floor",
+            "clip",
+            "server_learning_rate",
+            "server_schedule",
+        ):
+            assert getattr(up, key) == getattr(sp, key), key
+        # equal budget: the experiment does not lift it
+        assert uniform.privacy.epsilon == locks.privacy.epsilon == 20.0
+
+
+def test_smoke_scale_carries_the_baseline_over_to_digits():
+    # locks-digits is locks-fmnist's algorithm and privacy on digits, so the
+    # uniform preset's changes mean the same there.
+    from dpfl.papers.locks import _locks_experiment
+
+    experiment = _locks_experiment("smoke")
+    digits = load_config(PRESET_DIR / "locks-digits.yaml", [])
+    fmnist = load_config(LOCKS, [])
+    assert digits.algorithm == fmnist.algorithm
+    assert digits.privacy == fmnist.privacy
+    assert digits.data.num_clients == fmnist.data.num_clients
+    path = PRESET_DIR / f"{experiment.preset}.yaml"
+    uniform = load_config(path, _variant(experiment, "uniform"))
+    shipped = load_config(UNIFORM, [])
+    assert uniform.algorithm == shipped.algorithm
+    assert uniform.privacy == shipped.privacy
+    assert uniform.rounds == 3
+
+
+def test_preset_changes_refuses_a_setting_it_cannot_remove():
+    # locks-fmnist has no norm floor, the uniform preset has one: the way
+    # back cannot be written as --set items.
+    from dpfl.errors import DpflError
+    from dpfl.experiments.presets import preset_changes
+
+    with pytest.raises(DpflError, match="norm_floor"):
+        preset_changes("locks-fmnist-uniform", "locks-fmnist")

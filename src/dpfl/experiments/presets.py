@@ -9,11 +9,21 @@ or a preset name) into a file, and ``dpfl presets list|show|copy`` shows them
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from dpfl.errors import DpflError
 
-__all__ = ["PRESET_DIR", "find_preset", "list_presets", "resolve_config"]
+__all__ = [
+    "PRESET_DIR",
+    "find_preset",
+    "list_presets",
+    "preset_changes",
+    "resolve_config",
+]
 
 #: The folder the presets ship in (inside the installed package).
 PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
@@ -93,3 +103,68 @@ def resolve_config(config: str | Path) -> Path:
     if (PRESET_DIR / f"{text}.yaml").is_file():
         return PRESET_DIR / f"{text}.yaml"
     raise _unknown(text)
+
+
+def _leaves(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(_leaves(value, f"{dotted}."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def _yaml_scalar(value: Any) -> str:
+    # JSON is YAML, except for the non-finite floats
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+    return json.dumps(value)
+
+
+def preset_changes(
+    base: str, target: str, *, keep: tuple[str, ...] = ("name",)
+) -> tuple[str, ...]:
+    """The ``--set`` items that turn preset ``base`` into preset ``target``.
+
+    Every setting (a leaf of the YAML tree) that ``target`` holds with another
+    value than ``base``, or that only ``target`` holds, as ``key.sub=value``
+    (the value written as YAML). Applied to
+    ``base`` they give ``target``'s configuration; applied to another preset
+    they carry ``target``'s changes over (a paper's baseline at a smaller
+    scale). One source of truth: the two preset files.
+
+    Parameters
+    ----------
+    base, target : str
+        Preset names (or YAML files, as :func:`find_preset` takes them).
+    keep : tuple of str
+        Dotted keys left as ``base`` has them (default: the run's name).
+
+    Returns
+    -------
+    tuple of str
+        The items, in ``target``'s key order.
+
+    Raises
+    ------
+    DpflError
+        If a preset is unknown, or ``base`` holds a setting ``target`` does
+        not (an override cannot remove a key, so the two would differ).
+    """
+    from dpfl.experiments.config_yaml import read_config_file
+
+    old = _leaves(read_config_file(find_preset(base)))
+    new = _leaves(read_config_file(find_preset(target)))
+    missing = sorted(k for k in old if k not in new and k not in keep)
+    if missing:
+        raise DpflError(
+            f"preset {target!r} lacks {missing} that preset {base!r} sets; "
+            "--set items cannot remove a setting"
+        )
+    return tuple(
+        f"{key}={_yaml_scalar(value)}"
+        for key, value in new.items()
+        if key not in keep and (key not in old or old[key] != value)
+    )
