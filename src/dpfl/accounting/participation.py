@@ -397,17 +397,19 @@ def start_step(rounds: int, tolerance: float) -> float:
     with the rounds over the step, so the step grows with sqrt(rounds) beyond
     1e4 (never coarser than the generic rule). Brackets are second order in
     the step, so a looser tolerance than the Accountant's 0.5% starts
-    coarser by the square root of the ratio: a run's ledger (2%) on a step of
+    coarser by the square root of the ratio, or by the rounds' factor where
+    that is larger (their product left the lower PLD uninformative for two
+    grids at 1e5 rounds): a run's ledger (2%) on a step of
     2e-5, which halves its epsilon query at an evaluation (p = 0.001, q =
     0.1, d = 30, sigma 2.5, delta 1e-5: 1.9 s to 0.9 s at 1e3 rounds, 0.95
-    to 0.47 s at 1e4, 3.6 to 1.3 s at 1e5; gaps 6.3e-3, 1.7e-2, 4.8e-2, the
-    last as on the finer grid).
+    to 0.47 s at 1e4, one machine under load; gaps 6.3e-3 and 1.7e-2). At
+    1e5 rounds the rounds' factor, 3.2e-5, is the larger.
     """
     looser = math.sqrt(max(tolerance / 0.005, 1.0))
     return float(
         min(
             _refine.start_discretization(tolerance),
-            _DEFAULT_H * looser * max(1.0, math.sqrt(rounds / 1e4)),
+            _DEFAULT_H * max(looser, math.sqrt(rounds / 1e4)),
         )
     )
 
