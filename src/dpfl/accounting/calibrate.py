@@ -119,11 +119,10 @@ def solve_noise_multiplier(
     """
     target = check_positive("epsilon", epsilon)
     tol = check_positive("tolerance", tolerance)
-    log_t = math.log(target)
-    first = _safe(epsilon_of, 1.0)
-    up = first > target  # more noise needed: search upwards
+    value = _safe(epsilon_of, 1.0)
+    up = value > target  # more noise needed: search upwards
     edge = math.log(LARGEST if up else SMALLEST)
-    x, g = 0.0, _log_gap(first, log_t)
+    x, g = 0.0, _log_gap(value, target)
     prev: tuple[float, float] | None = None
     while (g > 0.0) == up:  # not yet bracketed
         if x == edge:
@@ -131,8 +130,8 @@ def solve_noise_multiplier(
                 raise DpflError(
                     f"no noise multiplier up to {LARGEST:g} meets {what}: at "
                     f"noise_multiplier={LARGEST:g} epsilon is still "
-                    f"{math.exp(g + log_t):.4g} > {target:g}; a larger epsilon "
-                    f"(>= {math.exp(g + log_t):.4g}), a larger delta or fewer "
+                    f"{value:.4g} > {target:g}; a larger epsilon "
+                    f"(>= {value:.4g}), a larger delta or fewer "
                     "rounds is needed"
                 )
             raise CertifiesEverySigma(
@@ -143,16 +142,27 @@ def solve_noise_multiplier(
         step = _outward_step(prev, (x, g))
         nxt = min(x + step, edge) if up else max(x - step, edge)
         prev, x = (x, g), nxt
-        g = _log_gap(_safe(epsilon_of, math.exp(x)), log_t)
+        value = _safe(epsilon_of, math.exp(x))
+        g = _log_gap(value, target)
     # prev is on the other side of the target than (x, g)
     assert prev is not None
     low, high = (prev, (x, g)) if up else ((x, g), prev)
-    return _narrow(epsilon_of, log_t, low, high, math.log1p(tol))
+    return _narrow(epsilon_of, target, low, high, math.log1p(tol))
 
 
-def _log_gap(value: float, log_target: float) -> float:
-    """``log ε - log target`` (-inf at ε = 0, +inf at an infinite ε)."""
-    return -math.inf if value <= 0.0 else math.log(value) - log_target
+def _log_gap(value: float, target: float) -> float:
+    """``log ε - log target``, positive exactly when ``ε > target``.
+
+    -inf at ε = 0, +inf at an infinite ε. The side is decided on ε itself:
+    where rounding puts the logarithm on the other side of 0, the smallest
+    gap of the right sign stands in, so the returned σ meets the target.
+    """
+    if value <= 0.0:
+        return -math.inf
+    gap = math.log(value) - math.log(target)
+    if value > target:
+        return max(gap, math.ulp(0.0))
+    return min(gap, 0.0)
 
 
 #: The smallest and largest outward step of the bracketing search (log σ).
@@ -179,7 +189,7 @@ def _outward_step(prev: tuple[float, float] | None, cur: tuple[float, float]) ->
 
 def _narrow(
     epsilon_of: Callable[[float], float],
-    log_target: float,
+    target: float,
     low: tuple[float, float],
     high: tuple[float, float],
     width: float,
@@ -213,7 +223,7 @@ def _narrow(
             x = estimate + half if b - estimate >= estimate - a else estimate - half
         margin = min(half, 0.25 * (b - a))
         x = min(max(x, a + margin), b - margin)
-        g = _log_gap(_safe(epsilon_of, math.exp(x)), log_target)
+        g = _log_gap(_safe(epsilon_of, math.exp(x)), target)
         if g <= 0.0:  # the side is decided on ε itself
             old, (b, gb), moves = (b, gb), (x, g), moves + "b"
         else:
