@@ -8,6 +8,12 @@ that names the inputs. Outside the main thread, where signals cannot be
 handled, the block runs without a limit. A limit already running (an outer
 ``time_limit``, a test harness's alarm) is kept: the inner one never extends
 it, and the outer one is restored, less the time spent, when the block ends.
+
+Code that catches every exception can swallow the one raised from the
+signal handler (a fork handler does, when the alarm lands while a worker
+process is being started): the alarm then fires again every
+:data:`_REPEAT_SECONDS` until it lands, and a block that still ends after its
+limit is refused when it ends.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ __all__ = ["ANSWER_SECONDS", "TimeLimitExceeded", "time_limit"]
 #: command line answers every input within a minute (its start-up, the
 #: imports, takes a few seconds of it).
 ANSWER_SECONDS = 50.0
+
+#: How often a limit that has passed fires again, in case its exception was
+#: swallowed.
+_REPEAT_SECONDS = 0.05
 
 
 class TimeLimitExceeded(InvalidParameterError):
@@ -53,7 +63,12 @@ def time_limit(seconds: float, message: str) -> Iterator[None]:
         yield  # the limit already running ends first
         return
 
+    expired = False
+
     def on_alarm(signum: int, frame: Any) -> None:
+        nonlocal expired
+        expired = True
+        signal.setitimer(signal.ITIMER_REAL, _REPEAT_SECONDS)
         raise TimeLimitExceeded(message)
 
     start = time.monotonic()
@@ -61,6 +76,8 @@ def time_limit(seconds: float, message: str) -> Iterator[None]:
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
+        if expired:  # the alarm's exception was swallowed inside the block
+            raise TimeLimitExceeded(message)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, outer_handler)
