@@ -11,7 +11,10 @@ from dpfl._deadline import TimeLimitExceeded, time_limit
 
 def test_a_block_past_its_limit_is_stopped() -> None:
     start = time.monotonic()
-    with pytest.raises(TimeLimitExceeded, match="too slow"), time_limit(0.05, "too slow"):
+    with (
+        pytest.raises(TimeLimitExceeded, match="too slow"),
+        time_limit(0.05, "too slow"),
+    ):
         time.sleep(5)
     assert time.monotonic() - start < 2
 

@@ -121,3 +121,62 @@ def test_fft_error_factor_is_the_stated_bound():
     # eta_L = 16 u log2(L), u = 2^-53 (the module's stated assumption).
     assert tilted.fft_error_factor(2**20) == pytest.approx(16 * 2.0**-53 * 20)
     assert envelope.summation_margin(1000) == pytest.approx(4 * 1002 * 2.0**-53)
+
+
+def _trinomial_delta(eps: float, count: int, p1: float, p2: float, big: int, h: float):
+    """delta(eps) of ``count`` rounds of loss 0, h (w.p. p1) or big h (w.p. p2).
+
+    Summed over the multinomial law in log space (float64, lgamma): each term's
+    relative error is about 1e-12, far below the brackets compared with it.
+    Large-loss counts above 200 (mean ``count p2`` = 0.6 here) carry less than
+    1e-300 and are left out.
+    """
+    from scipy.special import gammaln
+
+    lp0, lp1, lp2 = math.log1p(-p1 - p2), math.log(p1), math.log(p2)
+    terms = []
+    for k2 in range(min(count, 200) + 1):
+        k1 = np.arange(count - k2 + 1)
+        loss = (k1 + k2 * big) * h
+        keep = loss > eps
+        k1, loss = k1[keep], loss[keep]
+        logw = (
+            gammaln(count + 1)
+            - gammaln(k1 + 1)
+            - gammaln(k2 + 1)
+            - gammaln(count - k1 - k2 + 1)
+            + k1 * lp1
+            + k2 * lp2
+            + (count - k1 - k2) * lp0
+        )
+        terms.extend(np.exp(logw) * -np.expm1(eps - loss))
+    return math.fsum(terms)
+
+
+@pytest.mark.parametrize("delta", [1e-5, 1e-9])
+def test_a_smaller_tilt_shortens_a_heavy_tailed_window_and_still_brackets(delta):
+    # One round: loss 0, 0.01 (w.p. 0.3) or 1.5 (w.p. 2e-4), 3000 rounds. Tilted
+    # for the answer, the rare large loss gives the tilted composition a long
+    # right tail, and the window that holds it is twice the one a smaller tilt
+    # needs (error_share). Both brackets hold the exact multinomial delta (to
+    # 1e-10 of it, the reference's rounding) and the smaller tilt moves the
+    # upper end by less than 1e-6 of itself.
+    h, big, p1, p2, count = 0.01, 150, 0.3, 2e-4, 3000
+    probs = np.zeros(big + 1)
+    probs[0], probs[1], probs[big] = 1 - p1 - p2, p1, p2
+    up = lossdists.Dist(pld_pmf.DensePLDPmf(h, 0, probs, 0.0, True))
+    lo = lossdists.Dist(pld_pmf.DensePLDPmf(h, 0, probs, 0.0, False))
+    ends, lengths = {}, {}
+    for share in (None, 1e-4):
+        plan = tilted.plan(
+            [(up, count)], delta=delta, partners=[(lo, count)], error_share=share
+        )
+        lengths[share] = tilted.window_length([(up, count)], plan)
+        e_up = tilted.compose([(up, count)], plan).epsilon_upper(delta)
+        e_lo = tilted.compose([(lo, count)], plan).epsilon_lower(delta)
+        assert e_lo <= e_up < math.inf
+        assert _trinomial_delta(e_up, count, p1, p2, big, h) <= delta * (1 + 1e-10)
+        assert _trinomial_delta(e_lo, count, p1, p2, big, h) >= delta * (1 - 1e-10)
+        ends[share] = e_up
+    assert lengths[1e-4] * 2 <= lengths[None]
+    assert ends[1e-4] == pytest.approx(ends[None], rel=1e-6)

@@ -119,6 +119,7 @@ def _fitted(
     level: float | None = None,
     floor: float | None = None,
     tail: float = 1e-15,
+    error_share: float | None = None,
 ) -> tuple[list[Any], list[Any], tilted.Plan]:
     """The PMFs ready for :func:`tilted.compose`, coarsened to the memory cap.
 
@@ -156,6 +157,7 @@ def _fitted(
             floor=floor,
             tail=tail,
             partners=los,
+            error_share=error_share,
         )
         need = tilted.window_length(ups, plan)
         if los:
@@ -598,6 +600,7 @@ def bracket_parts(
     delta: float | None = None,
     epsilon: float | None = None,
     hint: Sequence[float] | None = None,
+    error_share: float | None = None,
 ) -> tuple[Bound, float, tuple[float, ...]]:
     """Bracket ``epsilon(delta)`` or ``delta(epsilon)`` of a composition.
 
@@ -620,6 +623,10 @@ or MixturePart
         answer, used otherwise, can be far above it when the tail is a rare
         event), and a composition whose error bound is not small at its
         answer is redone with the tilt for its lower value.
+    error_share : float, optional
+        The share of the query's delta the FFT error may take where a
+        smaller tilt shortens the transform (:func:`tilted.plan`); None: the
+        Chernoff tilt.
 
     Returns
     -------
@@ -656,6 +663,7 @@ or MixturePart
                 epsilon=epsilon,
                 level=level,
                 floor=floor,
+                error_share=error_share,
             )
             cu = tilted.compose(du, plan, extended=extended)
             cl = tilted.compose(dl, plan, extended=extended)

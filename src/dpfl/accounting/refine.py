@@ -67,6 +67,13 @@ class BracketResult:
     coarse: bool = False
 
 
+#: The share of delta, per unit of the tolerance, the FFT error may take where
+#: a smaller tilt shortens the composition (an error of a share ``r`` of delta
+#: moves epsilon by about ``r / lambda``, ``lambda`` the slope of ``log
+#: delta(epsilon)``: at 1e-2 of the tolerance it is invisible in the bracket).
+_ERROR_SHARE = 1e-2
+
+
 def start_discretization(tolerance: float) -> float:
     """A first grid step whose bracket is about ``tolerance`` wide.
 
@@ -195,7 +202,11 @@ resolution, threshold
                 for p in _pmfs_of(u)
             )
             b, step, lowers = bracket_parts(
-                parts, delta=delta, epsilon=epsilon, hint=known
+                parts,
+                delta=delta,
+                epsilon=epsilon,
+                hint=known,
+                error_share=min(_ERROR_SHARE * tolerance, 1e-4),
             )
         except _CoarserGridNeeded as need:
             h, rebuilt = need.step, True
