@@ -155,13 +155,13 @@ def _trinomial_delta(eps: float, count: int, p1: float, p2: float, big: int, h: 
 
 @pytest.mark.parametrize("delta", [1e-5, 1e-9])
 def test_a_smaller_tilt_shortens_a_heavy_tailed_window_and_still_brackets(delta):
-    # One round: loss 0, 0.01 (w.p. 0.3) or 1.5 (w.p. 2e-4), 3000 rounds. Tilted
+    # One round: loss 0, 3e-4 (w.p. 0.3) or 1.5 (w.p. 2e-4), 3000 rounds. Tilted
     # for the answer, the rare large loss gives the tilted composition a long
     # right tail, and the window that holds it is twice the one a smaller tilt
     # needs (error_share). Both brackets hold the exact multinomial delta (to
     # 1e-10 of it, the reference's rounding) and the smaller tilt moves the
     # upper end by less than 1e-6 of itself.
-    h, big, p1, p2, count = 0.01, 150, 0.3, 2e-4, 3000
+    h, big, p1, p2, count = 3e-4, 5000, 0.3, 2e-4, 3000
     probs = np.zeros(big + 1)
     probs[0], probs[1], probs[big] = 1 - p1 - p2, p1, p2
     up = lossdists.Dist(pld_pmf.DensePLDPmf(h, 0, probs, 0.0, True))
