@@ -33,6 +33,11 @@ figure). The script prints dpfl's ratios to the reference
 (paired per round for the end-only runs, then the median), and the ratio of
 dpfl's evaluate-every-10 mean to its own end-only mean.
 
+The objects alive when the timing starts (torch's, the data's, the
+variants') are frozen out of the garbage collector (``gc.freeze``): a full
+collection scans them all (about 175 ms) and lands on one variant's round
+at random.
+
 A shared machine's speed drifts, so the run repeats ``--repeats`` times, each
 in a fresh process; every repeat's ratios are printed, then their median and
 range (the figures to quote), with the command that produced them.
@@ -46,6 +51,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import resource
@@ -235,6 +241,13 @@ def run(rounds: int, device: str, threads: int | None) -> dict:
         "dpfl seeded eval10": Dpfl(ds, device, secure=False, eval_every=EVAL_EVERY),
         "vmap ref eval10": Reference(ds, device, eval_every=EVAL_EVERY),
     }
+    # A full collection scans every object alive, torch's own included: about
+    # 175 ms here, landing on whichever variant's round allocates last, and
+    # charged to it (seen as one eval10 mean 1.6 times its neighbours'). The
+    # objects made so far are kept out of the collector's scans; all variants
+    # are timed the same way.
+    gc.collect()
+    gc.freeze()
     times: dict[str, list[float]] = {k: [] for k in variants}
     order = list(variants)
     shuffle = random.Random(0)
