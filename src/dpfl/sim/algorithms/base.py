@@ -514,12 +514,12 @@ class FederatedAlgorithm(PrivacyHooks):
         counts = [len(r) for r in rows]
         x, y = self.client_data(np.concatenate(rows))
         x_pad, y_pad = pad_cohort(x, y, counts)
-        # the clients' models are rows of one [m, d] buffer, trained in place
-        flat = weights.expand(len(tasks), -1).clone()
-        stacked = self.unflatten(flat)
-        cohort_local_sgd(
+        # the clients start from views of the weights (no copy: the training
+        # makes its own); their updates are the rows of one [m, d] buffer
+        m = len(tasks)
+        final = cohort_local_sgd(
             self.model,
-            stacked,
+            self.unflatten(weights.expand(m, -1)),
             x_pad,
             y_pad,
             counts,
@@ -530,9 +530,12 @@ class FederatedAlgorithm(PrivacyHooks):
             loss_fn=self.loss_fn,
             max_clients=self.max_clients,
             objective=objective,
-            out=stacked,
         )
-        return flat.sub_(weights), counts
+        flat = weights.new_empty((m, weights.shape[-1]))
+        start, rows = self.unflatten(weights), self.unflatten(flat)
+        for name, theta in final.items():
+            torch.sub(theta, start[name], out=rows[name])
+        return flat, counts
 
     # -- the server's last seams: optimiser, then apply -------------------------------
     def server_update(
