@@ -532,9 +532,9 @@ class FederatedAlgorithm(PrivacyHooks):
             objective=objective,
         )
         flat = weights.new_empty((m, weights.shape[-1]))
-        start, rows = self.unflatten(weights), self.unflatten(flat)
+        start, updates = self.unflatten(weights), self.unflatten(flat)
         for name, theta in final.items():
-            torch.sub(theta, start[name], out=rows[name])
+            torch.sub(theta, start[name], out=updates[name])
         return flat, counts
 
     # -- the server's last seams: optimiser, then apply -------------------------------
