@@ -151,11 +151,13 @@ def test_cohort_adam_leaves_params_and_validates():
         cohort_adam_step(theta, g, m1, m2, steps[:1], learning_rate=0.1)
 
 
+@pytest.mark.parametrize("chunk", [2, 5])
 @pytest.mark.parametrize("model_kind", ["relu-mlp", "tanh-mlp"])
-def test_fused_inplace_step_equals_the_autograd_step(model_kind):
+def test_fused_inplace_step_equals_the_autograd_step(model_kind, chunk):
     # The fused step (the written-out ReLU MLP, or the ghost records of any
     # all-Linear model) against cohort_sgd_step (autograd gradients, then
-    # θ − lr·Σg/b) on a masked batch: float32, sums in another order, 1e-6.
+    # θ − lr·Σg/b) on a masked batch: float32, sums in another order, 1e-6;
+    # in chunks of 2 clients and in one pass.
     from torch import nn
 
     from dpfl.sim.grad.cohort import cohort_sgd_inplace, fused_sgd_supported
@@ -178,7 +180,7 @@ def test_fused_inplace_step_equals_the_autograd_step(model_kind):
     got = stack_params(params, m)
     scale = mask * (-0.3 / mask.sum(1).clamp_min(1))[:, None]
     cohort_sgd_inplace(
-        model, got, xb, yb, scale.reshape(-1), loss_fn=F.cross_entropy, chunk=2
+        model, got, xb, yb, scale.reshape(-1), loss_fn=F.cross_entropy, chunk=chunk
     )
     for k in want:
         torch.testing.assert_close(got[k], want[k], atol=1e-6, rtol=1e-6)

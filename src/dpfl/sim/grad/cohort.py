@@ -330,6 +330,9 @@ def cohort_sgd_inplace(
     info = model_layers(model)
     plan = mlp_plan(model, loss_fn) if xb.dim() == 3 and yb.dim() == 2 else None
     n, b = int(xb.shape[0]), int(xb.shape[1])
+    if n <= chunk and plan is not None:  # the usual case: one pass, no slices
+        mlp_sgd_step(plan, stacked, xb, yb, scale)
+        return
     for s in range(0, n, chunk):
         sl = slice(s, s + chunk)
         p = {k: v[sl] for k, v in stacked.items()}
