@@ -110,8 +110,11 @@ estimate of the deciding loss; for ``delta(epsilon)``, it minimises
 ``A`` of the *tilted* composition on each side (a few of its standard
 deviations around the deciding loss), with ``A U`` at the deciding loss
 ``1e-4`` of the query's delta (``A`` within ``[1e-30, 1e-10]``), and, for
-``delta(epsilon)``, ``eps`` itself. Any ``lam >= 0`` and any window give
-valid bounds; the choice only makes them tight. The cumulant generating
+``delta(epsilon)``, ``eps`` itself. Where that window is long because the
+tilted composition has a long right tail (a rare round with a large loss),
+a smaller tilt whose predicted error stays within a given share of delta
+can shorten it (``error_share``, :func:`_cheapest_tilt`). Any ``lam >= 0``
+and any window give valid bounds; the choice only makes them tight. The cumulant generating
 functions are bounded from above: exactly for PMFs of at most 2048 non-zero
 masses, otherwise on at most that many bins (:meth:`Dist.log_mgf`), so every
 Chernoff bound used is valid.
