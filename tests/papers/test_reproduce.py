@@ -268,8 +268,8 @@ def test_ms_pafl_experiment_pairs_wor_with_wr_and_draws_figure_2(tmp_path):
 @pytest.mark.slow  # six 2-round runs of the tabular stand-in, about 15 s
 def test_run_experiment_tunes_each_variant_on_its_grid(tmp_path):
     # a learning rate of 1e-6 cannot move the model in 2 rounds; 0.5 can: the
-    # grid's table lists both values' seed-0 accuracy and the variant runs at
-    # the better one
+    # grid's table lists both values' mean accuracy over two seeds and the
+    # variant runs at the better one
     exp = Experiment(
         "tuned",
         "ms-pafl-tabular",
@@ -277,17 +277,42 @@ def test_run_experiment_tunes_each_variant_on_its_grid(tmp_path):
         (("p = 1", ("algorithm.params.checkin_probability=1.0",)),),
         seeds=2,
         tune=("algorithm.params.learning_rate", (1e-6, 0.5)),
+        tune_seeds=2,
     )
     text, _ = run_experiment(exp, tmp_path, jobs=1)
     assert "chosen per variant from the grid [1e-06, 0.5]" in text
+    assert "the mean over seeds 0-1" in text
+    # each value ran with both tuning seeds
+    for j in (0, 1):
+        runs = list((tmp_path / "experiment" / f"v0-tune{j}").rglob("config.yaml"))
+        assert len(runs) == 2
     (line,) = [
         r
         for r in text.splitlines()
         if r.startswith("| p = 1 |") and "0.5 |" in r and r.rstrip().endswith("| 0.5 |")
     ]
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert float(cells[2]) > float(cells[1])  # 0.5 beat 1e-6 on seed 0
+    assert float(cells[2]) > float(cells[1])  # 0.5 beat 1e-6 over seeds 0-1
     from dpfl.experiments.config import load_config
 
     run = next((tmp_path / "experiment" / "v0").rglob("config.yaml"))
     assert load_config(run, []).algorithm.params.learning_rate == 0.5
+
+
+def test_random_participation_tunes_on_two_seeds_with_a_grid_below_its_old_floor():
+    # sound chose 0.005, the old grid's lowest rate, in both one-seed passes:
+    # the default grid now reaches below it, and every value runs two seeds
+    from dpfl.papers.dsgd_rp import PAPER
+
+    repro = PAPER.reproduction
+    assert repro is not None
+    for scale in ("default", "paper"):
+        for exp in repro.experiments(scale):
+            assert exp.tune is not None and exp.tune_seeds == 2
+    grid = repro.experiment("default").tune
+    assert grid is not None and min(grid[1]) < 0.005 < max(grid[1])
+
+
+def test_an_experiment_refuses_fewer_than_one_tuning_seed():
+    with pytest.raises(ValueError, match="tune_seeds"):
+        Experiment("x", "digits-dsgd-rp", (), (), seeds=1, tune_seeds=0)

@@ -114,10 +114,10 @@ deviations around the deciding loss), with ``A U`` at the deciding loss
 tilted composition has a long right tail (a rare round with a large loss),
 a smaller tilt whose predicted error stays within a given share of delta
 can shorten it (``error_share``, :func:`_cheapest_tilt`). Any ``lam >= 0``
-and any window give valid bounds; the choice only makes them tight. The cumulant generating
-functions are bounded from above: exactly for PMFs of at most 2048 non-zero
-masses, otherwise on at most that many bins (:meth:`Dist.log_mgf`), so every
-Chernoff bound used is valid.
+and any window give valid bounds; the choice only makes them tight. The
+cumulant generating functions are bounded from above: exactly for PMFs of
+at most 2048 non-zero masses, otherwise on at most that many bins
+(:meth:`Dist.log_mgf`), so every Chernoff bound used is valid.
 """
 
 from __future__ import annotations
