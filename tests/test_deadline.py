@@ -19,28 +19,16 @@ def test_a_block_past_its_limit_is_stopped() -> None:
     assert time.monotonic() - start < 2
 
 
-def test_a_swallowed_alarm_fires_again() -> None:
-    # Code that catches everything (a fork handler does) must not outlive the limit:
-    # the first exception is swallowed, the repeat stops the block.
+def test_a_block_that_swallows_its_alarm_is_refused_when_it_ends() -> None:
+    # Code that catches everything (a fork handler does) must not turn a late
+    # answer into an accepted one.
     swallowed = 0
-    start = time.monotonic()
-    with pytest.raises(TimeLimitExceeded), time_limit(0.05, "too slow"):
+    with pytest.raises(TimeLimitExceeded), time_limit(0.02, "too slow"):
         try:
             time.sleep(5)
         except TimeLimitExceeded:
             swallowed += 1
-        time.sleep(5)
     assert swallowed == 1
-    assert time.monotonic() - start < 2
-
-
-def test_a_block_that_swallows_every_alarm_is_refused_when_it_ends() -> None:
-    with pytest.raises(TimeLimitExceeded), time_limit(0.02, "too slow"):
-        for _ in range(20):
-            try:
-                time.sleep(0.05)
-            except TimeLimitExceeded:
-                pass
 
 
 def test_a_block_within_its_limit_answers_and_leaves_no_alarm() -> None:

@@ -11,9 +11,10 @@ it, and the outer one is restored, less the time spent, when the block ends.
 
 Code that catches every exception can swallow the one raised from the
 signal handler (a fork handler does, when the alarm lands while a worker
-process is being started): the alarm then fires again every
-:data:`_REPEAT_SECONDS` until it lands, and a block that still ends after its
-limit is refused when it ends.
+process is being started): a block whose alarm went off is refused when it
+ends, whatever became of the exception. (The alarm is not repeated: a
+repeat could land in the clean-up of the first one, e.g. while the workers
+are being terminated, and stop it half-way.)
 """
 
 from __future__ import annotations
@@ -33,10 +34,6 @@ __all__ = ["ANSWER_SECONDS", "TimeLimitExceeded", "time_limit"]
 #: command line answers every input within a minute (its start-up, the
 #: imports, takes a few seconds of it).
 ANSWER_SECONDS = 50.0
-
-#: How often a limit that has passed fires again, in case its exception was
-#: swallowed.
-_REPEAT_SECONDS = 0.05
 
 
 class TimeLimitExceeded(InvalidParameterError):
@@ -68,7 +65,6 @@ def time_limit(seconds: float, message: str) -> Iterator[None]:
     def on_alarm(signum: int, frame: Any) -> None:
         nonlocal expired
         expired = True
-        signal.setitimer(signal.ITIMER_REAL, _REPEAT_SECONDS)
         raise TimeLimitExceeded(message)
 
     start = time.monotonic()
