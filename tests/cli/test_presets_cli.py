@@ -72,4 +72,6 @@ def test_reproduce_check_validates_every_variant_without_running(tmp_path, capsy
     assert main(args) == 0
     line = capsys.readouterr().out
     assert line.startswith("locks: valid: preset locks-digits") and "2 variants" in line
+    # both experiments: Figure 1 and the stale norm against the current one
+    assert "(LOCKS, uniform) x 2 seeds" in line and "(stale, current) x 2 seeds" in line
     assert not out.exists()  # nothing written
