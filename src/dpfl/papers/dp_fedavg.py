@@ -362,7 +362,12 @@ def _dp_fedavg_experiment(scale: str) -> Experiment:
             "11 rounds) against no noise, Fashion-MNIST shards, an MLP standing in "
             "for McMahan et al.'s CNN",
             "dp-fedavg-fmnist",
-            ("model.name=mlp", "model.options={hidden: [200]}"),
+            (
+                "model.name=mlp",
+                "model.options={hidden: [200]}",
+                "algorithm.params.local_epochs=5",
+                "algorithm.params.learning_rate=0.05",
+            ),
             (
                 ("DP (σ = 1.1933)", ()),
                 ("no noise (median clipping kept)", _NO_NOISE),
@@ -370,14 +375,16 @@ def _dp_fedavg_experiment(scale: str) -> Experiment:
             seeds=2,
             note="Fashion-MNIST stands in for MNIST; an MLP 784-200-10 for the CNN "
             "(1.66 M parameters: on a shared 2-core CPU not one round of E = 1 "
-            "finished in 8 minutes).",
+            "finished in 8 minutes). The paper's E = 5 with η = 0.05: the MLP "
+            "trains stably there (the CNN needed E = 1, η = 0.003, which hold "
+            "the MLP about 0.15 lower in 11 rounds).",
             printed=(
                 (
                     "DP (σ = 1.1933)",
                     PRINTED[100],
                     "Fashion-MNIST (harder) instead of MNIST, an MLP instead of the "
-                    "CNN, E = 1 and η = 0.003 (the paper's grid-searched settings "
-                    "are not reported); " + _UNSOUND,
+                    "CNN, η = 0.05 (the paper's grid-searched rate is not "
+                    "reported); " + _UNSOUND,
                 ),
                 (
                     "no noise (median clipping kept)",
