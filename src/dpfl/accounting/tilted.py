@@ -374,7 +374,7 @@ def plan(
         )
     else:
         if decided is not None and log_delta is not None:
-            tail = _query_tail(parts, tilt, decided, log_delta)
+            tail = _query_tail(_log_untilt(parts, tilt, decided), log_delta)
         window = _window(parts, partners, tilt, tail)
     lo, hi, th_lo, th_hi = window
     if partners:
@@ -404,14 +404,19 @@ def _window(parts: Parts, partners: Parts, tilt: float, tail: float) -> Window:
     return lo, hi, th_lo, th_hi
 
 
-def _query_tail(parts: Parts, tilt: float, decided: float, log_delta: float) -> float:
+def _log_untilt(parts: Parts, tilt: float, decided: float) -> float:
+    """``log U`` at the deciding loss: the untilt factor of a composition."""
+    return float(_log_mgf_total(parts, np.array([tilt]))[0]) - tilt * decided
+
+
+def _query_tail(log_u: float, log_delta: float) -> float:
     """Tilted mass a query's window may leave out on each side.
 
     Aliased and truncated tilted mass ``A`` returns as ``A U_j``: against the
-    query's delta at the deciding loss, ``1e-4`` of it is ample (within
-    ``[1e-30, 1e-10]``); a narrower window is a faster one.
+    query's delta at the deciding loss (``log_u`` is ``log U`` there),
+    ``1e-4`` of it is ample (within ``[1e-30, 1e-10]``); a narrower window is
+    a faster one.
     """
-    log_u = float(_log_mgf_total(parts, np.array([tilt]))[0]) - tilt * decided
     return min(max(math.exp(min(log_delta - log_u, 0.0)) * 1e-4, 1e-30), 1e-10)
 
 
@@ -457,7 +462,8 @@ def _cheapest_tilt(
     previous = math.inf
     for fraction in _TILT_FRACTIONS:
         lam = tilt * fraction
-        tail = _query_tail(parts, lam, decided, log_delta)
+        log_u = _log_untilt(parts, lam, decided)
+        tail = _query_tail(log_u, log_delta)
         window = _window(parts, partners, lam, tail)
         lo, hi = min(window[0], decided), max(window[1], window[0])
         points = max(int((hi - lo) / h) + 2, longest, 2)
@@ -466,7 +472,6 @@ def _cheapest_tilt(
         previous = points
         length = 1 << math.ceil(math.log2(points))
         if best is not None:
-            log_u = float(_log_mgf_total(parts, np.array([lam]))[0]) - lam * decided
             err = fft_error_factor(length) * _error_weight(parts, lam)
             if _log_error(err, log_u, lam, h, hi - decided) > log_delta + math.log(
                 share

@@ -609,11 +609,11 @@ def _fused_local_sgd(
     """:func:`cohort_local_sgd` of an all-``nn.Linear`` model, with the step fused.
 
     The same batches and steps (each epoch's records gathered once, each
-    batch copied out of it), with every step one :func:`cohort_sgd_inplace` into a copy
-    of the stacked parameters. Which clients have a full batch is known on
-    the host from the orders, so a step where every client has one takes no
-    mask at all and nothing waits on the device; the parameters are checked
-    to be finite once, at the end (a non-finite gradient leaves them
+    batch copied out of it), with every step one :func:`cohort_sgd_inplace`
+    into a copy of the stacked parameters. Which clients have a full batch is
+    known on the host from the orders, so a step where every client has one
+    takes no mask at all and nothing waits on the device; the parameters are
+    checked to be finite once, at the end (a non-finite gradient leaves them
     non-finite).
     """
     m, n_max = int(orders.shape[1]), int(orders.shape[2])
@@ -625,7 +625,7 @@ def _fused_local_sgd(
     # buffer) goes through a temporary, 1.6 to 4 times the product's own
     # time on the peer task's layers.
     stacked = {
-        k: torch.empty(v.shape, dtype=v.dtype, device=v.device).copy_(v)
+        k: v.detach().clone(memory_format=torch.contiguous_format)
         for k, v in stacked_params.items()
     }
     dtype = next(iter(stacked.values())).dtype
