@@ -475,17 +475,13 @@ class Locks(FederatedAlgorithm):
             The noisy update ``[d]`` and the released norm (a float >= ν).
         """
         if norm is None:
-            value = torch.linalg.vector_norm(clipped.to(torch.float64))
-        else:
-            # The release is priced for a norm in [0, C] (float32 clipping
-            # may overshoot C by a few ulps).
-            if not 0.0 <= norm <= self.params.clip * (1 + 1e-6):
-                raise InvalidParameterError(
-                    f"norm must be in [0, clip={self.params.clip}]; got {norm!r}"
-                )
-            value = torch.tensor(
-                float(norm), dtype=torch.float64, device=clipped.device
+            norm = self.clipped_norm(clipped)
+        elif not 0.0 <= norm <= self.params.clip:
+            # the release is priced for a norm in [0, C]
+            raise InvalidParameterError(
+                f"norm must be in [0, clip={self.params.clip}]; got {norm!r}"
             )
+        value = torch.tensor(float(norm), dtype=torch.float64, device=clipped.device)
         norm_t = value.reshape(1, 1)
         if self.norm_noise is None or self.update_noise is None:
             return clipped.clone(), max(self.params.floor, float(norm_t))
@@ -500,12 +496,26 @@ class Locks(FederatedAlgorithm):
         if not self.stale:
             noisy, norm = self.release(clipped, generator)
             return Message(noisy, {"noisy_norm": norm})
-        current = torch.linalg.vector_norm(clipped.to(torch.float64))
+        current = self.clipped_norm(clipped)
         held = task.state.get("last_norm")
         last = -1.0 if held is None else float(held)
         stale = None if last < 0 else last  # first time in S1: the current norm
         noisy, norm = self.release(clipped, generator, stale)
-        return Message(noisy, {"noisy_norm": norm}, state={"last_norm": current})
+        return Message(
+            noisy,
+            {"noisy_norm": norm},
+            state={"last_norm": torch.tensor(current, dtype=torch.float64)},
+        )
+
+    def clipped_norm(self, clipped: torch.Tensor) -> float:
+        """``‖ḡ‖`` in float64, at most C.
+
+        Clipping in float32 can leave ``‖ḡ‖`` a few parts in a million above
+        C; the norm's release is priced for ``[0, C]``, so it is capped there
+        (a change of that size, the rounding's, to the released value only).
+        """
+        value = float(torch.linalg.vector_norm(clipped.to(torch.float64)))
+        return min(value, float(self.params.clip))
 
     def client_step(
         self, weights: torch.Tensor, task: Task, streams: Streams
