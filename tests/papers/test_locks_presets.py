@@ -163,7 +163,7 @@ def test_reproduce_runs_the_stale_preset_against_the_current_norm():
     from dpfl.papers.locks import PAPER
 
     for scale in ("default", "paper"):
-        _, experiment = PAPER.reproduction.experiments(scale)
+        experiment = PAPER.reproduction.experiments(scale)[1]
         assert experiment.preset == "locks-fmnist-stale"
         assert [label for label, _ in experiment.variants] == ["stale", "current"]
         stale = load_config(STALE, _variant(experiment, "stale"))
@@ -173,13 +173,63 @@ def test_reproduce_runs_the_stale_preset_against_the_current_norm():
         assert current.privacy.epsilon == 20.0
 
 
+def test_noise_free_ablation_isolates_the_norms_age_at_equal_uploads():
+    # The third experiment at the default (and paper) scale: the stale task
+    # with no noise at all, so stale and current differ only in the age of an
+    # exactly released norm, and uniform sampling uploads as many clients a
+    # round as LOCKS's second stage expects to (within 5 %).
+    from dpfl.papers.locks import PAPER
+    from dpfl.sim.algorithms.base import DataStats
+    from dpfl.sim.algorithms.locks import Locks
+
+    for scale in ("default", "paper"):
+        experiment = PAPER.reproduction.experiments(scale)[2]
+        assert experiment.preset == "locks-fmnist-stale"
+        labels = [label for label, _ in experiment.variants]
+        assert labels == [
+            "stale (no noise)",
+            "current (no noise)",
+            "uniform (no noise)",
+        ]
+        configs = {
+            label: load_config(STALE, _variant(experiment, label)) for label in labels
+        }
+        for config in configs.values():
+            assert config.privacy.noise_multiplier == 0
+            assert config.privacy.epsilon == math.inf
+            assert config.rounds == load_config(STALE, []).rounds
+        _only_norm_source_differs(
+            configs["stale (no noise)"], configs["current (no noise)"]
+        )
+        locks, uniform = configs["current (no noise)"], configs["uniform (no noise)"]
+        assert locks.data == uniform.data and locks.model == uniform.model
+        k = locks.data.num_clients
+        stats = DataStats(k, (600,) * k)
+        # the clients' update norms on this task lie in 0.5-0.8 (the preset)
+        norms = np.random.default_rng(1).uniform(0.5, 0.8, size=k)
+        locks_uploads = Locks.expected_uploads(
+            locks.algorithm.params,
+            stats,
+            0.0,
+            rng=np.random.default_rng(2),
+            norms=norms,
+        )
+        uniform_uploads = Locks.expected_uploads(
+            uniform.algorithm.params, stats, 0.0, rng=np.random.default_rng(3)
+        )
+        assert uniform_uploads == pytest.approx(locks_uploads, rel=0.05)
+        assert uniform_uploads == pytest.approx(10.0, rel=0.01)  # K q1
+
+
 def test_smoke_scale_carries_the_stale_task_over_to_digits():
     # At smoke scale both variants are locks-digits with the stale preset's
     # changes to locks-fmnist (shards, local step 0.05, the stale norm); the
     # current variant differs only in the norm source.
     from dpfl.papers.locks import PAPER
 
-    _, experiment = PAPER.reproduction.experiments("smoke")
+    experiments = PAPER.reproduction.experiments("smoke")
+    assert len(experiments) == 2  # no noise-free ablation at smoke scale
+    experiment = experiments[1]
     assert experiment.preset == "locks-digits"
     path = PRESET_DIR / "locks-digits.yaml"
     stale = load_config(path, _variant(experiment, "stale"))
