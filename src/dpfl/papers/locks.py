@@ -439,16 +439,23 @@ def _stale_experiment(scale: str) -> tuple[Experiment, ...]:
 #: The ``--set`` items of every variant of the noise-free staleness experiment.
 NOISE_FREE = ("privacy.noise_multiplier=0", "privacy.epsilon=.inf")
 
-#: Uniform sampling of the noise-free staleness experiment: K q1 = 10 uploads
-#: a round, as LOCKS's second stage of m2 = 10 without norm noise, every
-#: stage-1 client uploading (equal norms), FedAvg's server step.
-NOISE_FREE_UNIFORM = (
-    "algorithm.params.first_stage_probability=0.1",
-    "algorithm.params.second_stage_size=100",
-    "algorithm.params.norm_floor=1.0e+9",
-    "algorithm.params.server_learning_rate=1.0",
-    'algorithm.params.server_schedule="constant"',
-)
+
+def _noise_free_uniform() -> tuple[str, ...]:
+    """Uniform sampling of the noise-free staleness experiment.
+
+    The uniform preset's changes (:func:`uniform_overrides`: every stage-1
+    client uploading, FedAvg's server step) without its noise and with
+    K q1 = 10 uploads a round, as LOCKS's second stage of m2 = 10 without
+    norm noise.
+    """
+    kept = tuple(
+        item
+        for item in uniform_overrides()
+        if not item.startswith(
+            ("privacy.", "algorithm.params.first_stage_probability=")
+        )
+    )
+    return ("algorithm.params.first_stage_probability=0.1", *kept)
 
 
 def _staleness_alone(scale: str) -> tuple[Experiment, ...]:
@@ -468,7 +475,7 @@ def _staleness_alone(scale: str) -> tuple[Experiment, ...]:
             (
                 ("stale (no noise)", ()),
                 ("current (no noise)", CURRENT_NORM),
-                ("uniform (no noise)", NOISE_FREE_UNIFORM),
+                ("uniform (no noise)", _noise_free_uniform()),
             ),
             seeds=12,
             note="An ablation, not a private run: σ_g = σ_n = 0, so each stage-1 "

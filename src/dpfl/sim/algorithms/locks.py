@@ -499,8 +499,8 @@ class Locks(FederatedAlgorithm):
         current = self.clipped_norm(clipped)
         held = task.state.get("last_norm")
         last = -1.0 if held is None else float(held)
-        stale = None if last < 0 else last  # first time in S1: the current norm
-        noisy, norm = self.release(clipped, generator, stale)
+        # first time in S1: the current norm
+        noisy, norm = self.release(clipped, generator, current if last < 0 else last)
         return Message(
             noisy,
             {"noisy_norm": norm},
